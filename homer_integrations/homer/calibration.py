@@ -1,0 +1,173 @@
+"""Calibration of pruning scores: the expected last-token logit per layer and distance (paper, section 4).
+
+Last-token attention prefers nearby tokens; without removing that preference pruning keeps only
+the end of each chunk. ``bias[l, d]`` is the mean over calibration text of the max-over-heads
+raw logit from a query to the key ``d`` positions before it, at layer ``l``. It depends on the
+model, its RoPE settings, the chunk length and the dtype, so it is stored under a key of all four.
+
+The paper averages the last query row of ~100 segments. We also average the last
+``query_rows`` rows of each segment (each row contributes the distances it can see), which
+estimates the same expectation with far less text: 48 segments x 16 rows of a 1k-token window
+take a few minutes on a laptop CPU instead of half an hour.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+from transformers import DynamicCache
+
+from homer_integrations.homer.decoder import DecoderStack
+from homer_integrations.homer.fingerprint import rope_settings, weights_fingerprint
+from homer_integrations.homer.pruning import last_token_logits
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CalibrationKey:
+    """What a calibration table depends on."""
+
+    model_fingerprint: str
+    rope: str
+    max_chunk_len: int
+    dtype: str
+
+    @classmethod
+    def for_stack(cls, stack: DecoderStack, max_chunk_len: int) -> CalibrationKey:
+        return cls(
+            model_fingerprint=weights_fingerprint(stack.model),
+            rope=json.dumps(rope_settings(stack.model), sort_keys=True, default=str),
+            max_chunk_len=max_chunk_len,
+            dtype=str(stack.dtype).removeprefix("torch."),
+        )
+
+    @property
+    def id(self) -> str:
+        blob = json.dumps([FORMAT_VERSION, *self.__dict__.values()], sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+@torch.inference_mode()
+def compute_bias(
+    stack: DecoderStack,
+    token_ids: torch.Tensor,
+    max_chunk_len: int,
+    segments: int,
+    query_rows: int = 16,
+    progress: bool = True,
+) -> torch.Tensor:
+    """Bias table [num_layers, max_chunk_len] from ``segments`` windows of ``token_ids`` [N].
+
+    Windows are spread evenly over the text; each runs a plain causal forward of all layers.
+    """
+    n = token_ids.numel()
+    if n < max_chunk_len:
+        raise ValueError(f"calibration text has {n} tokens, fewer than max_chunk_len={max_chunk_len}")
+    starts = torch.linspace(0, n - max_chunk_len, segments).long().tolist()
+    rows = min(query_rows, max_chunk_len)
+    total = torch.zeros(stack.num_layers, max_chunk_len, dtype=torch.float64)
+    count = torch.zeros(max_chunk_len, dtype=torch.float64)
+    positions = torch.arange(max_chunk_len)
+    query_pos = positions[-rows:]
+    # distance[r, j] from query row r to key j; negative (future) entries are masked out.
+    distance = query_pos[:, None] - positions[None, :]
+    valid = distance >= 0
+    flat_distance = distance.clamp(min=0)[valid]
+    count.index_add_(0, flat_distance, torch.ones_like(flat_distance, dtype=torch.float64) * segments)
+    for start in tqdm(starts, desc="HOMER calibration", unit="segment", disable=not progress):
+        hidden = stack.embed(token_ids[start : start + max_chunk_len])
+        rope = stack.rotary(hidden, positions)
+        cache = DynamicCache()
+        for layer_idx in range(stack.num_layers):
+            hidden, queries = stack.attention(layer_idx, hidden, rope, cache, query_rows=rows)
+            keys = cache.layers[layer_idx].keys
+            logits = torch.stack(
+                [
+                    last_token_logits(queries[:, :, r : r + 1], keys, stack.scaling).amax(0)
+                    for r in range(rows)
+                ]
+            )  # [rows, T]
+            total[layer_idx].index_add_(0, flat_distance, logits[valid].double().cpu())
+            hidden = stack.mlp(layer_idx, hidden)
+    return (total / count).float()
+
+
+class CalibrationStore:
+    """Finds a bias table by key in the bundled directory, then the user's; computes and saves it otherwise."""
+
+    def __init__(self, user_dir: Path, bundled_dir: Path | None = None) -> None:
+        self.user_dir = Path(user_dir)
+        self.bundled_dir = bundled_dir
+
+    def path_for(self, key: CalibrationKey) -> Path:
+        return self.user_dir / f"{key.id}.safetensors"
+
+    def find(self, key: CalibrationKey) -> torch.Tensor | None:
+        for directory in (self.bundled_dir, self.user_dir):
+            if directory is None:
+                continue
+            path = Path(directory) / f"{key.id}.safetensors"
+            if path.is_file():
+                bias = self._load(path, key)
+                if bias is not None:
+                    return bias
+        return None
+
+    def _load(self, path: Path, key: CalibrationKey) -> torch.Tensor | None:
+        try:
+            bias = load_file(str(path))["bias"]
+        except (SafetensorError, KeyError, OSError) as exc:
+            logger.warning("ignoring unreadable calibration file %s (%s)", path, exc)
+            return None
+        if tuple(bias.shape)[1:] != (key.max_chunk_len,) or not torch.isfinite(bias).all():
+            logger.warning("ignoring calibration file %s: wrong shape or non-finite values", path)
+            return None
+        return bias
+
+    def save(self, key: CalibrationKey, bias: torch.Tensor, segments: int) -> Path:
+        self.user_dir.mkdir(parents=True, exist_ok=True)
+        path = self.path_for(key)
+        tmp = path.with_suffix(".tmp")
+        meta = {
+            **{k: str(v) for k, v in key.__dict__.items()},
+            "segments": str(segments),
+            "format_version": str(FORMAT_VERSION),
+        }
+        save_file({"bias": bias.contiguous()}, str(tmp), metadata=meta)
+        tmp.replace(path)
+        return path
+
+    def get_or_compute(
+        self,
+        stack: DecoderStack,
+        key: CalibrationKey,
+        text: str,
+        tokenizer,
+        segments: int,
+        progress: bool = True,
+    ) -> torch.Tensor:
+        bias = self.find(key)
+        if bias is not None:
+            return bias
+        logger.info(
+            "calibrating HOMER pruning for this model (max_chunk_len=%d, %d segments); done once and cached "
+            "in %s",
+            key.max_chunk_len,
+            segments,
+            self.user_dir,
+        )
+        ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"])
+        bias = compute_bias(stack, ids, key.max_chunk_len, segments, progress=progress)
+        self.save(key, bias, segments)
+        return bias

@@ -1,0 +1,113 @@
+"""Splitting a prompt into the leaves of the merge tree (paper, section 2)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """How a document of ``document_len`` tokens is split into ``2**height`` even leaves.
+
+    Attributes:
+        prefix_len, suffix_len: P and S, the affix lengths every leaf carries.
+        document_len: L, the number of document tokens.
+        max_chunk_len: MCL; no leaf is longer and no position id reaches it.
+        height: tree height h; 0 when the whole prompt fits one chunk.
+        piece_len: E = ceil(L / 2**h), the longest piece; the suffix of every leaf starts at P + E.
+    """
+
+    prefix_len: int
+    suffix_len: int
+    document_len: int
+    max_chunk_len: int
+    height: int
+    piece_len: int
+
+    @classmethod
+    def build(cls, prefix_len: int, document_len: int, suffix_len: int, max_chunk_len: int) -> ChunkPlan:
+        effective = max_chunk_len - prefix_len - suffix_len
+        if effective < 2:
+            raise ValueError(
+                f"prefix ({prefix_len}) + suffix ({suffix_len}) tokens leave {effective} document tokens "
+                f"per chunk of max_chunk_len={max_chunk_len}; shorten them or raise max_chunk_len"
+            )
+        if document_len < 1:
+            raise ValueError("the document has no tokens")
+        leaves_needed = math.ceil(document_len / effective)
+        height = math.ceil(math.log2(leaves_needed)) if leaves_needed > 1 else 0
+        piece_len = math.ceil(document_len / 2**height)
+        return cls(prefix_len, suffix_len, document_len, max_chunk_len, height, piece_len)
+
+    @property
+    def num_leaves(self) -> int:
+        return 2**self.height
+
+    @property
+    def effective_len(self) -> int:
+        """Document tokens one chunk can hold next to the affixes: MCL - P - S."""
+        return self.max_chunk_len - self.prefix_len - self.suffix_len
+
+    @property
+    def child_target_len(self) -> int:
+        """Length every child is pruned to, so that two merged children fit MCL: P + eff//2 + S."""
+        return self.prefix_len + self.effective_len // 2 + self.suffix_len
+
+    def piece(self, index: int) -> slice:
+        """Document token slice held by leaf ``index``.
+
+        Pieces differ in length by at most one token (the first ``L % n`` get ``E``, the rest
+        ``E - 1``), so no leaf is ever empty: ``n <= L`` whenever ``effective_len >= 2``.
+        """
+        base, extra = divmod(self.document_len, self.num_leaves)
+        start = index * base + min(index, extra)
+        return slice(start, start + base + (1 if index < extra else 0))
+
+
+@dataclass
+class LeafInput:
+    """Token ids and bookkeeping of one leaf, before any layer runs.
+
+    Shapes: ``input_ids`` [T], ``position_ids`` [T], ``reducible`` [T] (True on document tokens),
+    ``origin`` [T] (document index of each token, -1 on prefix and suffix).
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    reducible: torch.Tensor
+    origin: torch.Tensor
+    prefix_len: int
+    suffix_len: int
+
+
+def make_leaves(
+    prefix_ids: torch.Tensor, document_ids: torch.Tensor, suffix_ids: torch.Tensor, plan: ChunkPlan
+) -> list[LeafInput]:
+    """Leaf ``i`` = prefix + document[piece i] + suffix, all leaves on the same position ids.
+
+    Prefix positions are ``0..P-1``, the document ``P..``, and the suffix always starts at
+    ``P + E`` (E = ``plan.piece_len``), also after a shorter last piece, so every leaf's suffix sits
+    at the same positions. Shapes: the three inputs are 1-D token id tensors.
+    """
+    P, S, E = plan.prefix_len, plan.suffix_len, plan.piece_len
+    leaves = []
+    for i in range(plan.num_leaves):
+        span = plan.piece(i)
+        piece = document_ids[span]
+        n = piece.numel()
+        positions = torch.cat([torch.arange(P), torch.arange(P, P + n), torch.arange(P + E, P + E + S)])
+        reducible = torch.cat(
+            [
+                torch.zeros(P, dtype=torch.bool),
+                torch.ones(n, dtype=torch.bool),
+                torch.zeros(S, dtype=torch.bool),
+            ]
+        )
+        origin = torch.cat([torch.full((P,), -1), torch.arange(span.start, span.stop), torch.full((S,), -1)])
+        leaves.append(
+            LeafInput(torch.cat([prefix_ids, piece, suffix_ids]), positions, reducible, origin, P, S)
+        )
+    return leaves

@@ -1,0 +1,198 @@
+"""Depth-first hierarchical merging: a whole document in, one short per-layer K/V cache out."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from homer_integrations.homer.chunk import Chunk
+from homer_integrations.homer.chunking import ChunkPlan, LeafInput, make_leaves
+from homer_integrations.homer.decoder import DecoderStack
+from homer_integrations.homer.kv import layer_tensors
+from homer_integrations.homer.merging import merge_siblings
+from homer_integrations.homer.pruning import Scorer, keep_mask, score_tokens
+from homer_integrations.homer.schedule import LayerSchedule
+
+
+@dataclass(frozen=True)
+class CompressorSettings:
+    """Resolved numeric settings of one compression (see ``HomerConfig`` for their meaning)."""
+
+    max_chunk_len: int
+    warmup_layers: int
+    final_cache_len: int
+    scorer: Scorer = "calibrated"
+    want_logits: bool = False
+    seed: int = 0
+
+
+@dataclass
+class CompressionResult:
+    """The compressed cache and what it took.
+
+    Attributes:
+        keys, values: one [1, Hkv, K, d] tensor per decoder layer, all the same K.
+        position_ids: [K] positions of the cached tokens (repeated after merges).
+        origin: [K] document index of each cached token, -1 for prefix and suffix tokens.
+        next_token_logits: [V] float32 logits after the last prompt token, if asked for.
+        plan: how the document was split; schedule: the layers each tree level ran.
+        peak_kv_bytes: the most K/V bytes alive at once during compression.
+        seconds: wall time of the compression.
+    """
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    position_ids: torch.Tensor
+    origin: torch.Tensor
+    next_token_logits: torch.Tensor | None
+    plan: ChunkPlan
+    schedule: LayerSchedule
+    peak_kv_bytes: int
+    seconds: float
+
+    @property
+    def last_position(self) -> int:
+        """Largest position id in the cache; what follows it starts at ``last_position + 1``."""
+        return int(self.position_ids.max())
+
+
+ProgressFn = Callable[[int], None]
+
+logger = logging.getLogger(__name__)
+
+
+class HomerCompressor:
+    """Runs the merge tree for one model: leaves -> prune -> merge -> ... -> root.
+
+    ``bias`` is the calibration table [num_layers, max_chunk_len] (None unless the scorer is
+    ``calibrated``). ``progress`` is called with the number of document tokens each finished
+    leaf consumed.
+    """
+
+    def __init__(self, stack: DecoderStack, settings: CompressorSettings, bias: torch.Tensor | None) -> None:
+        if bias is not None and tuple(bias.shape) != (stack.num_layers, settings.max_chunk_len):
+            raise ValueError(
+                f"calibration bias has shape {tuple(bias.shape)}, expected "
+                f"({stack.num_layers}, {settings.max_chunk_len})"
+            )
+        self.stack = stack
+        self.settings = settings
+        self.bias = bias
+        self._generator = torch.Generator().manual_seed(settings.seed)
+        self._alive: list[Chunk] = []
+        self._peak = 0
+
+    @torch.inference_mode()
+    def compress(
+        self,
+        prefix_ids: torch.Tensor,
+        document_ids: torch.Tensor,
+        suffix_ids: torch.Tensor,
+        progress: ProgressFn | None = None,
+    ) -> CompressionResult:
+        """Compress prefix [P] + document [L] + suffix [S] token ids into one cache of <= final_cache_len."""
+        start = time.perf_counter()
+        s = self.settings
+        plan = ChunkPlan.build(prefix_ids.numel(), document_ids.numel(), suffix_ids.numel(), s.max_chunk_len)
+        warmup = min(s.warmup_layers, self.stack.num_layers - plan.height - 1)
+        if warmup < s.warmup_layers:
+            logger.warning(
+                "a tree of height %d needs %d merging layers: warm-up lowered from %d to %d layers for "
+                "this document (raise max_chunk_len to keep it)",
+                plan.height,
+                plan.height + 1,
+                s.warmup_layers,
+                warmup,
+            )
+        schedule = LayerSchedule.build(self.stack.num_layers, warmup, plan.height)
+        leaves = make_leaves(prefix_ids, document_ids, suffix_ids, plan)
+        self._alive, self._peak = [], 0
+        root = self._subtree(leaves, plan.height, s.final_cache_len, plan, schedule, progress, is_root=True)
+        keys, values = layer_tensors(root.cache)
+        logits = self.stack.logits(root.hidden[:, -1:]) if s.want_logits else None
+        return CompressionResult(
+            keys=keys,
+            values=values,
+            position_ids=root.position_ids,
+            origin=root.origin,
+            next_token_logits=logits,
+            plan=plan,
+            schedule=schedule,
+            peak_kv_bytes=self._peak,
+            seconds=time.perf_counter() - start,
+        )
+
+    def _subtree(
+        self,
+        leaves: list[LeafInput],
+        height: int,
+        target_len: int,
+        plan: ChunkPlan,
+        schedule: LayerSchedule,
+        progress: ProgressFn | None,
+        is_root: bool = False,
+    ) -> Chunk:
+        """Post-order: left subtree, right subtree, merge (children freed), then this level's layers."""
+        if height == 0:
+            leaf = leaves[0]
+            chunk = Chunk(
+                hidden=self.stack.embed(leaf.input_ids),
+                position_ids=leaf.position_ids,
+                reducible=leaf.reducible,
+                origin=leaf.origin,
+                prefix_len=leaf.prefix_len,
+                suffix_len=leaf.suffix_len,
+            )
+            self._run_layers(chunk, schedule.layers_at(0), target_len, is_root)
+            if progress is not None:
+                progress(int(leaf.reducible.sum()))
+            return chunk
+        half = len(leaves) // 2
+        child_len = plan.child_target_len
+        left = self._subtree(leaves[:half], height - 1, child_len, plan, schedule, progress)
+        self._alive.append(left)
+        right = self._subtree(leaves[half:], height - 1, child_len, plan, schedule, progress)
+        self._alive.pop()
+        merged = merge_siblings(left, right)
+        del left, right
+        self._run_layers(merged, schedule.layers_at(height), target_len, is_root)
+        return merged
+
+    def _run_layers(self, chunk: Chunk, layers: range, target_len: int, is_root: bool) -> None:
+        """Run ``layers`` on ``chunk``; in the last one prune to ``target_len`` between attention and MLP."""
+        stack = self.stack
+        rope = stack.rotary(chunk.hidden, chunk.position_ids)
+        last = layers[-1]
+        for layer_idx in layers:
+            prune_here = layer_idx == last and chunk.length > target_len
+            chunk.hidden, query = stack.attention(
+                layer_idx, chunk.hidden, rope, chunk.cache, query_rows=1 if prune_here else 0
+            )
+            self._record_peak(chunk)
+            if prune_here:
+                if self.settings.scorer == "calibrated" and self.bias is None:
+                    raise ValueError("the calibrated scorer needs a calibration bias to prune")
+                keys = chunk.cache.layers[layer_idx].keys
+                scores = score_tokens(
+                    self.settings.scorer,
+                    query,
+                    keys,
+                    stack.scaling,
+                    chunk.position_ids,
+                    None if self.bias is None else self.bias[layer_idx],
+                    self._generator,
+                )
+                chunk.keep(keep_mask(scores, chunk.reducible, target_len))
+            if is_root and layer_idx == stack.num_layers - 1:
+                # Only the last position's output is ever read (next-token logits): skip the rest.
+                chunk.hidden = stack.mlp(layer_idx, chunk.hidden[:, -1:])
+            else:
+                chunk.hidden = stack.mlp(layer_idx, chunk.hidden)
+
+    def _record_peak(self, current: Chunk) -> None:
+        live = current.kv_bytes + sum(c.kv_bytes for c in self._alive)
+        self._peak = max(self._peak, live)

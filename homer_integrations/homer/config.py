@@ -1,0 +1,96 @@
+"""``HomerConfig``: every HOMER setting, validated, with the reason in each error."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Mode = Literal["shared", "query_aware"]
+Scorer = Literal["calibrated", "uncalibrated", "random"]
+
+DEFAULT_DOCUMENT_SUFFIX = "\n\n(End of the document.)\n\n"
+
+
+class HomerConfig(BaseModel):
+    """Settings of hierarchical context merging. ``None`` means "pick the default for this model".
+
+    Attributes:
+        max_chunk_len: MCL, tokens per chunk including prefix and suffix; no RoPE position
+            reaches it. Default: per model (see ``resolve``).
+        warmup_layers: W, extra layers the leaves run before merging starts.
+            Default: per model.
+        final_cache_len: tokens kept in the final cache (default: ``max_chunk_len``).
+        mode: ``shared`` compresses the document with a question-independent suffix, so one
+            cache serves every question; ``query_aware`` puts the question in the suffix (paper).
+        scorer: ``calibrated`` (paper), or the ablations ``uncalibrated`` and ``random``.
+        calibration_segments: text segments of ``max_chunk_len`` tokens averaged by calibration.
+        document_suffix: the fixed text after the document in ``shared`` mode.
+        system_prompt: system message placed in the prefix (chat models).
+        seed: seed of the ``random`` scorer.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_chunk_len: int | None = Field(default=None, ge=64, le=1_048_576)
+    warmup_layers: int | None = Field(default=None, ge=0)
+    final_cache_len: int | None = Field(default=None, ge=16)
+    mode: Mode = "shared"
+    scorer: Scorer = "calibrated"
+    calibration_segments: int = Field(default=48, ge=1, le=10_000)
+    document_suffix: str = Field(default=DEFAULT_DOCUMENT_SUFFIX, min_length=1)
+    system_prompt: str | None = None
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _cache_fits_chunk(self) -> HomerConfig:
+        if (
+            self.final_cache_len is not None
+            and self.max_chunk_len is not None
+            and self.final_cache_len > self.max_chunk_len
+        ):
+            raise ValueError(
+                f"final_cache_len ({self.final_cache_len}) must not exceed max_chunk_len "
+                f"({self.max_chunk_len}): the root chunk is never longer than one chunk"
+            )
+        return self
+
+    def resolve(self, num_layers: int, max_positions: int, defaults: ModelDefaults) -> HomerConfig:
+        """A copy with every ``None`` filled from ``defaults`` and checked against the model.
+
+        Raises ``ValueError`` naming the setting when it does not fit the model.
+        """
+        mcl = self.max_chunk_len or defaults.max_chunk_len
+        warmup = self.warmup_layers if self.warmup_layers is not None else defaults.warmup_layers
+        final = self.final_cache_len or mcl
+        if mcl > max_positions:
+            raise ValueError(
+                f"max_chunk_len={mcl} exceeds the model's {max_positions} positions "
+                f"(max_position_embeddings); HOMER keeps every position below max_chunk_len"
+            )
+        if warmup >= num_layers:
+            raise ValueError(
+                f"warmup_layers={warmup} must be below the model's {num_layers} layers: the merge "
+                f"levels need at least one layer"
+            )
+        if final > mcl:
+            raise ValueError(f"final_cache_len ({final}) must not exceed max_chunk_len ({mcl})")
+        return self.model_copy(
+            update={"max_chunk_len": mcl, "warmup_layers": warmup, "final_cache_len": final}
+        )
+
+
+class ModelDefaults(BaseModel):
+    """Per-model defaults for the settings a ``HomerConfig`` leaves as ``None``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_chunk_len: int
+    warmup_layers: int
+
+    @classmethod
+    def for_model(cls, num_layers: int, max_positions: int) -> ModelDefaults:
+        """Generic rule: half the trained window (at most 4096) and about 60% warm-up layers."""
+        return cls(
+            max_chunk_len=min(4096, max(64, max_positions // 2)), warmup_layers=round(0.6 * num_layers)
+        )

@@ -1,0 +1,52 @@
+"""A cheap, stable identity for a model's weights, used in calibration and document-cache keys."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import torch
+from transformers import PreTrainedModel
+
+
+def _rope_settings(config) -> dict:
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return {k: rope[k] for k in sorted(rope)} if isinstance(rope, dict) else {"rope": str(rope)}
+
+
+def rope_settings(model: PreTrainedModel) -> dict:
+    """The model's RoPE parameters (type, theta, scaling), sorted: part of every calibration key."""
+    return _rope_settings(model.config)
+
+
+@torch.inference_mode()
+def weights_fingerprint(model: PreTrainedModel, sample: int = 2048) -> str:
+    """sha256 over the architecture and samples of a few weight tensors (first/last ``sample`` values).
+
+    Hashing every weight would take seconds for large models; the sampled tensors (embeddings,
+    first attention, last MLP, final norm) change whenever a fine-tune or a conversion does.
+    """
+    c = model.config
+    h = hashlib.sha256()
+    arch = {
+        "type": c.model_type,
+        "layers": c.num_hidden_layers,
+        "hidden": c.hidden_size,
+        "heads": c.num_attention_heads,
+        "kv_heads": c.num_key_value_heads,
+        "vocab": c.vocab_size,
+        "rope": _rope_settings(c),
+    }
+    h.update(json.dumps(arch, sort_keys=True, default=str).encode())
+    backbone = model.model
+    tensors = [
+        backbone.embed_tokens.weight,
+        backbone.layers[0].self_attn.q_proj.weight,
+        backbone.layers[-1].mlp.down_proj.weight,
+        backbone.norm.weight,
+    ]
+    for t in tensors:
+        flat = t.detach().reshape(-1)
+        part = torch.cat([flat[:sample], flat[-sample:]]).float().cpu().contiguous()
+        h.update(part.numpy().tobytes())
+    return h.hexdigest()[:32]

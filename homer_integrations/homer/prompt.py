@@ -1,0 +1,62 @@
+"""How a (document, question) pair becomes prefix / document / suffix / continuation token spans.
+
+The chat template is rendered once with sentinel strings in place of the document and the
+question, and the rendered text is split at the sentinels, so every chat format (ChatML,
+Llama, Mistral) is handled by the tokenizer's own template.
+
+- ``shared`` mode: suffix = the fixed ``document_suffix`` (question-independent, so the
+  compressed cache serves every question); continuation = the question and the assistant head.
+- ``query_aware`` mode: suffix = ``document_suffix`` + question + assistant head (the paper);
+  continuation is empty and the answer starts from the compression's last logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+_DOC = "\u2063HOMERDOC\u2063"
+_QUESTION = "\u2063HOMERQ\u2063"
+
+
+@dataclass(frozen=True)
+class PromptTexts:
+    """The text spans around the document: ``prefix`` + document + ``suffix`` is compressed,
+    ``continuation`` is fed after the compressed cache."""
+
+    prefix: str
+    suffix: str
+    continuation: str
+
+
+def render_layout(
+    tokenizer: PreTrainedTokenizerBase,
+    question: str,
+    document_suffix: str,
+    query_aware: bool,
+    system_prompt: str | None = None,
+) -> PromptTexts:
+    """Split the chat-formatted prompt around the document for the chosen mode."""
+    user = f"{_DOC}{document_suffix}{_QUESTION}"
+    if tokenizer.chat_template:
+        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        messages.append({"role": "user", "content": user})
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    else:
+        head = f"{system_prompt}\n\n" if system_prompt else ""
+        rendered = f"{head}{user}\nAnswer:"
+    prefix, rest = rendered.split(_DOC, 1)
+    middle, tail = rest.split(_QUESTION, 1)
+    if query_aware:
+        return PromptTexts(prefix=prefix, suffix=middle + question + tail, continuation="")
+    return PromptTexts(prefix=prefix, suffix=middle, continuation=question + tail)
+
+
+def encode(tokenizer: PreTrainedTokenizerBase, text: str, first: bool = False) -> torch.Tensor:
+    """Token ids [n] of ``text``. Special tokens are added only to the very first span, and only
+    when the text does not already start with them (chat templates render BOS themselves)."""
+    add = first and not (tokenizer.bos_token and text.startswith(tokenizer.bos_token))
+    ids = tokenizer(text, add_special_tokens=add)["input_ids"] if text else []
+    return torch.tensor(ids, dtype=torch.long)

