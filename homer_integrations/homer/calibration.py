@@ -93,10 +93,7 @@ def compute_bias(
             hidden, queries = stack.attention(layer_idx, hidden, rope, cache, query_rows=rows)
             keys = cache.layers[layer_idx].keys
             logits = torch.stack(
-                [
-                    last_token_logits(queries[:, :, r : r + 1], keys, stack.scaling).amax(0)
-                    for r in range(rows)
-                ]
+                [last_token_logits(queries[:, :, r : r + 1], keys, stack.scaling).amax(0) for r in range(rows)]
             )  # [rows, T]
             total[layer_idx].index_add_(0, flat_distance, logits[valid].double().cpu())
             hidden = stack.mlp(layer_idx, hidden)
@@ -161,8 +158,7 @@ class CalibrationStore:
         if bias is not None:
             return bias
         logger.info(
-            "calibrating HOMER pruning for this model (max_chunk_len=%d, %d segments); done once and cached "
-            "in %s",
+            "calibrating HOMER pruning for this model (max_chunk_len=%d, %d segments); done once and cached in %s",
             key.max_chunk_len,
             segments,
             self.user_dir,

@@ -107,7 +107,5 @@ def make_leaves(
             ]
         )
         origin = torch.cat([torch.full((P,), -1), torch.arange(span.start, span.stop), torch.full((S,), -1)])
-        leaves.append(
-            LeafInput(torch.cat([prefix_ids, piece, suffix_ids]), positions, reducible, origin, P, S)
-        )
+        leaves.append(LeafInput(torch.cat([prefix_ids, piece, suffix_ids]), positions, reducible, origin, P, S))
     return leaves

@@ -99,9 +99,7 @@ class CompressedDocument:
         if meta.get("format") != SERIAL_FORMAT:
             raise ValueError(f"not a compressed document (format {meta.get('format')!r})")
         if meta.get("version") != str(SERIAL_VERSION):
-            raise ValueError(
-                f"compressed document format version {meta.get('version')!r} is not {SERIAL_VERSION}"
-            )
+            raise ValueError(f"compressed document format version {meta.get('version')!r} is not {SERIAL_VERSION}")
         try:
             layers = int(meta["layers"])
             keys = tuple(tensors[f"k.{i}"][None] for i in range(layers))

@@ -75,9 +75,7 @@ class HomerConfig(BaseModel):
             )
         if final > mcl:
             raise ValueError(f"final_cache_len ({final}) must not exceed max_chunk_len ({mcl})")
-        return self.model_copy(
-            update={"max_chunk_len": mcl, "warmup_layers": warmup, "final_cache_len": final}
-        )
+        return self.model_copy(update={"max_chunk_len": mcl, "warmup_layers": warmup, "final_cache_len": final})
 
 
 class ModelDefaults(BaseModel):
@@ -91,6 +89,4 @@ class ModelDefaults(BaseModel):
     @classmethod
     def for_model(cls, num_layers: int, max_positions: int) -> ModelDefaults:
         """Generic rule: half the trained window (at most 4096) and about 60% warm-up layers."""
-        return cls(
-            max_chunk_len=min(4096, max(64, max_positions // 2)), warmup_layers=round(0.6 * num_layers)
-        )
+        return cls(max_chunk_len=min(4096, max(64, max_positions // 2)), warmup_layers=round(0.6 * num_layers))
