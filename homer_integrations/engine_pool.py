@@ -1,0 +1,41 @@
+"""One ``HomerModel`` per model name in a process, shared by every adapter object that names it.
+
+Adapters built from a name (``ChatHomer(model=...)``, ``HomerLLM(model=...)``) get their engine
+here on first use, so many adapter objects, per-call model overrides and both frameworks share
+one loaded model and one document cache. ``HOMER_INTEGRATIONS_MODEL`` names the default model
+(otherwise the embedded default).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from homer_integrations.engine import HomerModel
+from homer_integrations.models import DEFAULT_MODEL
+
+MODEL_ENV = "HOMER_INTEGRATIONS_MODEL"
+
+_engines: dict[str, HomerModel] = {}
+_lock = threading.Lock()
+
+
+def default_model_name() -> str:
+    """``$HOMER_INTEGRATIONS_MODEL`` or the embedded default model's name."""
+    return os.environ.get(MODEL_ENV) or DEFAULT_MODEL
+
+
+def shared_engine(model: str | None = None) -> HomerModel:
+    """The process-wide engine for ``model`` (local path, hub id or embedded name), loaded once."""
+    name = model or default_model_name()
+    with _lock:
+        engine = _engines.get(name)
+        if engine is None:
+            engine = _engines[name] = HomerModel.from_pretrained(name)
+        return engine
+
+
+def register_engine(engine: HomerModel, name: str | None = None) -> None:
+    """Make an engine built elsewhere the shared one for ``name`` (default: its ``model_name``)."""
+    with _lock:
+        _engines[name or engine.model_name] = engine

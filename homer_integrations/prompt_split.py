@@ -1,0 +1,244 @@
+"""Finding the long document inside a chat prompt, and answering the prompt through HOMER.
+
+Framework adapters (LangChain, LlamaIndex) receive whole prompts: a list of chat messages, one
+of which may hold a document far longer than the model's window. ``split_prompt`` finds that
+document and returns the texts the engine needs; ``start_answer`` runs them.
+
+How the document is found, first rule that applies wins:
+
+1. **explicit**: a document passed by the caller (``document=``). If its text occurs in a
+   message it is cut out there; otherwise it is put at the start of the first user message.
+2. **known**: the exact text of a document this engine compressed recently (a small per-engine
+   registry, see ``remember_document``) occurs in a message. This keeps every later call of a
+   chain on the same cache, whatever its question.
+3. **heuristic**: the rendered prompt is longer than ``long_prompt_tokens`` (default: the
+   engine's ``max_chunk_len``, the longest span the model attends over under HOMER). In the
+   longest message, the document is everything between the first and the last paragraph break
+   (a blank line); the first paragraph is taken as instructions (head) and the last as the
+   question (tail). Both must be short (at most half of ``long_prompt_tokens`` each); if they
+   are not, line breaks and then sentence ends are tried instead. The cut points do not depend
+   on the question as long as the question holds no blank line, so every question of an
+   unchanged "stuff" chain (LangChain joins documents with blank lines) finds the same span.
+4. Otherwise the prompt is **plain**: rendered and run as is.
+
+The message holding the document is rewritten as ``<document>`` + the remaining text of the
+message (head and tail, joined by a blank line). The whole message list is then
+rendered with the chat template and split at the document: ``prefix`` (template head, system
+message, earlier turns) + document + the engine's fixed ``document_suffix`` is compressed once
+and cached; ``continuation`` (the head and tail of that message, and every later turn) is fed
+after the cache. So the instructions around the document and any conversation history after
+it never change the cache key, and the same document text shares one cache across templates,
+questions and the explicit path.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from homer_integrations.engine import AnswerStream, HomerModel
+    from homer_integrations.homer.generation import GenerationOptions
+
+FoundBy = Literal["explicit", "known", "heuristic", "plain"]
+Message = Mapping[str, str]
+Renderer = Callable[[list[dict[str, str]]], str]
+
+KNOWN_DOCUMENTS_PER_ENGINE = 16
+MIN_KNOWN_CHARS = 256
+"""Shorter texts are not matched as known documents: they would match ordinary prompts."""
+
+_SENTINEL = "\u2063HOMERSPLIT\u2063"
+_BREAKS = (
+    re.compile(r"\n[ \t]*\n\s*"),  # paragraphs (LangChain's stuff chains join documents with "\n\n")
+    re.compile(r"\n\s*"),  # lines
+    re.compile(r"(?<=[.!?])\s+"),  # sentences
+)
+
+
+@dataclass(frozen=True)
+class PromptSplit:
+    """A prompt, and where its document is.
+
+    ``prompt`` is the whole rendered prompt: what a plain call runs or, with a document,
+    ``prefix + document + suffix + continuation``, of which the first three are compressed;
+    ``found_by`` says which rule found the document (``plain`` when there is none).
+    """
+
+    prompt: str
+    document: str | None = None
+    prefix: str = ""
+    suffix: str = ""
+    continuation: str = ""
+    found_by: FoundBy = "plain"
+
+
+def render_plain_text(messages: list[dict[str, str]]) -> str:
+    """A renderer for prompts that are already formatted text: the messages' contents, concatenated."""
+    return "".join(m["content"] for m in messages)
+
+
+# ------------------------------------------------------------------------------------- registry
+class _KnownDocuments:
+    """Recently compressed document texts of one engine, most recent first."""
+
+    def __init__(self) -> None:
+        self._texts: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def add(self, text: str) -> None:
+        with self._lock:
+            self._texts[text] = None
+            self._texts.move_to_end(text, last=False)
+            while len(self._texts) > KNOWN_DOCUMENTS_PER_ENGINE:
+                self._texts.popitem(last=True)
+
+    def snapshot(self) -> list[str]:
+        with self._lock:
+            return list(self._texts)
+
+
+_registry: weakref.WeakKeyDictionary[HomerModel, _KnownDocuments] = weakref.WeakKeyDictionary()
+_registry_lock = threading.Lock()
+
+
+def _known(engine: HomerModel) -> _KnownDocuments:
+    with _registry_lock:
+        found = _registry.get(engine)
+        if found is None:
+            found = _registry[engine] = _KnownDocuments()
+        return found
+
+
+def remember_document(engine: HomerModel, text: str) -> None:
+    """Record ``text`` as a document ``engine`` has compressed, so prompts that contain it find it."""
+    if len(text) >= MIN_KNOWN_CHARS:
+        _known(engine).add(text)
+
+
+def known_documents(engine: HomerModel) -> list[str]:
+    """The document texts ``engine`` compressed recently, most recent first."""
+    return _known(engine).snapshot()
+
+
+# ------------------------------------------------------------------------------------- splitting
+def split_prompt(
+    engine: HomerModel,
+    messages: Sequence[Message],
+    *,
+    document: str | None = None,
+    render: Renderer | None = None,
+    long_prompt_tokens: int | None = None,
+) -> PromptSplit:
+    """Find the long document in ``messages`` (``role``/``content`` dicts) for ``engine``.
+
+    Args:
+        document: an explicit document; wins over everything else.
+        render: messages -> prompt text; default ``engine.chat_prompt`` (the chat template).
+            Use ``render_plain_text`` for a prompt that is already formatted.
+        long_prompt_tokens: prompts up to this many tokens with no known document run plainly;
+            default ``engine.config.max_chunk_len``.
+    """
+    msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
+    if not msgs:
+        raise ValueError("no messages to answer")
+    render = render or engine.chat_prompt
+    if document is not None:
+        if not document.strip():
+            raise ValueError("the explicit document is empty")
+        where = _locate(msgs, [document, document.strip()])
+        if where is None:
+            index = next((i for i, m in enumerate(msgs) if m["role"] == "user"), len(msgs) - 1)
+            return _split_at(engine, msgs, render, index, 0, 0, document, "explicit")
+        index, start, end = where
+        return _split_at(engine, msgs, render, index, start, end, msgs[index]["content"][start:end], "explicit")
+
+    where = _locate(msgs, known_documents(engine))
+    if where is not None:
+        index, start, end = where
+        return _split_at(engine, msgs, render, index, start, end, msgs[index]["content"][start:end], "known")
+
+    prompt = render(msgs)
+    limit = long_prompt_tokens or engine.config.max_chunk_len
+    if engine.count_tokens(prompt) <= limit:
+        return PromptSplit(prompt=prompt)
+    index = max(range(len(msgs)), key=lambda i: len(msgs[i]["content"]))
+    content = msgs[index]["content"]
+    span = find_document_span(content, lambda text: engine.count_tokens(text) <= limit // 2)
+    if span is None:
+        return PromptSplit(prompt=prompt)
+    start, end = span
+    return _split_at(engine, msgs, render, index, start, end, content[start:end], "heuristic")
+
+
+def find_document_span(text: str, is_short: Callable[[str], bool]) -> tuple[int, int] | None:
+    """(start, end) of the document in ``text``: between its first and last break, paragraph
+    breaks first, then line breaks, then sentence ends; None when no level leaves a short
+    head and tail (``is_short`` decides) around a non-empty middle."""
+    for pattern in _BREAKS:
+        breaks = list(pattern.finditer(text))
+        if len(breaks) < 2:
+            continue
+        first, last = breaks[0], breaks[-1]
+        if first.end() < last.start() and is_short(text[: first.start()]) and is_short(text[last.end() :]):
+            return first.end(), last.start()
+    return None
+
+
+def _locate(msgs: list[dict[str, str]], texts: Iterable[str]) -> tuple[int, int, int] | None:
+    """(message index, start, end) of the first of ``texts`` found in a message."""
+    for text in texts:
+        if not text:
+            continue
+        for i, m in enumerate(msgs):
+            start = m["content"].find(text)
+            if start >= 0:
+                return i, start, start + len(text)
+    return None
+
+
+def _remaining(head: str, tail: str) -> str:
+    """The message's text without its document, as fed after the cache."""
+    return "\n\n".join(part for part in (head.strip(), tail.strip()) if part)
+
+
+def _split_at(
+    engine: HomerModel,
+    msgs: list[dict[str, str]],
+    render: Renderer,
+    index: int,
+    start: int,
+    end: int,
+    document: str,
+    found_by: FoundBy,
+) -> PromptSplit:
+    content = msgs[index]["content"]
+    rest = _remaining(content[:start], content[end:])
+    rewritten = [dict(m) for m in msgs]
+    rewritten[index]["content"] = _SENTINEL + rest
+    prefix, continuation = render(rewritten).split(_SENTINEL, 1)
+    suffix = engine.config.document_suffix
+    if engine.config.mode == "query_aware":
+        # the question is compressed with the document: everything after it joins the suffix
+        suffix, continuation = suffix + continuation, ""
+    return PromptSplit(prefix + document + suffix + continuation, document, prefix, suffix, continuation, found_by)
+
+
+# ------------------------------------------------------------------------------------- answering
+def start_answer(engine: HomerModel, split: PromptSplit, options: GenerationOptions) -> AnswerStream:
+    """Answer a split prompt: compress (or fetch) its document and continue, or run it plainly."""
+    if split.document is None:
+        return engine.generate(split.prompt, **options.model_dump())
+    started = time.perf_counter()
+    question = split.suffix if engine.config.mode == "query_aware" else None
+    doc, source = engine.compress_span(split.prefix, split.document, split.suffix, question)
+    remember_document(engine, split.document)
+    return engine.continue_from(
+        doc, split.continuation, options, cache_source=source, compress_seconds=time.perf_counter() - started
+    )
