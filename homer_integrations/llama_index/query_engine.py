@@ -1,0 +1,203 @@
+"""``HomerQueryEngine``: answers queries over whole documents, each compressed once by HOMER.
+
+Several documents: BM25 over the whole documents picks at most ``max_documents`` of them for
+each query (cheap, and documents never picked are never compressed). Each picked document
+answers from its own compressed cache; with more than one answer, a short final call of the LLM
+combines them (``combine_template``). ``max_documents=None`` asks every document.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from llama_index.core.base.base_query_engine import BaseQueryEngine
+from llama_index.core.base.response.schema import (
+    RESPONSE_TYPE,
+    AsyncStreamingResponse,
+    Response,
+    StreamingResponse,
+)
+from llama_index.core.callbacks.base import CallbackManager
+from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
+from llama_index.core.prompts.mixin import PromptDictType, PromptMixinType
+from llama_index.core.schema import Document, NodeWithScore, QueryBundle, TextNode
+
+from homer_integrations.engine import AnswerStream, HomerModel
+from homer_integrations.homer.compressed import CompressionStats
+from homer_integrations.llama_index.aio import iterate_in_thread
+from homer_integrations.llama_index.info import answer_info_dict
+from homer_integrations.llama_index.llm import HomerLLM
+
+DEFAULT_COMBINE_TEMPLATE = PromptTemplate(
+    "Several documents were asked the same question. Their answers:\n"
+    "{answers}\n\n"
+    "Question: {query_str}\n"
+    "Combine these answers into one short answer."
+)
+
+STATS_KEY = "homer"
+"""Node-metadata key holding the answer statistics (cache source, tokens, compression)."""
+
+
+class HomerQueryEngine(BaseQueryEngine):
+    """Answer queries over whole documents with HOMER: one compression per document, reused.
+
+    Args:
+        documents: the documents, answered whole (never split into chunks).
+        llm: the ``HomerLLM`` whose engine and generation settings answer; built on
+            ``engine`` (or the embedded default model) when omitted.
+        engine: a ``HomerModel`` to use when ``llm`` is omitted.
+        streaming: ``query`` returns a ``StreamingResponse`` (``aquery`` an ``AsyncStreamingResponse``).
+        max_documents: documents answered per query when there are several (BM25-ranked);
+            None answers every document.
+        combine_template: prompt of the final call that merges several answers
+            (``{answers}``, ``{query_str}``).
+
+    Responses carry one source node per answered document: its id, its text, and under
+    ``metadata["homer"]`` the cache source (``computed``, ``memory``, ``disk``), token counts and
+    compression statistics (complete once a streaming response is consumed).
+    ``response.metadata`` maps each document id to that node metadata.
+    """
+
+    def __init__(
+        self,
+        documents: Sequence[Document],
+        llm: HomerLLM | None = None,
+        *,
+        engine: HomerModel | None = None,
+        streaming: bool = False,
+        max_documents: int | None = 2,
+        combine_template: BasePromptTemplate | None = None,
+        callback_manager: CallbackManager | None = None,
+    ) -> None:
+        if not documents:
+            raise ValueError("HomerQueryEngine needs at least one document")
+        for doc in documents:
+            if not doc.text or not doc.text.strip():
+                raise ValueError(f"document {doc.doc_id!r} is empty")
+        if max_documents is not None and max_documents < 1:
+            raise ValueError("max_documents must be at least 1 (or None for every document)")
+        if llm is not None and engine is not None and llm.engine is not engine:
+            raise ValueError("llm and engine disagree: pass one of them")
+        self._llm = llm if llm is not None else HomerLLM(engine=engine)
+        self._documents = list(documents)
+        self._streaming = streaming
+        self._max_documents = max_documents
+        self._combine_template = combine_template or DEFAULT_COMBINE_TEMPLATE
+        self._ranker: Any = None
+        super().__init__(callback_manager=callback_manager)
+
+    @classmethod
+    def from_directory(cls, path: str | Path, *, recursive: bool = True, **kwargs: Any) -> HomerQueryEngine:
+        """Read every supported file under ``path`` whole (see ``HomerDirectoryReader``) and query them."""
+        from homer_integrations.llama_index.readers import HomerDirectoryReader
+
+        return cls(HomerDirectoryReader(path, recursive=recursive).load_data(), **kwargs)
+
+    @property
+    def llm(self) -> HomerLLM:
+        return self._llm
+
+    @property
+    def engine(self) -> HomerModel:
+        return self._llm.engine
+
+    @property
+    def documents(self) -> list[Document]:
+        return list(self._documents)
+
+    def precompress(self) -> list[CompressionStats]:
+        """Compress every document now (cached), rather than at its first query. Shared mode only."""
+        return [self.engine.compress(doc.text).stats for doc in self._documents]
+
+    # ----------------------------------------------------------------------------- prompts
+    def _get_prompts(self) -> PromptDictType:
+        return {"combine_template": self._combine_template}
+
+    def _update_prompts(self, prompts: PromptDictType) -> None:
+        if "combine_template" in prompts:
+            self._combine_template = prompts["combine_template"]
+
+    def _get_prompt_modules(self) -> PromptMixinType:
+        return {}
+
+    # ----------------------------------------------------------------------------- selection
+    def select(self, query: str) -> list[tuple[Document, float | None]]:
+        """The documents this query is answered from, with their BM25 scores (None: not ranked)."""
+        limit = self._max_documents
+        if limit is None or len(self._documents) <= limit:
+            return [(doc, None) for doc in self._documents]
+        if self._ranker is None:
+            from llama_index.retrievers.bm25 import BM25Retriever
+
+            self._ranker = BM25Retriever.from_defaults(nodes=self._documents, similarity_top_k=len(self._documents))
+        by_id = {doc.doc_id: doc for doc in self._documents}
+        ranked = [(by_id[n.node.node_id], float(n.score or 0.0)) for n in self._ranker.retrieve(query)]
+        matching = [(doc, score) for doc, score in ranked if score > 0]
+        # no query word occurs anywhere: fall back to the documents' own order
+        return (matching or [(doc, 0.0) for doc in self._documents])[:limit]
+
+    # ----------------------------------------------------------------------------- answering
+    def _source_node(self, doc: Document, score: float | None, stream: AnswerStream) -> NodeWithScore:
+        metadata = {**doc.metadata, STATS_KEY: answer_info_dict(stream.info)}
+        excluded = [*doc.excluded_llm_metadata_keys, STATS_KEY]
+        node = TextNode(
+            id_=doc.doc_id,
+            text=doc.text,
+            metadata=metadata,
+            excluded_llm_metadata_keys=excluded,
+            excluded_embed_metadata_keys=[*doc.excluded_embed_metadata_keys, STATS_KEY],
+        )
+        return NodeWithScore(node=node, score=score)
+
+    def _start(self, query: str) -> tuple[Iterator[str], list[NodeWithScore]]:
+        """Compress what is needed and start the answer: (text pieces, source nodes).
+
+        The pieces' generator fills in the nodes' final statistics when it ends.
+        """
+        options = self._llm.generation_kwargs()
+        chosen = self.select(query)
+        if len(chosen) == 1:
+            doc, score = chosen[0]
+            stream = self.engine.run(doc.text, query, **options)
+            node = self._source_node(doc, score, stream)
+            return self._finishing(stream, [(node, stream)]), [node]
+        finished = []
+        for doc, score in chosen:
+            stream = self.engine.run(doc.text, query, **options)
+            answer = stream.text().strip()
+            node = self._source_node(doc, score, stream)
+            node.node.metadata[STATS_KEY]["answer"] = answer
+            finished.append((node, stream))
+        answers = "\n".join(f"- {n.node.node_id}: {n.node.metadata[STATS_KEY]['answer']}" for n, _ in finished)
+        prompt = self._combine_template.format(answers=answers, query_str=query)
+        pieces = (r.delta or "" for r in self._llm.stream_complete(prompt))
+        return pieces, [n for n, _ in finished]
+
+    @staticmethod
+    def _finishing(pieces: Iterator[str], nodes: list[tuple[NodeWithScore, AnswerStream]]) -> Iterator[str]:
+        yield from pieces
+        for node, stream in nodes:
+            node.node.metadata[STATS_KEY].update(answer_info_dict(stream.info))
+
+    @staticmethod
+    def _metadata(nodes: list[NodeWithScore]) -> dict[str, Any]:
+        return {n.node.node_id: n.node.metadata for n in nodes}
+
+    def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
+        pieces, nodes = self._start(query_bundle.query_str)
+        if self._streaming:
+            return StreamingResponse(response_gen=pieces, source_nodes=nodes, metadata=self._metadata(nodes))
+        text = "".join(pieces).strip()
+        return Response(response=text, source_nodes=nodes, metadata=self._metadata(nodes))
+
+    async def _aquery(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
+        if not self._streaming:
+            return await asyncio.to_thread(self._query, query_bundle)
+        pieces, nodes = await asyncio.to_thread(self._start, query_bundle.query_str)
+        return AsyncStreamingResponse(
+            response_gen=iterate_in_thread(lambda: pieces), source_nodes=nodes, metadata=self._metadata(nodes)
+        )

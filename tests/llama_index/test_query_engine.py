@@ -1,0 +1,120 @@
+"""``HomerQueryEngine`` on the embedded model: one compression per document however many queries."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from llama_index.core.base.response.schema import AsyncStreamingResponse, Response, StreamingResponse
+from llama_index.core.schema import Document
+
+from homer_integrations.llama_index import HomerLLM, HomerQueryEngine
+
+pytestmark = pytest.mark.real_model
+
+QUESTIONS = [
+    "Who is Mr. Bingley?",
+    "What does Mrs. Bennet want for her daughters?",
+    "Where is Netherfield Park?",
+    "How many daughters do the Bennets have?",
+    "Who is Elizabeth?",
+]
+
+
+@pytest.fixture(scope="module")
+def llm(smol_engine) -> HomerLLM:
+    return HomerLLM(engine=smol_engine, num_output=6)
+
+
+def computations(engine) -> int:
+    return engine.document_cache.stats().computations
+
+
+def homer_stats(response) -> dict:
+    (node,) = response.source_nodes
+    return node.node.metadata["homer"]
+
+
+def test_five_queries_one_compression(llm, smol_engine, excerpt):
+    doc = Document(text=excerpt, id_="pride-ch1", metadata={"title": "Pride and Prejudice"})
+    engine = HomerQueryEngine([doc], llm=llm)
+    streaming = HomerQueryEngine([doc], llm=llm, streaming=True)
+    before = computations(smol_engine)
+
+    responses = [engine.query(q) for q in QUESTIONS[:4]]
+    streamed = streaming.query(QUESTIONS[4])
+    assert isinstance(streamed, StreamingResponse)
+    assert streamed.metadata["pride-ch1"]["homer"]["output_tokens"] == 0  # not consumed yet
+    pieces = list(streamed.response_gen)
+
+    assert computations(smol_engine) - before == 1
+    assert all(isinstance(r, Response) and r.response for r in responses)
+    assert "".join(pieces).strip()
+    sources = [homer_stats(r)["cache_source"] for r in responses] + [homer_stats(streamed)["cache_source"]]
+    assert sources == ["computed", "memory", "memory", "memory", "memory"]
+
+    first = homer_stats(responses[0])
+    assert first["document_tokens"] == smol_engine.count_tokens(excerpt)
+    assert first["cache_tokens"] <= smol_engine.config.max_chunk_len
+    assert first["compression"]["leaves"] >= 3
+    assert first["compression"]["compression_ratio"] > 2
+    assert responses[0].source_nodes[0].node.node_id == "pride-ch1"
+    assert responses[0].source_nodes[0].node.metadata["title"] == "Pride and Prejudice"
+    assert homer_stats(streamed)["output_tokens"] > 0  # filled in once the stream ended
+
+
+async def test_concurrent_aqueries_share_one_compression(llm, smol_engine, novel):
+    start = novel.index("Not all that Mrs. Bennet")  # chapter 3: a document no other test compresses
+    text = smol_engine.tokenizer.decode(smol_engine.token_ids(novel[start:])[:2000])
+    engine = HomerQueryEngine([Document(text=text, id_="pride-ch3")], llm=llm)
+    before = computations(smol_engine)
+
+    responses = await asyncio.gather(*(engine.aquery(q) for q in QUESTIONS[:3]))
+
+    assert computations(smol_engine) - before == 1
+    assert sorted(homer_stats(r)["cache_source"] for r in responses) == ["computed", "memory", "memory"]
+    assert all(r.response for r in responses)
+
+    streaming = HomerQueryEngine([Document(text=text, id_="pride-ch3")], llm=llm, streaming=True)
+    streamed = await streaming.aquery(QUESTIONS[3])
+    assert isinstance(streamed, AsyncStreamingResponse)
+    pieces = [p async for p in streamed.async_response_gen()]
+    assert "".join(pieces).strip()
+    assert homer_stats(streamed)["cache_source"] == "memory"
+    assert computations(smol_engine) - before == 1
+
+
+LIGHTHOUSE = (
+    "Tobias Wren kept the lighthouse on Gull Point for forty years. Every night he climbed the "
+    "ninety steps, trimmed the wick and polished the great lens. Ships passing the reef "
+    "blinked their lamps to thank the lighthouse keeper. "
+) * 4
+BAKERY = (
+    "The bakery on Mill Street sells rye bread, almond cakes and cinnamon buns. The baker, "
+    "Marta Lind, starts the ovens at four in the morning and sells out of buns by nine. "
+) * 4
+
+
+def test_several_documents_bm25_picks_then_combines(llm, smol_engine, events):
+    docs = [Document(text=BAKERY, id_="bakery"), Document(text=LIGHTHOUSE, id_="lighthouse")]
+
+    picked = HomerQueryEngine(docs, llm=llm, max_documents=1).query("Who keeps the lighthouse on Gull Point?")
+    assert [n.node.node_id for n in picked.source_nodes] == ["lighthouse"]
+    assert picked.source_nodes[0].score > 0
+    assert "QueryEndEvent" in events.names()
+
+    combined = HomerQueryEngine(docs, llm=llm, max_documents=None).query("Who works early in the morning?")
+    assert {n.node.node_id for n in combined.source_nodes} == {"bakery", "lighthouse"}
+    assert all(n.node.metadata["homer"]["answer"] for n in combined.source_nodes)
+    assert combined.response
+    # the combining call goes through HomerLLM, so LlamaIndex sees an LLM event for it
+    assert "LLMCompletionEndEvent" in events.names()
+
+
+def test_bad_input_is_refused(llm):
+    with pytest.raises(ValueError, match="at least one document"):
+        HomerQueryEngine([], llm=llm)
+    with pytest.raises(ValueError, match="'blank' is empty"):
+        HomerQueryEngine([Document(text="  ", id_="blank")], llm=llm)
+    with pytest.raises(ValueError, match="max_documents"):
+        HomerQueryEngine([Document(text="x")], llm=llm, max_documents=0)
