@@ -1,4 +1,4 @@
-"""The engine's per-answer statistics as plain dicts for LlamaIndex responses and node metadata."""
+"""Per-answer statistics as one JSON-ready dict for LlamaIndex responses and node metadata."""
 
 from __future__ import annotations
 
@@ -6,11 +6,14 @@ from dataclasses import asdict
 from typing import Any
 
 from homer_integrations.engine import AnswerInfo
+from homer_integrations.usage import answer_metadata, token_usage
 
 
 def answer_info_dict(info: AnswerInfo) -> dict[str, Any]:
-    """``AnswerInfo`` as a JSON-ready dict; ``compression`` is None for plain prompts."""
-    data = asdict(info)
-    if info.compression is not None:
-        data["compression"]["compression_ratio"] = round(info.compression.compression_ratio, 3)
-    return data
+    """The shared flat statistics and token usage of a finished answer, plus the full compression
+    statistics (``compression``: leaves, tree height, cache bytes, ...; None for plain prompts)."""
+    return {
+        **answer_metadata(info),
+        **asdict(token_usage(info)),
+        "compression": None if info.compression is None else asdict(info.compression),
+    }

@@ -22,9 +22,20 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.llms.llm import default_completion_to_prompt
 
+from homer_integrations.aio import iterate_in_thread
 from homer_integrations.engine import AnswerStream, HomerModel
-from homer_integrations.llama_index.aio import iterate_in_thread
+from homer_integrations.engine_pool import shared_engine
+from homer_integrations.homer.compressed import CompressionStats
+from homer_integrations.homer.generation import GenerationOptions
 from homer_integrations.llama_index.info import answer_info_dict
+from homer_integrations.prompt_split import (
+    PromptSplit,
+    Renderer,
+    remember_document,
+    render_plain_text,
+    split_prompt,
+    start_answer,
+)
 
 _GENERATION_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 
@@ -32,23 +43,30 @@ _GENERATION_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "
 class HomerLLM(CustomLLM):
     """A local Hugging Face model behind HOMER, usable wherever LlamaIndex accepts an LLM.
 
-    Build it over an engine (``HomerLLM(engine=HomerModel...)``), from a local path or hub id
-    (``HomerLLM(model="...")``), or with neither for the embedded default model.
+    Build it over an engine (``HomerLLM(engine=...)``), from a local path, hub id or embedded
+    name (``HomerLLM(model=...)``, one shared engine per name), or with neither for the
+    embedded default model.
 
-    How a long document reaches the model:
+    How a long document reaches the model (``homer_integrations.prompt_split`` decides):
 
-    - ``complete(question, document=text)`` answers ``question`` about ``text``, and
-      ``chat(messages, document=text)`` puts ``text`` at the start of the first user message.
-      Either way the document is compressed once into a short cache (reused by every later
-      call, and by ``HomerQueryEngine`` over the same engine).
-    - Without ``document=``, a prompt longer than ``compress_threshold`` tokens is searched for
-      one long document span (a synthesizer's ``{context_str}``); that span is compressed and
-      the rest of the prompt is fed after the cache. Other prompts run as plain prompts.
+    - explicitly: ``complete(question, document=text)`` answers ``question`` about ``text``;
+      ``chat(messages, document=text)`` puts ``text`` at the start of the first user message
+      (or cuts it out where a message already holds it);
+    - a prompt holding the exact text of a document this engine compressed recently (e.g. by
+      ``HomerQueryEngine``) reuses that document's cache;
+    - a prompt longer than ``compress_threshold`` tokens: in its longest message, the text
+      between the first and the last paragraph break is taken as the document (a synthesizer's
+      ``{context_str}``), the rest as instructions and question.
 
-    ``metadata.context_window`` is the model's own window by default: what a plain prompt may
-    hold. A compressed document may be far longer (only its cache, at most
-    ``max_chunk_len`` tokens, takes room in the window). Raise ``context_window`` if you want
-    LlamaIndex's synthesizers to stuff whole long documents into one prompt.
+    The document is compressed once (cached in the engine's document cache) and everything
+    else of the prompt is fed after the cache; other prompts run plainly.
+
+    ``metadata.context_window`` is the model's own window by default: what a *plain* prompt
+    may hold. A compressed document may be far longer (only its cache, at most the engine's
+    ``max_chunk_len`` tokens, takes room in the window). Set a larger ``context_window`` to let
+    LlamaIndex's synthesizers stuff a whole long document into one prompt; a prompt over the
+    model's window in which no document is found is then refused with a clear error.
+    Responses carry the statistics (cache source, tokens, compression) in ``additional_kwargs``.
     """
 
     model_name: str = Field(default="", description="Name reported in metadata and events.")
@@ -73,7 +91,7 @@ class HomerLLM(CustomLLM):
     def __init__(self, engine: HomerModel | None = None, model: str | None = None, **kwargs: Any) -> None:
         if engine is not None and model is not None:
             raise ValueError("pass either engine= or model=, not both")
-        engine = engine if engine is not None else HomerModel.from_pretrained(model)
+        engine = engine if engine is not None else shared_engine(model)
         kwargs.setdefault("model_name", engine.model_name)
         super().__init__(**kwargs)
         if not self.context_window:
@@ -120,33 +138,60 @@ class HomerLLM(CustomLLM):
         options["stop"] = tuple(options["stop"])
         return options
 
-    def _completion_text(self, prompt: str, formatted: bool) -> str:
+    def _system(self) -> list[dict[str, str]]:
+        return [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+
+    def _completion_split(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> PromptSplit:
+        """Where the document is in a completion prompt (rendered with the chat template unless
+        ``formatted`` or a custom ``completion_to_prompt`` says how)."""
+        render: Renderer | None = None
+        messages = [{"role": "user", "content": prompt}]
         if formatted:
-            return prompt
-        if self.completion_to_prompt is not default_completion_to_prompt:
-            return self.completion_to_prompt(prompt)
-        return self._engine.chat_prompt(self._message_dicts([ChatMessage(role=MessageRole.USER, content=prompt)]))
+            render = render_plain_text
+        elif self.completion_to_prompt is not default_completion_to_prompt:
+            to_prompt = self.completion_to_prompt
+            render = lambda msgs: to_prompt(render_plain_text(msgs))  # noqa: E731
+        else:
+            messages = self._system() + messages
+        return self._split(messages, render, kwargs)
 
-    def _message_dicts(self, messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+    def _chat_split(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> PromptSplit:
         dicts = [{"role": m.role.value, "content": m.content or ""} for m in messages]
-        if self.system_prompt and not any(d["role"] == "system" for d in dicts):
-            dicts.insert(0, {"role": "system", "content": self.system_prompt})
-        return dicts
+        if not any(d["role"] == "system" for d in dicts):
+            dicts = self._system() + dicts
+        return self._split(dicts, None, kwargs)
 
-    def _start(self, prompt_text: str, options: dict[str, Any]) -> AnswerStream:
-        """Start answering an already rendered prompt: compress a long document in it, or run it plainly."""
-        return self._engine.generate(prompt_text, **options)
+    def _split(self, messages: list[dict[str, str]], render: Renderer | None, kwargs: dict[str, Any]) -> PromptSplit:
+        return split_prompt(
+            self._engine,
+            messages,
+            document=kwargs.get("document"),
+            render=render,
+            long_prompt_tokens=self.compress_threshold,
+        )
+
+    def _start(self, split: PromptSplit, kwargs: dict[str, Any]) -> AnswerStream:
+        return start_answer(self._engine, split, GenerationOptions(**self.generation_kwargs(kwargs)))
 
     def _start_completion(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> AnswerStream:
-        options = self.generation_kwargs(kwargs)
-        document = kwargs.get("document")
-        if document is not None:
-            return self._engine.run(document, prompt, **options)
-        return self._start(self._completion_text(prompt, formatted), options)
+        return self._start(self._completion_split(prompt, formatted, kwargs), kwargs)
 
     def _start_chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> AnswerStream:
-        options = self.generation_kwargs(kwargs)
-        return self._start(self._engine.chat_prompt(self._message_dicts(messages)), options)
+        return self._start(self._chat_split(messages, kwargs), kwargs)
+
+    def answer_stream(self, question: str, document: str, **kwargs: Any) -> AnswerStream:
+        """The engine's stream answering ``question`` about ``document`` (no LlamaIndex events);
+        its ``info`` holds the statistics once consumed. ``HomerQueryEngine`` answers through this."""
+        return self._start_completion(question, False, {**kwargs, "document": document})
+
+    def precompress(self, document: str) -> CompressionStats:
+        """Compress ``document`` now (cached) exactly as ``answer_stream`` will need it. Shared mode only."""
+        if self._engine.config.mode != "shared":
+            raise ValueError("query_aware mode compresses each question with the document: nothing to do ahead")
+        split = self._completion_split("?", False, {"document": document})  # the question is not part of the key
+        compressed, _ = self._engine.compress_span(split.prefix, document, split.suffix)
+        remember_document(self._engine, document)
+        return compressed.stats
 
     @staticmethod
     def _completion_stream(stream: AnswerStream) -> Iterator[CompletionResponse]:

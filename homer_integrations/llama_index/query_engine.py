@@ -25,9 +25,9 @@ from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType, PromptMixinType
 from llama_index.core.schema import Document, NodeWithScore, QueryBundle, TextNode
 
+from homer_integrations.aio import iterate_in_thread
 from homer_integrations.engine import AnswerStream, HomerModel
 from homer_integrations.homer.compressed import CompressionStats
-from homer_integrations.llama_index.aio import iterate_in_thread
 from homer_integrations.llama_index.info import answer_info_dict
 from homer_integrations.llama_index.llm import HomerLLM
 
@@ -111,7 +111,7 @@ class HomerQueryEngine(BaseQueryEngine):
 
     def precompress(self) -> list[CompressionStats]:
         """Compress every document now (cached), rather than at its first query. Shared mode only."""
-        return [self.engine.compress(doc.text).stats for doc in self._documents]
+        return [self._llm.precompress(doc.text) for doc in self._documents]
 
     # ----------------------------------------------------------------------------- prompts
     def _get_prompts(self) -> PromptDictType:
@@ -158,16 +158,15 @@ class HomerQueryEngine(BaseQueryEngine):
 
         The pieces' generator fills in the nodes' final statistics when it ends.
         """
-        options = self._llm.generation_kwargs()
         chosen = self.select(query)
         if len(chosen) == 1:
             doc, score = chosen[0]
-            stream = self.engine.run(doc.text, query, **options)
+            stream = self._llm.answer_stream(query, doc.text)
             node = self._source_node(doc, score, stream)
             return self._finishing(stream, [(node, stream)]), [node]
         finished = []
         for doc, score in chosen:
-            stream = self.engine.run(doc.text, query, **options)
+            stream = self._llm.answer_stream(query, doc.text)
             answer = stream.text().strip()
             node = self._source_node(doc, score, stream)
             node.node.metadata[STATS_KEY]["answer"] = answer

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.base.response.schema import AsyncStreamingResponse, Response, StreamingResponse
+from llama_index.core.prompts.default_prompts import DEFAULT_TEXT_QA_PROMPT
 from llama_index.core.schema import Document
 
 from homer_integrations.llama_index import HomerLLM, HomerQueryEngine
@@ -57,10 +59,35 @@ def test_five_queries_one_compression(llm, smol_engine, excerpt):
     assert first["document_tokens"] == smol_engine.count_tokens(excerpt)
     assert first["cache_tokens"] <= smol_engine.config.max_chunk_len
     assert first["compression"]["leaves"] >= 3
-    assert first["compression"]["compression_ratio"] > 2
+    assert first["compression_ratio"] > 2
     assert responses[0].source_nodes[0].node.node_id == "pride-ch1"
     assert responses[0].source_nodes[0].node.metadata["title"] == "Pride and Prejudice"
     assert homer_stats(streamed)["output_tokens"] > 0  # filled in once the stream ended
+
+
+def test_llm_prompts_holding_the_document_reuse_its_cache(llm, smol_engine, excerpt, events):
+    """After the query engine compressed the excerpt, HomerLLM finds it in any prompt: explicitly,
+    inside LlamaIndex's own QA template (as a synthesizer hands it over), and in a chat."""
+    llm.precompress(excerpt)  # a cache hit when the test above ran first
+    before = computations(smol_engine)
+
+    explicit = llm.complete("Who is Mr. Bingley?", document=excerpt)
+    templated = llm.complete(DEFAULT_TEXT_QA_PROMPT.format(context_str=excerpt, query_str="Who is Mrs. Bennet?"))
+    chat = llm.chat(
+        [
+            ChatMessage(role=MessageRole.USER, content=f"Read this chapter.\n\n{excerpt}\n\nWho is Jane?"),
+            ChatMessage(role=MessageRole.ASSISTANT, content="The eldest Bennet daughter."),
+            ChatMessage(role=MessageRole.USER, content="And Lydia?"),
+        ]
+    )
+
+    assert computations(smol_engine) == before
+    for stats in (explicit.additional_kwargs, templated.additional_kwargs, chat.additional_kwargs):
+        assert stats["cache_source"] == "memory"
+        assert stats["document_tokens"] == smol_engine.count_tokens(excerpt)
+        assert stats["cache_read"] > 0 and stats["cache_creation"] == 0
+    end = [e for e in events.events if type(e).__name__ == "LLMCompletionEndEvent"][-1]
+    assert end.response.additional_kwargs["cache_source"] == "memory"
 
 
 async def test_concurrent_aqueries_share_one_compression(llm, smol_engine, novel):
