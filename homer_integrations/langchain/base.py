@@ -1,0 +1,140 @@
+"""What ``ChatHomer`` and ``HomerLLM`` share: settings, the engine, and one call's preparation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.messages.ai import UsageMetadata
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from homer_integrations.engine import AnswerInfo, AnswerStream, HomerModel
+from homer_integrations.engine_pool import default_model_name, shared_engine
+from homer_integrations.homer.generation import GenerationOptions
+from homer_integrations.prompt_split import PromptSplit, Renderer, split_prompt, start_answer
+from homer_integrations.usage import answer_metadata, token_usage
+
+CALL_OPTIONS = frozenset({"document", "model", "max_tokens", "temperature", "top_p", "top_k", "seed"})
+"""Per-call keyword arguments (``invoke(..., document=...)``, ``bind(document=...)``)."""
+
+
+@dataclass
+class HomerCall:
+    """One started call: its engine, how the prompt was split, and the answer stream."""
+
+    engine: HomerModel
+    split: PromptSplit
+    stream: AnswerStream
+    model_name: str
+
+    def usage(self) -> UsageMetadata:
+        """LangChain usage of the finished answer, cache creation / read included."""
+        u = token_usage(self.stream.info)
+        return UsageMetadata(
+            input_tokens=u.input_tokens,
+            output_tokens=u.output_tokens,
+            total_tokens=u.total_tokens,
+            input_token_details={"cache_creation": u.cache_creation, "cache_read": u.cache_read},
+        )
+
+    def metadata(self) -> dict[str, Any]:
+        """``model_name``, ``finish_reason`` and the HOMER statistics (``homer``) of the finished answer."""
+        info: AnswerInfo = self.stream.info
+        homer = {**answer_metadata(info), "document_found_by": self.split.found_by}
+        return {"model_name": self.model_name, "finish_reason": info.finish_reason, "homer": homer}
+
+
+class HomerSettings(BaseModel):
+    """Settings and engine handling common to the LangChain models.
+
+    The engine is ``engine=`` when given; otherwise the process-wide engine for ``model``
+    (a local path, hub id or embedded name; default ``$HOMER_INTEGRATIONS_MODEL`` or the
+    embedded default model), loaded on first use, so constructing a model is always cheap.
+    """
+
+    model_config = ConfigDict(populate_by_name=True, protected_namespaces=(), arbitrary_types_allowed=True)
+
+    engine: HomerModel | None = Field(default=None, exclude=True)
+    """The ``HomerModel`` to run on; never serialized (a loaded model re-resolves by name)."""
+    model_name: str = Field(default="", alias="model")
+    """Model name or path; with ``engine=`` it defaults to the engine's name."""
+    temperature: float = Field(default=0.0, ge=0.0)
+    """0 decodes greedily."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Most new tokens per answer; None: the engine's default (256)."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    seed: int | None = None
+    """Makes sampling repeatable."""
+    stop: list[str] | None = None
+    """Default stop strings (cut from the answer); a call's ``stop`` replaces them."""
+    document: str | None = None
+    """A document every call is about (compressed once); a call's ``document=`` replaces it."""
+    long_prompt_tokens: int | None = Field(default=None, ge=1)
+    """Prompts longer than this are searched for a document to compress (default: the
+    engine's ``max_chunk_len``). See ``homer_integrations.prompt_split``."""
+
+    @model_validator(mode="after")
+    def _name_the_model(self) -> HomerSettings:
+        if not self.model_name:
+            self.model_name = self.engine.model_name if self.engine is not None else default_model_name()
+        return self
+
+    def resolve_engine(self, model: str | None = None) -> HomerModel:
+        """This model's engine, or the shared engine of ``model`` when a call overrides it."""
+        if model and model != self.model_name:
+            return shared_engine(model)
+        if self.engine is None:
+            self.engine = shared_engine(self.model_name)
+        return self.engine
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """Token ids from the model's own tokenizer (offline)."""
+        return self.resolve_engine().token_ids(text)
+
+    def generation_options(self, stop: list[str] | None, kwargs: dict[str, Any]) -> GenerationOptions:
+        """This model's settings with a call's overrides."""
+        values: dict[str, Any] = {
+            "temperature": kwargs.get("temperature", self.temperature),
+            "top_p": kwargs.get("top_p", self.top_p),
+            "top_k": kwargs.get("top_k", self.top_k),
+            "seed": kwargs.get("seed", self.seed),
+            "stop": tuple(stop if stop is not None else self.stop or ()),
+        }
+        max_tokens = kwargs.get("max_tokens", self.max_tokens)
+        if max_tokens is not None:
+            values["max_new_tokens"] = max_tokens
+        return GenerationOptions(**values)
+
+    def start_call(
+        self,
+        messages: list[dict[str, str]],
+        stop: list[str] | None,
+        kwargs: dict[str, Any],
+        render: Renderer | None = None,
+    ) -> HomerCall:
+        """Find the document in ``messages`` (role/content dicts) and start answering."""
+        unknown = set(kwargs) - CALL_OPTIONS
+        if unknown:
+            raise TypeError(f"unsupported call options: {sorted(unknown)}; supported: {sorted(CALL_OPTIONS)}")
+        engine = self.resolve_engine(kwargs.get("model"))
+        split = split_prompt(
+            engine,
+            messages,
+            document=kwargs.get("document", self.document),
+            render=render,
+            long_prompt_tokens=self.long_prompt_tokens,
+        )
+        stream = start_answer(engine, split, self.generation_options(stop, kwargs))
+        return HomerCall(engine, split, stream, kwargs.get("model") or self.model_name)
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model_name": self.model_name,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "seed": self.seed,
+        }

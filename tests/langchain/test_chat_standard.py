@@ -1,0 +1,89 @@
+"""LangChain's standard chat-model suites for ``ChatHomer`` on the embedded SmolLM2 model.
+
+The engine is loaded once per session (``smol_engine``) and handed to every model the suites
+build, so construction stays cheap. The cache hooks compress real multi-chunk excerpts of the
+bundled novel (about 1,300 tokens each, two leaves at ``max_chunk_len`` 1024).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
+from langchain_tests.integration_tests import ChatModelIntegrationTests
+from langchain_tests.unit_tests import ChatModelUnitTests
+
+from homer_integrations.engine_pool import MODEL_ENV
+from homer_integrations.langchain import ChatHomer
+from homer_integrations.models import SMOLLM2, converted_dir
+
+_SHARED: dict[str, Any] = {}
+_fresh_documents = itertools.count(1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _session_engine(smol_engine, novel_excerpt) -> None:
+    _SHARED["engine"] = smol_engine
+    _SHARED["excerpt"] = novel_excerpt
+
+
+def _invoke(model: ChatHomer, messages: list, stream: bool, **kwargs: Any) -> AIMessage:
+    if not stream:
+        return model.invoke(messages, **kwargs)
+    full: AIMessageChunk | None = None
+    for chunk in model.stream(messages, **kwargs):
+        full = chunk if full is None else full + chunk
+    assert full is not None
+    return full
+
+
+class _Params:
+    @property
+    def chat_model_class(self) -> type[ChatHomer]:
+        return ChatHomer
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {"engine": _SHARED["engine"]}
+
+    @property
+    def supported_usage_metadata_details(self) -> dict[str, list[str]]:
+        both = ["cache_read_input", "cache_creation_input"]
+        return {"invoke": both, "stream": both}
+
+
+class TestChatHomerUnit(_Params, ChatModelUnitTests):
+    @property
+    def init_from_env_params(self) -> tuple[dict[str, str], dict[str, Any], dict[str, Any]]:
+        return {MODEL_ENV: "my-org/my-model"}, {}, {"model_name": "my-org/my-model"}
+
+
+class TestChatHomerIntegration(_Params, ChatModelIntegrationTests):
+    @property
+    def model_override_value(self) -> str:
+        # the same weights through another loading path: a local transformers checkpoint
+        return str(converted_dir(SMOLLM2))
+
+    def invoke_with_cache_creation_input(self, *, stream: bool = False) -> AIMessage:
+        """A document never seen before, passed explicitly: compressed on this call."""
+        document = _SHARED["excerpt"](1300, skip=1500 * next(_fresh_documents))
+        model = ChatHomer(engine=_SHARED["engine"], max_tokens=12)
+        msg = _invoke(model, [HumanMessage("Who is mentioned first?")], stream, document=document)
+        details = msg.usage_metadata["input_token_details"]
+        assert details["cache_creation"] > 1000 and details["cache_read"] == 0
+        return msg
+
+    def invoke_with_cache_read_input(self, *, stream: bool = False) -> AIMessage:
+        """An unchanged stuff prompt over a document compressed before: read from the cache."""
+        document = _SHARED["excerpt"](1300)
+        model = ChatHomer(engine=_SHARED["engine"], max_tokens=12)
+        prompt = "Answer from the text.\n\n{document}\n\nQuestion: {question}"
+        # the first call may create the cache
+        model.invoke([HumanMessage(prompt.format(document=document, question="Who is Mr. Bingley?"))])
+        question = prompt.format(document=document, question="Who is Mrs. Bennet?")
+        msg = _invoke(model, [HumanMessage(question)], stream)
+        details = msg.usage_metadata["input_token_details"]
+        assert details["cache_read"] > 1000 and details["cache_creation"] == 0
+        return msg
