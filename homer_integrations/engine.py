@@ -232,6 +232,8 @@ class HomerModel:
             warmup_layers=c.warmup_layers,
             final_cache_len=c.final_cache_len,
             scorer=c.scorer,
+            observation_window=c.observation_window,
+            score_pooling=c.score_pooling,
             want_logits=c.mode == "query_aware",
             seed=c.seed,
         )

@@ -46,9 +46,9 @@ def tiny_model(kind: str = "llama", vocab_size: int = 49152, seed: int = 0, **ov
     if kind == "llama":
         model = LlamaForCausalLM(LlamaConfig(**params))
     elif kind == "mistral":
-        model = MistralForCausalLM(MistralConfig(sliding_window=None, **params))
+        model = MistralForCausalLM(MistralConfig(**{"sliding_window": None, **params}))
     elif kind == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(use_sliding_window=False, **params))
+        model = Qwen2ForCausalLM(Qwen2Config(**{"use_sliding_window": False, **params}))
     else:
         raise ValueError(kind)
     return model.eval()

@@ -26,6 +26,8 @@ class CompressorSettings:
     warmup_layers: int
     final_cache_len: int
     scorer: Scorer = "calibrated"
+    observation_window: int = 1
+    score_pooling: int = 1
     want_logits: bool = False
     seed: int = 0
 
@@ -98,6 +100,11 @@ class HomerCompressor:
         start = time.perf_counter()
         s = self.settings
         plan = ChunkPlan.build(prefix_ids.numel(), document_ids.numel(), suffix_ids.numel(), s.max_chunk_len)
+        if plan.height + 1 > self.stack.num_layers:
+            raise ValueError(
+                f"the document needs a merge tree of height {plan.height} ({plan.num_leaves} chunks), but the "
+                f"model has only {self.stack.num_layers} layers for its {plan.height + 1} levels; raise max_chunk_len"
+            )
         warmup = min(s.warmup_layers, self.stack.num_layers - plan.height - 1)
         if warmup < s.warmup_layers:
             logger.warning(
@@ -170,7 +177,7 @@ class HomerCompressor:
         for layer_idx in layers:
             prune_here = layer_idx == last and chunk.length > target_len
             chunk.hidden, query = stack.attention(
-                layer_idx, chunk.hidden, rope, chunk.cache, query_rows=1 if prune_here else 0
+                layer_idx, chunk.hidden, rope, chunk.cache, query_rows=self._rows(chunk) if prune_here else 0
             )
             self._record_peak(chunk)
             if prune_here:
@@ -183,7 +190,9 @@ class HomerCompressor:
                     keys,
                     stack.scaling,
                     chunk.position_ids,
+                    chunk.reducible,
                     None if self.bias is None else self.bias[layer_idx],
+                    self.settings.score_pooling,
                     self._generator,
                 )
                 chunk.keep(keep_mask(scores, chunk.reducible, target_len))
@@ -192,6 +201,10 @@ class HomerCompressor:
                 chunk.hidden = stack.mlp(layer_idx, chunk.hidden[:, -1:])
             else:
                 chunk.hidden = stack.mlp(layer_idx, chunk.hidden)
+
+    def _rows(self, chunk: Chunk) -> int:
+        """Query rows that score pruning: the last ``observation_window`` tokens, all inside the suffix."""
+        return max(1, min(self.settings.observation_window, chunk.suffix_len))
 
     def _record_peak(self, current: Chunk) -> None:
         live = current.kv_bytes + sum(c.kv_bytes for c in self._alive)

@@ -24,6 +24,9 @@ class HomerConfig(BaseModel):
         mode: ``shared`` compresses the document with a question-independent suffix, so one
             cache serves every question; ``query_aware`` puts the question in the suffix (paper).
         scorer: ``calibrated`` (paper), or the ablations ``uncalibrated`` and ``random``.
+        observation_window: how many of the last (suffix) tokens' queries score pruning
+            (paper: 1, the last token).
+        score_pooling: max-pool width over neighbouring document scores (paper: 1, none).
         calibration_segments: text segments of ``max_chunk_len`` tokens averaged by calibration.
         document_suffix: the fixed text after the document in ``shared`` mode.
         system_prompt: system message placed in the prefix (chat models).
@@ -37,6 +40,8 @@ class HomerConfig(BaseModel):
     final_cache_len: int | None = Field(default=None, ge=16)
     mode: Mode = "shared"
     scorer: Scorer = "calibrated"
+    observation_window: int = Field(default=1, ge=1, le=4096)
+    score_pooling: int = Field(default=1, ge=1, le=63)
     calibration_segments: int = Field(default=48, ge=1, le=10_000)
     document_suffix: str = Field(default=DEFAULT_DOCUMENT_SUFFIX, min_length=1)
     system_prompt: str | None = None

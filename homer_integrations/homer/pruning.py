@@ -28,22 +28,44 @@ def last_token_logits(query: torch.Tensor, keys: torch.Tensor, scaling: float) -
 
 
 def significance(
-    query: torch.Tensor,
+    queries: torch.Tensor,
     keys: torch.Tensor,
     scaling: float,
     position_ids: torch.Tensor,
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Score [T] of every token: max over heads of the last token's logit, minus ``bias``.
+    """Score [T] of every token from the last R tokens' queries [1, H, R, d] (R = 1 in the paper).
 
-    ``bias`` [MCL] is this layer's calibration row, indexed by distance to the last token
-    (``position_ids[-1] - position_ids[j]``); None means uncalibrated.
+    Per query row: max over heads of the raw logit, minus ``bias`` [MCL] (this layer's
+    calibration row, indexed by the row-to-key distance in positions; None = uncalibrated).
+    Rows are then averaged; a key only counts the rows that come after it in sequence order.
     """
-    scores = last_token_logits(query, keys, scaling).amax(dim=0)
+    rows = queries.shape[2]
+    length = keys.shape[2]
+    per_row = torch.stack(
+        [last_token_logits(queries[:, :, r : r + 1], keys, scaling).amax(dim=0) for r in range(rows)]
+    )  # [R, T]
+    query_index = torch.arange(length - rows, length)
     if bias is not None:
-        distance = (position_ids[-1] - position_ids).clamp(0, bias.numel() - 1)
-        scores = scores - bias.to(scores.device)[distance.to(scores.device)]
-    return scores
+        query_pos = position_ids[query_index]
+        distance = (query_pos[:, None] - position_ids[None, :]).clamp(0, bias.numel() - 1)
+        per_row = per_row - bias.to(per_row.device)[distance.to(per_row.device)]
+    visible = (query_index[:, None] >= torch.arange(length)[None, :]).to(per_row.device)
+    return (per_row * visible).sum(0) / visible.sum(0).clamp(min=1)
+
+
+def pool_scores(scores: torch.Tensor, reducible: torch.Tensor, kernel: int) -> torch.Tensor:
+    """Max-pool document scores [T] over ``kernel`` neighbours so multi-token units survive together.
+
+    Salient facts span several tokens (SmolLM2 splits numbers into single digits); scoring each
+    token alone keeps some digits of a number and drops others. Prefix/suffix scores are
+    excluded from the pool so they cannot lift the document tokens next to them.
+    """
+    if kernel <= 1:
+        return scores
+    masked = scores.float().masked_fill(~reducible.to(scores.device), float("-inf"))
+    pooled = torch.nn.functional.max_pool1d(masked[None, None], kernel, stride=1, padding=kernel // 2)[0, 0]
+    return pooled[: scores.numel()]
 
 
 def keep_mask(scores: torch.Tensor, reducible: torch.Tensor, target_len: int) -> torch.Tensor:
@@ -66,14 +88,17 @@ def keep_mask(scores: torch.Tensor, reducible: torch.Tensor, target_len: int) ->
 
 def score_tokens(
     scorer: Scorer,
-    query: torch.Tensor,
+    queries: torch.Tensor,
     keys: torch.Tensor,
     scaling: float,
     position_ids: torch.Tensor,
+    reducible: torch.Tensor,
     bias: torch.Tensor | None,
+    pooling: int = 1,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Scores [T] under the named scorer; ``random`` is the paper's ablation baseline."""
     if scorer == "random":
         return torch.rand(keys.shape[2], generator=generator)
-    return significance(query, keys, scaling, position_ids, bias if scorer == "calibrated" else None)
+    scores = significance(queries, keys, scaling, position_ids, bias if scorer == "calibrated" else None)
+    return pool_scores(scores, reducible, pooling)

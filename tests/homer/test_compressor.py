@@ -1,0 +1,163 @@
+"""The merge tree on tiny random-weight Llama, Mistral and Qwen2 decoders."""
+
+import pytest
+import torch
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel
+from transformers.models.llama.modeling_llama import repeat_kv
+
+from homer_integrations.homer.architectures import UnsupportedModelError
+from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
+from homer_integrations.homer.decoder import DecoderStack
+from homer_integrations.homer.pruning import keep_mask, last_token_logits, pool_scores, significance
+from tests.conftest import tiny_model
+
+KINDS = ["llama", "mistral", "qwen2"]
+# fp32 on CPU: our layer loop calls the same modules as the model's forward, so only the
+# final layer's MLP run on the last row alone (instead of all rows) may differ in rounding.
+LOGITS_ATOL = 1e-4
+
+
+def compress(model, doc_len, mcl=128, warmup=3, final=None, seed=0, **kw):
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    prefix, doc, suffix = (torch.randint(0, vocab, (n,), generator=g) for n in (5, doc_len, 4))
+    settings = CompressorSettings(
+        max_chunk_len=mcl,
+        warmup_layers=warmup,
+        final_cache_len=final or mcl,
+        scorer="uncalibrated",
+        want_logits=True,
+        **kw,
+    )
+    return HomerCompressor(DecoderStack(model), settings, None).compress(prefix, doc, suffix), (prefix, doc, suffix)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_single_chunk_matches_plain_forward(kind):
+    model = tiny_model(kind, vocab_size=256)
+    result, (p, d, s) = compress(model, 60)
+    assert result.plan.height == 0
+    ids = torch.cat([p, d, s])[None]
+    with torch.no_grad():
+        out = model(ids, use_cache=True)
+    torch.testing.assert_close(result.next_token_logits, out.logits[0, -1], atol=LOGITS_ATOL, rtol=0)
+    for k, layer in zip(result.keys, out.past_key_values.layers, strict=True):
+        torch.testing.assert_close(k, layer.keys, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("doc_len", [300, 1500])
+def test_tree_invariants(kind, doc_len):
+    model = tiny_model(kind, vocab_size=256)
+    mcl = 128
+    result, (p, _, s) = compress(model, doc_len, mcl=mcl)
+    assert result.plan.height >= 2
+    lengths = {k.shape[2] for k in result.keys} | {v.shape[2] for v in result.values}
+    assert len(lengths) == 1, "all layers hold the same tokens"
+    (length,) = lengths
+    assert length <= mcl
+    assert len(result.keys) == model.config.num_hidden_layers
+    assert int(result.position_ids.max()) < mcl
+    origin = result.origin
+    assert origin[: p.numel()].tolist() == [-1] * p.numel()
+    assert origin[-s.numel() :].tolist() == [-1] * s.numel()
+    kept = origin[origin >= 0]
+    assert kept.numel() == length - p.numel() - s.numel()
+    assert bool((kept.diff() > 0).all()), "kept tokens stay in document order"
+    assert result.last_position == int(result.position_ids[-1])
+
+
+def test_tree_taller_than_the_model_is_rejected():
+    model = tiny_model("llama", vocab_size=256)
+    with pytest.raises(ValueError, match="raise max_chunk_len"):
+        compress(model, 8000, mcl=128)
+
+
+def test_final_cache_len_is_respected():
+    model = tiny_model("llama", vocab_size=256)
+    result, _ = compress(model, 1000, mcl=128, final=64)
+    assert result.keys[0].shape[2] == 64
+
+
+def test_peak_kv_grows_with_tree_height_not_length():
+    model = tiny_model("llama", vocab_size=256, num_hidden_layers=12)
+    small, _ = compress(model, 1000, mcl=128, warmup=1)
+    large, _ = compress(model, 8000, mcl=128, warmup=1)
+    assert large.plan.height == small.plan.height + 3
+    assert large.peak_kv_bytes < 2 * small.peak_kv_bytes
+
+
+def test_gqa_scores_read_the_right_key_head():
+    torch.manual_seed(0)
+    q = torch.randn(1, 8, 1, 16)
+    k = torch.randn(1, 2, 30, 16)
+    expected = torch.einsum("hd,htd->ht", q[0, :, 0], repeat_kv(k, 4)[0]) * 0.25
+    torch.testing.assert_close(last_token_logits(q, k, 0.25), expected)
+
+
+def test_calibration_bias_is_subtracted_by_distance():
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 6, 8)
+    positions = torch.tensor([0, 1, 2, 2, 3, 4])
+    bias = torch.arange(10, dtype=torch.float32)
+    raw = significance(q, k, 1.0, positions, None)
+    calibrated = significance(q, k, 1.0, positions, bias)
+    torch.testing.assert_close(raw - calibrated, (4 - positions).float())
+
+
+def test_keep_mask_protects_affixes_and_drops_lowest():
+    scores = torch.tensor([-9.0, 5.0, 1.0, 3.0, 2.0, -9.0])
+    reducible = torch.tensor([False, True, True, True, True, False])
+    assert keep_mask(scores, reducible, 4).tolist() == [True, True, False, True, False, True]
+    with pytest.raises(ValueError, match="reducible"):
+        keep_mask(scores, reducible, 1)
+
+
+def test_pooling_keeps_neighbours_of_salient_tokens():
+    scores = torch.tensor([100.0, 0.0, 0.0, 9.0, 0.0, 0.0, 0.0])
+    reducible = torch.tensor([False, True, True, True, True, True, True])
+    pooled = pool_scores(scores, reducible, 3)
+    assert pooled[1:].tolist() == [0.0, 9.0, 9.0, 9.0, 0.0, 0.0], "the prefix score must not leak"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_runs_and_keeps_invariants(dtype):
+    model = tiny_model("qwen2", vocab_size=256).to(dtype)
+    result, _ = compress(model, 700, mcl=128)
+    assert result.keys[0].dtype == dtype
+    assert torch.isfinite(result.next_token_logits).all()
+    assert len({k.shape[2] for k in result.keys}) == 1
+
+
+def test_yarn_rope_scaling_composes_with_homer():
+    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512, "rope_theta": 10000.0}
+    model = tiny_model("llama", vocab_size=256, rope_parameters=rope)
+    assert model.model.rotary_emb.rope_type == "yarn"
+    single, (p, d, s) = compress(model, 60)
+    with torch.no_grad():
+        ref = model(torch.cat([p, d, s])[None]).logits[0, -1]
+    torch.testing.assert_close(single.next_token_logits, ref, atol=LOGITS_ATOL, rtol=0)
+    tree, _ = compress(model, 1200, mcl=256)
+    assert tree.plan.height >= 2 and torch.isfinite(tree.next_token_logits).all()
+
+
+def test_unsupported_architectures_fail_with_a_clear_error():
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64))
+    with pytest.raises(UnsupportedModelError, match="llama, mistral, qwen2"):
+        DecoderStack(gpt2)
+    gemma = Gemma3ForCausalLM(
+        Gemma3TextConfig(
+            num_hidden_layers=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            vocab_size=64,
+        )
+    )
+    with pytest.raises(UnsupportedModelError, match="gemma3"):
+        DecoderStack(gemma)
+    windowed = tiny_model("qwen2", vocab_size=64, use_sliding_window=True, sliding_window=32, max_window_layers=1)
+    with pytest.raises(UnsupportedModelError, match="sliding"):
+        DecoderStack(windowed)

@@ -1,0 +1,149 @@
+"""HomerModel behaviour on a tiny random-weight model with the real SmolLM2 tokenizer."""
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.homer.prompt import encode
+from tests.conftest import tiny_model
+
+
+@pytest.fixture(scope="module")
+def engine(tokenizer, tmp_path_factory):
+    cfg = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2)
+    return HomerModel(
+        tiny_model("llama"), tokenizer, cfg, calibration_dir=tmp_path_factory.mktemp("calib"), progress=False
+    )
+
+
+@pytest.fixture(scope="module")
+def long_text(novel):
+    return novel[:6000]  # ~1.5k tokens: a tree of several levels at max_chunk_len 128
+
+
+def test_compress_statistics(engine, long_text):
+    doc = engine.compress(long_text)
+    s = doc.stats
+    assert s.document_tokens == engine.count_tokens(long_text)
+    assert s.cache_tokens == doc.num_tokens <= 128
+    assert s.tree_height >= 3 and s.leaves == 2**s.tree_height
+    assert s.cache_bytes == doc.nbytes > 0 and s.peak_kv_bytes > 0 and s.seconds > 0
+    assert engine.compress(long_text) is doc, "a second compress is a cache hit"
+
+
+def test_stored_cache_is_never_mutated(engine, long_text):
+    doc = engine.compress(long_text)
+    snapshot = [t.clone() for t in doc.keys + doc.values]
+    alone_a = engine.answer(doc, "Who is Mr. Darcy?", max_new_tokens=8)
+    alone_b = engine.answer(doc, "Where is Netherfield?", max_new_tokens=8)
+    again_a = engine.answer(long_text, "Who is Mr. Darcy?", max_new_tokens=8)
+    assert again_a == alone_a
+    assert engine.answer(doc, "Where is Netherfield?", max_new_tokens=8) == alone_b
+    assert all(torch.equal(a, b) for a, b in zip(snapshot, doc.keys + doc.values, strict=True))
+
+
+def test_stream_pieces_join_to_the_answer_and_info_is_filled(engine, long_text):
+    stream = engine.run(long_text, "Tell me about Elizabeth.", max_new_tokens=12)
+    pieces = list(stream)
+    assert "".join(pieces) == engine.answer(long_text, "Tell me about Elizabeth.", max_new_tokens=12)
+    info = stream.info
+    assert info.cache_source in {"memory", "computed"}
+    assert info.output_tokens >= 1 and info.finish_reason in {"eos", "length", "stop"}
+    assert info.cache_tokens <= 128 and info.document_tokens > info.cache_tokens
+    assert info.time_to_first_token is not None and info.total_seconds >= info.time_to_first_token
+
+
+def test_sampling_is_reproducible_with_a_seed(engine, long_text):
+    def ask(seed):
+        return engine.answer(long_text, "Say something.", max_new_tokens=10, temperature=1.0, seed=seed)
+
+    assert ask(1) == ask(1)
+    assert len({ask(s) for s in range(4)}) > 1
+
+
+def test_stop_strings_are_cut(engine, long_text):
+    full = engine.answer(long_text, "Continue.", max_new_tokens=16)
+    assert len(full) > 4
+    stop = full[2:4]
+    cut = engine.answer(long_text, "Continue.", max_new_tokens=16, stop=(stop,))
+    assert cut == full[: full.index(stop)]
+
+
+def test_query_aware_mode_binds_the_question(tokenizer, tmp_path, long_text):
+    cfg = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2, mode="query_aware")
+    qa = HomerModel(tiny_model("llama"), tokenizer, cfg, calibration_dir=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="question"):
+        qa.compress(long_text)
+    doc = qa.compress(long_text, question="Who?")
+    assert doc.question == "Who?" and doc.next_token_logits is not None
+    assert qa.answer(doc, "Who?", max_new_tokens=4) == qa.answer(long_text, "Who?", max_new_tokens=4)
+    with pytest.raises(ValueError, match="another question"):
+        qa.answer(doc, "Where?")
+
+
+def test_bad_inputs_get_clear_errors(engine, tokenizer):
+    with pytest.raises(ValueError, match="empty"):
+        engine.answer("", "Why?")
+    with pytest.raises(ValueError, match="empty"):
+        engine.answer("   \n ", "Why?")
+    with pytest.raises(ValueError, match="question is empty"):
+        engine.answer("Some text.", " ")
+    with pytest.raises(ValidationError, match="max_new_tokens"):
+        engine.answer("Some text.", "Why?", max_new_tokens=0)
+    with pytest.raises(ValidationError, match="unknown"):
+        engine.answer("Some text.", "Why?", unknown=1)
+    with pytest.raises(ValueError, match="warmup_layers"):
+        HomerModel(tiny_model("llama"), tokenizer, HomerConfig(warmup_layers=6), progress=False)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        HomerModel(tiny_model("llama"), tokenizer, HomerConfig(max_chunk_len=4096), progress=False)
+    with pytest.raises(ValidationError, match="mode"):
+        HomerConfig(mode="fast")
+
+
+def test_cache_key_changes_with_every_component(engine, tokenizer, tmp_path):
+    base = engine.cache_key("p", "doc", "s")
+    assert engine.cache_key("p", "doc", "s") == base
+    assert (
+        len(
+            {
+                base,
+                engine.cache_key("P", "doc", "s"),
+                engine.cache_key("p", "doc2", "s"),
+                engine.cache_key("p", "doc", "S"),
+            }
+        )
+        == 4
+    )
+    other_settings = HomerModel(
+        tiny_model("llama"), tokenizer, HomerConfig(max_chunk_len=128, warmup_layers=2), progress=False
+    )
+    other_weights = HomerModel(
+        tiny_model("llama", seed=1), tokenizer, HomerConfig(max_chunk_len=128, warmup_layers=3), progress=False
+    )
+    other_mode = HomerModel(
+        tiny_model("llama"),
+        tokenizer,
+        HomerConfig(max_chunk_len=128, warmup_layers=3, mode="query_aware"),
+        progress=False,
+    )
+    keys = {m.cache_key("p", "doc", "s") for m in (other_settings, other_weights, other_mode)}
+    assert base not in keys and len(keys) == 3
+
+
+@pytest.mark.real_model
+def test_single_chunk_document_answers_like_plain_generate(smol_engine):
+    doc = "Alice has a red bicycle. Bob owns a blue car. The meeting is on Tuesday at 3pm in room 42."
+    q = "In which room is the meeting?"
+    stream = smol_engine.run(doc, q, max_new_tokens=20)
+    answer = stream.text()
+    assert stream.info.compression.tree_height == 0
+    lay = smol_engine.layout(q)
+    tok = smol_engine.tokenizer
+    # the same token ids HOMER sees: each span is tokenized on its own
+    ids = torch.cat(
+        [encode(tok, lay.prefix, first=True), encode(tok, doc), encode(tok, lay.suffix), encode(tok, lay.continuation)]
+    )[None]
+    out = smol_engine.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False)
+    assert answer == tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    assert "42" in answer

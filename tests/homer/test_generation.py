@@ -1,0 +1,36 @@
+from homer_integrations.homer.generation import GenerationOptions, StopStringFilter
+
+
+def feed_all(stops, pieces):
+    f = StopStringFilter(stops)
+    text, out = "", []
+    for p in pieces:
+        text += p
+        piece, stopped = f.feed(text)
+        out.append(piece)
+        if stopped:
+            return "".join(out), True
+    return "".join(out) + f.flush(text), False
+
+
+def test_stop_string_is_cut_even_when_split_across_pieces():
+    assert feed_all(("END",), ["Hello E", "N", "D and more"]) == ("Hello ", True)
+
+
+def test_partial_stop_prefix_is_released_when_it_does_not_complete():
+    assert feed_all(("END",), ["Hello E", "N", "x"]) == ("Hello ENx", False)
+
+
+def test_no_stop_strings_stream_everything():
+    assert feed_all((), ["a", "b"]) == ("ab", False)
+
+
+def test_options_validate():
+    import pytest
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="max_new_tokens"):
+        GenerationOptions(max_new_tokens=0)
+    with pytest.raises(ValidationError, match="top_p"):
+        GenerationOptions(top_p=0)
+    assert GenerationOptions(temperature=0.7).sampling
