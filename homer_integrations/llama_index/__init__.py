@@ -3,5 +3,15 @@ whole-document readers and a HOMER-or-retrieval router."""
 
 from homer_integrations.llama_index.llm import HomerLLM
 from homer_integrations.llama_index.query_engine import HomerQueryEngine
+from homer_integrations.llama_index.retrieval import ExcerptSynthesizer, bm25_query_engine
+from homer_integrations.llama_index.router import HomerRouterQueryEngine
+from homer_integrations.llama_index.selector import HomerRouteSelector
 
-__all__ = ["HomerLLM", "HomerQueryEngine"]
+__all__ = [
+    "ExcerptSynthesizer",
+    "HomerLLM",
+    "HomerQueryEngine",
+    "HomerRouteSelector",
+    "HomerRouterQueryEngine",
+    "bm25_query_engine",
+]
