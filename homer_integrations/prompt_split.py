@@ -15,8 +15,8 @@ How the document is found, first rule that applies wins:
    engine's ``max_chunk_len``, the longest span the model attends over under HOMER). In the
    longest message, the document is everything between the first and the last paragraph break
    (a blank line); the first paragraph is taken as instructions (head) and the last as the
-   question (tail). Both must be short (at most half of ``long_prompt_tokens`` each); if they
-   are not, line breaks and then sentence ends are tried instead. The cut points do not depend
+   question (tail). Both must be short (at most half of ``long_prompt_tokens`` each); where one
+   is not, that end tries a line break and then a sentence end instead. The cut points do not depend
    on the question as long as the question holds no blank line, so every question of an
    unchanged "stuff" chain (LangChain joins documents with blank lines) finds the same span.
 4. Otherwise the prompt is **plain**: rendered and run as is.
@@ -178,17 +178,23 @@ def split_prompt(
 
 
 def find_document_span(text: str, is_short: Callable[[str], bool]) -> tuple[int, int] | None:
-    """(start, end) of the document in ``text``: between its first and last break, paragraph
-    breaks first, then line breaks, then sentence ends; None when no level leaves a short
-    head and tail (``is_short`` decides) around a non-empty middle."""
+    """(start, end) of the document in ``text``: after its first break and before its last.
+
+    Each end takes the coarsest break (paragraph, then line, then sentence end) that leaves a
+    short head or tail (``is_short`` decides); None when either end finds none, or nothing
+    is left between them.
+    """
+    start = end = None
     for pattern in _BREAKS:
         breaks = list(pattern.finditer(text))
-        if len(breaks) < 2:
-            continue
-        first, last = breaks[0], breaks[-1]
-        if first.end() < last.start() and is_short(text[: first.start()]) and is_short(text[last.end() :]):
-            return first.end(), last.start()
-    return None
+        if start is None and breaks and is_short(text[: breaks[0].start()]):
+            start = breaks[0].end()
+        if end is None and breaks and is_short(text[breaks[-1].end() :]):
+            end = breaks[-1].start()
+    if start is None or end is None:
+        return None
+    end = start + len(text[start:end].rstrip())
+    return (start, end) if start < end else None
 
 
 def _locate(msgs: list[dict[str, str]], texts: Iterable[str]) -> tuple[int, int, int] | None:

@@ -1,5 +1,6 @@
 """LangChain integration: chat and text models over HOMER, whole-document loaders, per-query routing."""
 
 from homer_integrations.langchain.chat_models import ChatHomer
+from homer_integrations.langchain.llms import HomerLLM
 
-__all__ = ["ChatHomer"]
+__all__ = ["ChatHomer", "HomerLLM"]

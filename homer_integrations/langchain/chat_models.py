@@ -11,7 +11,7 @@ from langchain_core.language_models import BaseChatModel, LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
-from homer_integrations.aio import ThreadedIterator
+from homer_integrations.aio import iterate_in_thread
 from homer_integrations.langchain.base import HomerCall, HomerSettings
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "tool"}
@@ -123,9 +123,5 @@ class ChatHomer(HomerSettings, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        chunks = ThreadedIterator(lambda: self._chunks(self._start(messages, stop, kwargs)))
-        try:
-            async for chunk in chunks:
-                yield chunk
-        finally:
-            await chunks.aclose()
+        async for chunk in iterate_in_thread(lambda: self._chunks(self._start(messages, stop, kwargs))):
+            yield chunk
