@@ -95,7 +95,12 @@ class HomerQueryEngine(BaseQueryEngine):
         """Read every supported file under ``path`` whole (see ``HomerDirectoryReader``) and query them."""
         from homer_integrations.llama_index.readers import HomerDirectoryReader
 
-        return cls(HomerDirectoryReader(path, recursive=recursive).load_data(), **kwargs)
+        reader = HomerDirectoryReader(path, recursive=recursive)
+        documents = reader.load_data()
+        if not documents:
+            problems = "; ".join(str(e) for e in reader.errors) or "no supported files"
+            raise ValueError(f"no documents could be read from {path}: {problems}")
+        return cls(documents, **kwargs)
 
     @property
     def llm(self) -> HomerLLM:
