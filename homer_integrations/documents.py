@@ -1,0 +1,274 @@
+"""Whole-document parsing shared by the CLI, the LangChain loaders and the LlamaIndex readers.
+
+One file becomes one ``ParsedDocument`` (all its text, never split): plain text and markup
+(.txt, .md, .markdown, .rst), PDF (needs ``pypdf``) and HTML (needs ``beautifulsoup4``). Every
+problem with a file raises ``DocumentError``, a ``ValueError`` whose message starts with the path.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MAX_BYTES = 200 * 1024 * 1024
+"""Files larger than this are refused unless a caller raises the limit."""
+
+FILE_TYPES: dict[str, str] = {
+    ".txt": "text",
+    ".text": "text",
+    ".md": "markdown",
+    ".markdown": "markdown",
+    ".rst": "rst",
+    ".pdf": "pdf",
+    ".html": "html",
+    ".htm": "html",
+}
+"""Supported file name suffixes (lower case) and the ``file_type`` each one reports."""
+
+SUPPORTED_SUFFIXES: frozenset[str] = frozenset(FILE_TYPES)
+
+# Text that is mostly control characters is a binary file that happened to decode.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f]")
+_MAX_CONTROL_FRACTION = 0.05
+_BLANK_RUNS = re.compile(r"\n[ \t]*(?:\n[ \t]*){2,}")
+_SPACES = re.compile(r"\s+")
+_BLOCK_TAGS = [
+    *("p", "div", "li", "ul", "ol", "dl", "dt", "dd", "tr", "table", "pre", "blockquote"),
+    *("h1", "h2", "h3", "h4", "h5", "h6", "section", "article", "header", "footer", "nav", "main", "hr"),
+]
+
+
+class DocumentError(ValueError):
+    """A file that cannot become a document; ``str(error)`` is ``"<path>: <reason>"``."""
+
+    def __init__(self, path: str | Path, reason: str) -> None:
+        self.path = Path(path)
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+@dataclass(frozen=True)
+class ParsedDocument:
+    """The whole text of one file and what is known about it.
+
+    ``metadata`` always has ``source`` (the path as a string), ``file_name``, ``file_type``
+    (``text``, ``markdown``, ``rst``, ``pdf`` or ``html``) and ``size_bytes``; text files add
+    ``encoding``, PDFs ``pages`` (and ``title`` when the file names one), HTML ``title`` when present.
+    """
+
+    text: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def source(self) -> str:
+        return str(self.metadata.get("source", ""))
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("file_name", ""))
+
+
+@dataclass(frozen=True)
+class DocumentResult:
+    """One file met by ``iter_documents``: exactly one of ``document`` and ``error`` is set."""
+
+    path: Path
+    document: ParsedDocument | None = None
+    error: DocumentError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def read_document(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> ParsedDocument:
+    """Read one whole file into a ``ParsedDocument``.
+
+    Raises ``DocumentError`` when the file is missing, unreadable, of an unsupported type, larger
+    than ``max_bytes``, binary, a broken PDF, or has no text (empty or whitespace only).
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    file_type = FILE_TYPES.get(suffix)
+    if file_type is None:
+        supported = ", ".join(sorted(SUPPORTED_SUFFIXES))
+        raise DocumentError(path, f"unsupported file type {suffix or '(no extension)'!r}; supported: {supported}")
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise DocumentError(path, "no such file") from None
+    except OSError as exc:
+        raise DocumentError(path, f"cannot read: {exc.strerror or exc}") from None
+    if path.is_dir():
+        raise DocumentError(path, "is a directory, not a file")
+    if size > max_bytes:
+        raise DocumentError(path, f"file is {_human(size)}, over the {_human(max_bytes)} limit")
+    if size == 0:
+        raise DocumentError(path, "file is empty")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DocumentError(path, f"cannot read: {exc.strerror or exc}") from None
+
+    metadata: dict[str, Any] = {
+        "source": str(path),
+        "file_name": path.name,
+        "file_type": file_type,
+        "size_bytes": size,
+    }
+    if file_type == "pdf":
+        text, extra = _parse_pdf(path, data)
+    elif file_type == "html":
+        text, extra = _parse_html(path, data)
+    else:
+        text, encoding = _decode_text(path, data)
+        extra = {"encoding": encoding}
+    metadata |= extra
+    if not text.strip():
+        raise DocumentError(path, "no text (the file is empty or whitespace only)")
+    return ParsedDocument(text=text, metadata=metadata)
+
+
+def iter_documents(
+    directory: str | Path,
+    pattern: str = "*",
+    *,
+    recursive: bool = False,
+    strict: bool = False,
+    suffixes: frozenset[str] | set[str] = SUPPORTED_SUFFIXES,
+    include_hidden: bool = False,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> Iterator[DocumentResult]:
+    """Read every supported file under ``directory`` matching ``pattern``, in sorted path order.
+
+    Files whose suffix is not in ``suffixes`` are passed over silently, as are hidden files
+    (a path part starting with ``.``) unless ``include_hidden``. A file that fails to read is
+    yielded as a result with ``error`` set, or raised at once when ``strict``. A missing
+    directory always raises ``DocumentError``.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise DocumentError(root, "no such directory" if not root.exists() else "not a directory")
+    wanted = {s.lower() for s in suffixes}
+    found = root.rglob(pattern) if recursive else root.glob(pattern)
+    for path in sorted(found):
+        relative = path.relative_to(root)
+        if not include_hidden and any(part.startswith(".") for part in relative.parts):
+            continue
+        if path.is_dir() or path.suffix.lower() not in wanted:
+            continue
+        try:
+            yield DocumentResult(path=path, document=read_document(path, max_bytes=max_bytes))
+        except DocumentError as error:
+            if strict:
+                raise
+            yield DocumentResult(path=path, error=error)
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError  # unreachable
+
+
+def _looks_binary(text: str) -> bool:
+    sample = text[:65536]
+    return bool(sample) and len(_CONTROL.findall(sample)) / len(sample) > _MAX_CONTROL_FRACTION
+
+
+def _decode_text(path: Path, data: bytes) -> tuple[str, str]:
+    """Decode a text file: a BOM's encoding, else UTF-8, else Windows-1252; refuse binary data."""
+    candidates: list[str]
+    if data.startswith(codecs.BOM_UTF8):
+        candidates = ["utf-8-sig"]
+    elif data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        candidates = ["utf-16"]
+    elif b"\x00" in data[:65536]:
+        raise DocumentError(path, "looks like a binary file (it contains NUL bytes), not text")
+    else:
+        candidates = ["utf-8", "cp1252"]
+    for encoding in candidates:
+        try:
+            text = data.decode(encoding)
+        except UnicodeDecodeError:
+            continue
+        if _looks_binary(text):
+            break
+        return text.replace("\r\n", "\n"), encoding
+    raise DocumentError(path, "looks like a binary file (it does not decode as text)")
+
+
+def _parse_pdf(path: Path, data: bytes) -> tuple[str, dict[str, Any]]:
+    try:
+        from pypdf import PdfReader
+        from pypdf.errors import PyPdfError
+    except ImportError:
+        raise DocumentError(path, "reading PDF files needs pypdf: pip install 'homer-integrations[pdf]'") from None
+    import io
+
+    if not data.lstrip()[:5].startswith(b"%PDF"):
+        raise DocumentError(path, "not a PDF file (no %PDF header)")
+    try:
+        reader = PdfReader(io.BytesIO(data))
+        if reader.is_encrypted and not reader.decrypt(""):
+            raise DocumentError(path, "the PDF is encrypted with a password")
+        pages = [page.extract_text() or "" for page in reader.pages]
+        info = reader.metadata
+        title = str(info.title) if info is not None and info.title else None
+    except DocumentError:
+        raise
+    # pypdf raises many exception types on damaged files; any of them means "broken PDF".
+    except (PyPdfError, ValueError, KeyError, TypeError, AttributeError, IndexError, OSError) as exc:
+        raise DocumentError(path, f"broken PDF: {exc}") from None
+    if not pages:
+        raise DocumentError(path, "broken PDF: it has no pages")
+    text = "\n\n".join(p.strip() for p in pages if p.strip())
+    if not text:
+        raise DocumentError(path, f"no extractable text in {len(pages)} PDF page(s) (a scanned PDF needs OCR first)")
+    extra: dict[str, Any] = {"pages": len(pages)}
+    if title:
+        extra["title"] = title
+    return text, extra
+
+
+def _parse_html(path: Path, data: bytes) -> tuple[str, dict[str, Any]]:
+    try:
+        from bs4 import BeautifulSoup
+        from bs4.element import PreformattedString
+    except ImportError:
+        raise DocumentError(
+            path, "reading HTML files needs beautifulsoup4: pip install 'homer-integrations[html]'"
+        ) from None
+    if b"\x00" in data[:65536] and not data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise DocumentError(path, "looks like a binary file (it contains NUL bytes), not HTML")
+    soup = BeautifulSoup(data, "html.parser")
+    title = _SPACES.sub(" ", soup.title.get_text()).strip() if soup.title else None
+    for tag in soup(["script", "style", "noscript", "template", "head"]):
+        tag.decompose()
+    for node in soup.find_all(string=lambda s: isinstance(s, PreformattedString)):
+        node.extract()  # comments, doctype, CDATA, processing instructions
+    # HTML collapses source whitespace; line breaks come from block elements (and <pre>).
+    for node in soup.find_all(string=True):
+        if node.find_parent("pre") is None:
+            node.replace_with(_SPACES.sub(" ", str(node)))
+    for tag in soup.find_all(_BLOCK_TAGS):
+        tag.insert_before("\n")
+        tag.insert_after("\n")
+    for tag in soup.find_all("br"):
+        tag.replace_with("\n")
+    text = soup.get_text()
+    text = "\n".join(line.strip() for line in text.splitlines())
+    text = _BLANK_RUNS.sub("\n\n", text).strip()
+    if _looks_binary(text):
+        raise DocumentError(path, "looks like a binary file, not HTML")
+    extra: dict[str, Any] = {"encoding": soup.original_encoding or "utf-8"}
+    if title:
+        extra["title"] = title
+    return text, extra
