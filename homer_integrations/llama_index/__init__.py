@@ -3,15 +3,27 @@ whole-document readers and a HOMER-or-retrieval router."""
 
 from homer_integrations.llama_index.llm import HomerLLM
 from homer_integrations.llama_index.query_engine import HomerQueryEngine
+from homer_integrations.llama_index.readers import (
+    HomerDirectoryReader,
+    HomerFileReader,
+    HomerHTMLReader,
+    HomerPDFReader,
+    HomerTextReader,
+)
 from homer_integrations.llama_index.retrieval import ExcerptSynthesizer, bm25_query_engine
 from homer_integrations.llama_index.router import HomerRouterQueryEngine
 from homer_integrations.llama_index.selector import HomerRouteSelector
 
 __all__ = [
     "ExcerptSynthesizer",
+    "HomerDirectoryReader",
+    "HomerFileReader",
+    "HomerHTMLReader",
     "HomerLLM",
+    "HomerPDFReader",
     "HomerQueryEngine",
     "HomerRouteSelector",
     "HomerRouterQueryEngine",
+    "HomerTextReader",
     "bm25_query_engine",
 ]
