@@ -19,7 +19,6 @@ from llama_index.core.schema import Document
 from homer_integrations.documents import (
     DEFAULT_MAX_BYTES,
     FILE_TYPES,
-    SUPPORTED_SUFFIXES,
     DocumentError,
     ParsedDocument,
     iter_documents,
@@ -95,37 +94,17 @@ class HomerDirectoryReader(BaseReader):
     the files), or, with ``strict=True``, stops the reading with that error.
     """
 
-    def __init__(
-        self,
-        input_dir: str | Path,
-        *,
-        pattern: str = "*",
-        recursive: bool = True,
-        strict: bool = False,
-        suffixes: frozenset[str] | set[str] = SUPPORTED_SUFFIXES,
-        include_hidden: bool = False,
-        max_bytes: int = DEFAULT_MAX_BYTES,
-    ) -> None:
+    def __init__(self, input_dir: str | Path, *, recursive: bool = True, strict: bool = False, **options: Any) -> None:
+        """``options`` go to ``iter_documents``: ``pattern``, ``suffixes``, ``include_hidden``, ``max_bytes``."""
         self.input_dir = Path(input_dir)
-        self.pattern = pattern
         self.recursive = recursive
         self.strict = strict
-        self.suffixes = suffixes
-        self.include_hidden = include_hidden
-        self.max_bytes = max_bytes
+        self.options = options
         self.errors: list[DocumentError] = []
 
     def lazy_load_data(self, extra_info: dict[str, Any] | None = None) -> Iterator[Document]:
         self.errors = []
-        results = iter_documents(
-            self.input_dir,
-            self.pattern,
-            recursive=self.recursive,
-            strict=self.strict,
-            suffixes=self.suffixes,
-            include_hidden=self.include_hidden,
-            max_bytes=self.max_bytes,
-        )
+        results = iter_documents(self.input_dir, recursive=self.recursive, strict=self.strict, **self.options)
         for result in results:
             if result.document is not None:
                 yield to_llama_document(result.document, extra_info)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fpdf import FPDF
 from llama_index.core import SimpleDirectoryReader
 from llama_index.core.schema import MetadataMode
 
@@ -18,18 +17,9 @@ from homer_integrations.llama_index.readers import (
     HomerPDFReader,
     HomerTextReader,
 )
+from tests.test_documents import make_pdf  # the document-parsing tests' real-PDF helper
 
 PARAGRAPHS = "First paragraph about the lighthouse.\n\nSecond paragraph about the keeper."
-
-
-def make_pdf(path: Path, pages: list[str]) -> Path:
-    pdf = FPDF()
-    pdf.set_font("Helvetica", size=12)
-    for text in pages:
-        pdf.add_page()
-        pdf.multi_cell(0, 10, text)
-    pdf.output(str(path))
-    return path
 
 
 @pytest.fixture
