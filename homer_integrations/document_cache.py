@@ -1,25 +1,83 @@
-"""Placeholder in-memory document cache (interface only); the full store replaces this module.
+"""The document cache: one compression per document, kept in memory and optionally on disk.
 
 Interface every caller relies on:
 - ``DocumentCache.get_or_compute(key, compute) -> (CompressedDocument, source)`` with source in
   ``memory`` / ``disk`` / ``computed``; concurrent callers with one key cause one ``compute()``.
 - ``DocumentCache.stats() -> CacheStats`` (``computations`` counts calls to ``compute``).
+
+Memory: an LRU of documents bounded by bytes. Disk (opt-in): per key a safetensors file and a
+JSON manifest holding a format version, the key and the file's sha256; both written atomically
+(temporary file + ``os.replace``). Anything unusable on disk (truncated, corrupted, tampered,
+foreign, an old format version, another key's file) is removed and recomputed with a
+``DocumentCacheWarning``. A per-key file lock stops two processes from compressing one document
+at once: the second waits, then loads the first one's file. Nothing is ever pickled.
+
+Labels: ``cache ls`` shows a human label per entry (e.g. the source file name). Pass
+``label=`` to ``get_or_compute``, call ``set_label(key, label)``, or wrap calls that reach the
+cache through the engine in ``with cache.labelled("book.txt"): ...``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
+import hashlib
+import json
+import logging
+import os
+import re
+import struct
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
+import time
+import uuid
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
 
-from homer_integrations.homer.compressed import CompressedDocument
+import torch
+from filelock import FileLock, Timeout
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from homer_integrations.homer.compressed import SERIAL_FORMAT, SERIAL_VERSION, CompressedDocument, CompressionStats
+
+logger = logging.getLogger(__name__)
 
 CacheSource = Literal["memory", "disk", "computed"]
+
+DEFAULT_MEMORY_BUDGET = 2 * 1024**3
+MANIFEST_FORMAT = "homer-document-cache-entry"
+FORMAT_VERSION = 1
+"""Version of the on-disk entry (manifest + safetensors layout); other versions are discarded."""
+
+_TENSORS = ".safetensors"
+_MANIFEST = ".json"
+_SAFE_NAME = re.compile(r"[0-9A-Za-z_-][0-9A-Za-z_.-]{0,127}")
+_LABEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("homer_document_label", default=None)
+
+
+class DocumentCacheWarning(UserWarning):
+    """A cache file on disk was unusable (and removed), or could not be written."""
+
+
+class _Unusable(Exception):
+    """An entry on disk exists but cannot be trusted; the message says why."""
 
 
 @dataclass(frozen=True)
 class CacheStats:
+    """Counters since this cache object was created, and what it holds now.
+
+    ``hits_memory`` includes callers that waited for another caller's compression of the same
+    key; ``misses`` are lookups found neither in memory nor on disk; ``computations`` counts
+    calls to ``compute``; ``discarded`` counts unusable disk entries removed.
+    """
+
     hits_memory: int = 0
     hits_disk: int = 0
     misses: int = 0
@@ -28,33 +86,608 @@ class CacheStats:
     memory_bytes: int = 0
     disk_bytes: int = 0
     entries: int = 0
+    disk_entries: int = 0
+    discarded: int = 0
+    waits: int = 0
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET
+
+    @property
+    def hits(self) -> int:
+        return self.hits_memory + self.hits_disk
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One cached document as ``cache ls`` shows it. ``created`` is a Unix time."""
+
+    key: str
+    nbytes: int
+    tokens: int
+    document_tokens: int
+    created: float
+    label: str | None
+    in_memory: bool
+    on_disk: bool
+    disk_bytes: int = 0
+
+
+@dataclass
+class _Slot:
+    doc: CompressedDocument
+    nbytes: int
+    created: float
+    label: str | None
+
+
+@dataclass
+class _Flight:
+    """One in-progress lookup of a key; other callers wait on ``done``."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    doc: CompressedDocument | None = None
+    error: BaseException | None = None
+
+
+def document_nbytes(doc: CompressedDocument) -> int:
+    """Bytes a document's tensors occupy (K/V, positions, origins, logits)."""
+    extra = [doc.position_ids, doc.origin]
+    if doc.next_token_logits is not None:
+        extra.append(doc.next_token_logits)
+    return doc.nbytes + sum(t.numel() * t.element_size() for t in extra)
 
 
 class DocumentCache:
-    def __init__(self) -> None:
-        self._items: dict[str, CompressedDocument] = {}
-        self._lock = threading.Lock()
-        self._hits = 0
-        self._computations = 0
+    """Compressed documents by key: an in-memory LRU bounded by bytes over an optional disk store.
 
+    Args:
+        directory: None/False for memory only; True for the default location
+            (``cache_root() / "documents"``, i.e. ``$HOMER_INTEGRATIONS_CACHE`` or the platform
+            cache dir); or a path.
+        memory_budget_bytes: most bytes of documents kept in memory (least recently used go
+            first); 0 keeps nothing in memory. A document larger than the budget is returned but
+            not kept.
+        lock_timeout: seconds to wait for another process compressing the same document before
+            compressing anyway (with a warning); None waits as long as it takes.
+        device: where documents loaded from disk go; None = the device they were computed on when
+            it exists here, else the CPU.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path | bool | None = None,
+        *,
+        memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
+        lock_timeout: float | None = None,
+        device: str | torch.device | None = None,
+    ) -> None:
+        if memory_budget_bytes < 0:
+            raise ValueError("memory_budget_bytes must be >= 0")
+        if directory is True:
+            from homer_integrations.paths import cache_root
+
+            directory = cache_root() / "documents"
+        self.directory: Path | None = Path(directory).expanduser() if directory else None
+        self.memory_budget_bytes = memory_budget_bytes
+        self.lock_timeout = lock_timeout
+        self.device = torch.device(device) if device is not None else None
+        self._lock = threading.Lock()  # guards the fields below, never held during compute or I/O
+        self._memory: OrderedDict[str, _Slot] = OrderedDict()
+        self._memory_bytes = 0
+        self._flights: dict[str, _Flight] = {}
+        self._counts = dict.fromkeys(
+            ("hits_memory", "hits_disk", "misses", "computations", "evictions", "discarded", "waits"), 0
+        )
+
+    def __repr__(self) -> str:
+        where = str(self.directory) if self.directory else "memory only"
+        return f"DocumentCache({where}, memory_budget_bytes={self.memory_budget_bytes})"
+
+    # ----------------------------------------------------------------------------- lookup
     def get_or_compute(
-        self, key: str, compute: Callable[[], CompressedDocument]
+        self, key: str, compute: Callable[[], CompressedDocument], *, label: str | None = None
     ) -> tuple[CompressedDocument, CacheSource]:
-        with self._lock:
-            if key in self._items:
-                self._hits += 1
-                return self._items[key], "memory"
-            doc = compute()
-            self._computations += 1
-            self._items[key] = doc
-            return doc, "computed"
+        """The document for ``key`` and where it came from; ``compute()`` runs only on a full miss.
 
+        Threads asking for one key share one lookup: the first loads or computes, the rest wait
+        and get the same object (reported as ``memory``). Different keys proceed in parallel.
+        ``label`` (default: the one set by ``labelled``) names the entry in ``entries()``.
+        """
+        label = label if label is not None else _LABEL.get()
+        with self._lock:
+            slot = self._memory.get(key)
+            if slot is not None:
+                self._memory.move_to_end(key)
+                self._counts["hits_memory"] += 1
+                relabel = label is not None and slot.label != label
+                if relabel:
+                    slot.label = label
+            else:
+                flight = self._flights.get(key)
+                leader = flight is None
+                if flight is None:
+                    flight = self._flights[key] = _Flight()
+                else:
+                    self._counts["waits"] += 1
+        if slot is not None:
+            if relabel:
+                self._write_label(key, label)
+            return slot.doc, "memory"
+        if not leader:
+            flight.done.wait()
+            if flight.error is not None:
+                raise flight.error
+            assert flight.doc is not None
+            self._count("hits_memory")
+            return flight.doc, "memory"
+        try:
+            doc, source = self._load_or_compute(key, compute, label)
+        except BaseException as exc:
+            with self._lock:
+                del self._flights[key]
+            flight.error = exc
+            flight.done.set()
+            raise
+        with self._lock:
+            self._remember(key, doc, label)
+            del self._flights[key]
+        flight.doc = doc
+        flight.done.set()
+        return doc, source
+
+    async def aget_or_compute(
+        self, key: str, compute: Callable[[], CompressedDocument], *, label: str | None = None
+    ) -> tuple[CompressedDocument, CacheSource]:
+        """``get_or_compute`` in a worker thread, so the event loop keeps running."""
+        return await asyncio.to_thread(self.get_or_compute, key, compute, label=label)
+
+    def get(self, key: str) -> CompressedDocument | None:
+        """The document for ``key`` from memory or disk, or None; never computes."""
+        with self._lock:
+            slot = self._memory.get(key)
+            if slot is not None:
+                self._memory.move_to_end(key)
+                return slot.doc
+        if self.directory is None:
+            return None
+        try:
+            loaded = self._read(key)
+        except _Unusable:
+            return None
+        if loaded is None:
+            return None
+        doc, manifest = loaded
+        with self._lock:
+            self._remember(key, doc, manifest.get("label"))
+        return doc
+
+    def __contains__(self, key: str) -> bool:
+        with self._lock:
+            if key in self._memory:
+                return True
+        return self.directory is not None and self._paths(key)[1].is_file()
+
+    @contextlib.contextmanager
+    def labelled(self, label: str | None) -> Iterator[None]:
+        """Entries created or used inside this block (in this thread or task) get ``label``."""
+        token = _LABEL.set(label)
+        try:
+            yield
+        finally:
+            _LABEL.reset(token)
+
+    def set_label(self, key: str, label: str | None) -> bool:
+        """Name the entry for ``key`` (in memory and on disk); False when there is no such entry."""
+        with self._lock:
+            slot = self._memory.get(key)
+            if slot is not None:
+                slot.label = label
+        on_disk = self._write_label(key, label)
+        return slot is not None or on_disk
+
+    # ----------------------------------------------------------------------------- housekeeping
     def stats(self) -> CacheStats:
+        """Counters and current sizes (disk sizes are read from the directory now)."""
+        disk_bytes, disk_entries = 0, 0
+        for manifest_path in self._manifest_paths():
+            disk_entries += 1
+            for path in (manifest_path, manifest_path.with_suffix(_TENSORS)):
+                with contextlib.suppress(OSError):
+                    disk_bytes += path.stat().st_size
         with self._lock:
             return CacheStats(
-                hits_memory=self._hits,
-                misses=self._computations,
-                computations=self._computations,
-                memory_bytes=sum(d.nbytes for d in self._items.values()),
-                entries=len(self._items),
+                **self._counts,
+                memory_bytes=self._memory_bytes,
+                disk_bytes=disk_bytes,
+                entries=len(self._memory),
+                disk_entries=disk_entries,
+                memory_budget_bytes=self.memory_budget_bytes,
             )
+
+    def info(self) -> dict[str, Any]:
+        """Where the cache lives, its limits and its statistics, as plain JSON-ready values."""
+        return {
+            "directory": str(self.directory) if self.directory else None,
+            "format_version": FORMAT_VERSION,
+            "lock_timeout": self.lock_timeout,
+            **asdict(self.stats()),
+        }
+
+    def entries(self) -> list[CacheEntry]:
+        """Every cached document, in memory or on disk, newest first."""
+        found: dict[str, CacheEntry] = {}
+        for manifest_path in self._manifest_paths():
+            try:
+                manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+                key = str(manifest["key"])
+                tensors = manifest_path.with_suffix(_TENSORS)
+                found[key] = CacheEntry(
+                    key=key,
+                    nbytes=int(manifest["nbytes"]),
+                    tokens=int(manifest["tokens"]),
+                    document_tokens=int(manifest["document_tokens"]),
+                    created=float(manifest["created"]),
+                    label=manifest.get("label"),
+                    in_memory=False,
+                    on_disk=True,
+                    disk_bytes=manifest_path.stat().st_size + (tensors.stat().st_size if tensors.is_file() else 0),
+                )
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # unreadable manifests are dealt with when their key is next looked up
+        with self._lock:
+            slots = list(self._memory.items())
+        for key, slot in slots:
+            old = found.get(key)
+            found[key] = CacheEntry(
+                key=key,
+                nbytes=slot.nbytes,
+                tokens=slot.doc.num_tokens,
+                document_tokens=slot.doc.stats.document_tokens,
+                created=old.created if old else slot.created,
+                label=slot.label if slot.label is not None else (old.label if old else None),
+                in_memory=True,
+                on_disk=old is not None,
+                disk_bytes=old.disk_bytes if old else 0,
+            )
+        return sorted(found.values(), key=lambda e: e.created, reverse=True)
+
+    def discard(self, key: str) -> bool:
+        """Forget ``key`` in memory and on disk; True if anything was removed."""
+        with self._lock:
+            slot = self._memory.pop(key, None)
+            if slot is not None:
+                self._memory_bytes -= slot.nbytes
+        removed = slot is not None
+        if self.directory is not None:
+            removed = self._remove_files(key) or removed
+        return removed
+
+    def clear(self, *, memory: bool = True, disk: bool = True) -> int:
+        """Remove every entry (from memory and/or disk); returns how many distinct keys went."""
+        keys: set[str] = set()
+        if memory:
+            with self._lock:
+                keys.update(self._memory)
+                self._memory.clear()
+                self._memory_bytes = 0
+        if disk and self.directory is not None and self.directory.is_dir():
+            for path in list(self.directory.iterdir()):
+                if not path.is_file():
+                    continue
+                if path.suffix == _MANIFEST and not path.name.startswith("."):
+                    try:
+                        keys.add(str(json.loads(path.read_text(encoding="utf-8"))["key"]))
+                    except (OSError, ValueError, KeyError, TypeError):
+                        keys.add(path.stem)
+                if path.suffix in (_MANIFEST, _TENSORS) or path.name.endswith(".tmp"):
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+        return len(keys)
+
+    # ----------------------------------------------------------------------------- memory
+    def _remember(self, key: str, doc: CompressedDocument, label: str | None) -> None:
+        """Insert ``doc`` as most recently used, evicting the least recently used over budget."""
+        old = self._memory.pop(key, None)
+        if old is not None:
+            self._memory_bytes -= old.nbytes
+            label = label if label is not None else old.label
+        nbytes = document_nbytes(doc)
+        if nbytes > self.memory_budget_bytes:
+            logger.info("document %s (%d bytes) exceeds the memory budget; not kept in memory", key[:12], nbytes)
+            return
+        while self._memory and self._memory_bytes + nbytes > self.memory_budget_bytes:
+            _, evicted = self._memory.popitem(last=False)
+            self._memory_bytes -= evicted.nbytes
+            self._counts["evictions"] += 1
+        self._memory[key] = _Slot(doc, nbytes, old.created if old else time.time(), label)
+        self._memory_bytes += nbytes
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self._counts[name] += 1
+
+    # ----------------------------------------------------------------------------- disk
+    def _load_or_compute(
+        self, key: str, compute: Callable[[], CompressedDocument], label: str | None
+    ) -> tuple[CompressedDocument, CacheSource]:
+        if self.directory is None:
+            return self._compute(key, compute), "computed"
+        with contextlib.suppress(_Unusable):  # anything odd is re-examined under the lock
+            loaded = self._read(key)
+            if loaded is not None:
+                self._count("hits_disk")
+                return self._loaded(key, loaded, label), "disk"
+        lock: FileLock | None = None
+        try:
+            lock = FileLock(self._lock_path(key), timeout=-1 if self.lock_timeout is None else self.lock_timeout)
+            lock.acquire()
+        except Timeout:
+            warnings.warn(
+                f"another process has held the cache lock for {key[:12]} over {self.lock_timeout}s; "
+                f"compressing without it",
+                DocumentCacheWarning,
+                stacklevel=4,
+            )
+            lock = None
+        except OSError as exc:
+            warnings.warn(
+                f"cannot use the document cache directory {self.directory}: {exc}; keeping documents in memory only",
+                DocumentCacheWarning,
+                stacklevel=4,
+            )
+            return self._compute(key, compute), "computed"
+        try:
+            try:
+                loaded = self._read(key)
+            except _Unusable as exc:
+                self._count("discarded")
+                warnings.warn(
+                    f"discarding unusable document cache entry {self._paths(key)[0]}: {exc}; recomputing",
+                    DocumentCacheWarning,
+                    stacklevel=4,
+                )
+                self._remove_files(key)
+                loaded = None
+            if loaded is not None:  # written by another process while we waited for the lock
+                self._count("hits_disk")
+                return self._loaded(key, loaded, label, locked=True), "disk"
+            doc = self._compute(key, compute)
+            self._write(key, doc, label)
+            return doc, "computed"
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _compute(self, key: str, compute: Callable[[], CompressedDocument]) -> CompressedDocument:
+        with self._lock:
+            self._counts["misses"] += 1
+            self._counts["computations"] += 1
+        doc = compute()
+        if not isinstance(doc, CompressedDocument):
+            raise TypeError(f"compute() returned {type(doc).__name__}, not a CompressedDocument")
+        if doc.key != key:
+            logger.debug("compute() returned a document keyed %s; storing it under %s", doc.key[:12], key[:12])
+            doc = replace(doc, key=key)
+        return doc
+
+    def _loaded(
+        self, key: str, loaded: tuple[CompressedDocument, dict[str, Any]], label: str | None, *, locked: bool = False
+    ) -> CompressedDocument:
+        doc, manifest = loaded
+        if label is not None and manifest.get("label") != label:
+            self._write_label(key, label, locked=locked)
+        return doc
+
+    def _paths(self, key: str) -> tuple[Path, Path]:
+        """(safetensors, manifest) paths of ``key``; keys that are not safe file names are hashed."""
+        assert self.directory is not None
+        name = key if _SAFE_NAME.fullmatch(key) else "h-" + hashlib.sha256(key.encode()).hexdigest()
+        return self.directory / f"{name}{_TENSORS}", self.directory / f"{name}{_MANIFEST}"
+
+    def _lock_path(self, key: str) -> Path:
+        assert self.directory is not None
+        locks = self.directory / "locks"  # created here: the first use of a new directory
+        locks.mkdir(parents=True, exist_ok=True)
+        return locks / (self._paths(key)[0].stem + ".lock")
+
+    def _manifest_paths(self) -> list[Path]:
+        if self.directory is None or not self.directory.is_dir():
+            return []
+        return [p for p in self.directory.iterdir() if p.suffix == _MANIFEST and not p.name.startswith(".")]
+
+    def _read(self, key: str) -> tuple[CompressedDocument, dict[str, Any]] | None:
+        """Load and verify ``key``'s entry: None if absent; raises ``_Unusable`` if it cannot be trusted."""
+        tensors_path, manifest_path = self._paths(key)
+        try:
+            raw_manifest = manifest_path.read_bytes()
+        except FileNotFoundError:
+            return None  # a safetensors file alone is an unfinished write: the writer adds the manifest
+        except OSError as exc:
+            raise _Unusable(f"cannot read the manifest: {exc}") from exc
+        try:
+            manifest = json.loads(raw_manifest)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise _Unusable(f"the manifest is not JSON ({exc})") from exc
+        if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+            raise _Unusable("the manifest is not a homer document cache manifest")
+        if manifest.get("version") != FORMAT_VERSION:
+            raise _Unusable(f"format version {manifest.get('version')!r}, this version reads {FORMAT_VERSION}")
+        if manifest.get("key") != key:
+            raise _Unusable("the manifest belongs to another document")
+        try:
+            data = tensors_path.read_bytes()
+        except FileNotFoundError as exc:
+            raise _Unusable("the safetensors file is missing") from exc
+        except OSError as exc:
+            raise _Unusable(f"cannot read the safetensors file: {exc}") from exc
+        if len(data) != manifest.get("size"):
+            raise _Unusable(f"the safetensors file has {len(data)} bytes, the manifest says {manifest.get('size')}")
+        if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
+            raise _Unusable("the safetensors file fails its sha256 checksum")
+        try:
+            metadata = _safetensors_metadata(data)
+            doc = document_from_tensors(load_safetensors(data), metadata)
+        except (SafetensorError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+            raise _Unusable(f"the safetensors file does not hold a compressed document ({exc})") from exc
+        if doc.key != key:
+            raise _Unusable("the safetensors file holds another document")
+        return self._to_device(doc, manifest.get("device")), manifest
+
+    def _to_device(self, doc: CompressedDocument, stored: str | None) -> CompressedDocument:
+        device = self.device
+        if device is None and stored:
+            with contextlib.suppress(RuntimeError, AssertionError, ValueError):
+                candidate = torch.device(stored)
+                cuda_ok = torch.cuda.is_available() and (candidate.index or 0) < torch.cuda.device_count()
+                if candidate.type == "cpu" or (candidate.type == "cuda" and cuda_ok):
+                    device = candidate
+        if device is None or device.type == "cpu":
+            return doc
+        move = lambda t: t.to(device)  # noqa: E731
+        return replace(
+            doc,
+            keys=tuple(map(move, doc.keys)),
+            values=tuple(map(move, doc.values)),
+            position_ids=move(doc.position_ids),
+            origin=move(doc.origin),
+            next_token_logits=None if doc.next_token_logits is None else move(doc.next_token_logits),
+        )
+
+    def _write(self, key: str, doc: CompressedDocument, label: str | None) -> None:
+        """Write ``doc``'s entry atomically (tensors first, then the manifest that vouches for them)."""
+        tensors_path, manifest_path = self._paths(key)
+        try:
+            tensors, metadata = doc.to_tensors()
+            data = save_safetensors({k: t.detach().cpu().contiguous() for k, t in tensors.items()}, metadata)
+            manifest = {
+                "format": MANIFEST_FORMAT,
+                "version": FORMAT_VERSION,
+                "key": key,
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "size": len(data),
+                "created": time.time(),
+                "label": label,
+                "tokens": doc.num_tokens,
+                "document_tokens": doc.stats.document_tokens,
+                "nbytes": document_nbytes(doc),
+                "dtype": str(doc.keys[0].dtype).removeprefix("torch."),
+                "device": str(doc.keys[0].device),
+                "compress_seconds": doc.stats.seconds,
+            }
+            _atomic_write(tensors_path, data)
+            _atomic_write(manifest_path, json.dumps(manifest, indent=1).encode())
+        except (OSError, SafetensorError, ValueError) as exc:
+            warnings.warn(
+                f"could not write the document cache entry {tensors_path}: {exc}; keeping it in memory only",
+                DocumentCacheWarning,
+                stacklevel=5,
+            )
+            self._remove_files(key)
+
+    def _write_label(self, key: str, label: str | None, *, locked: bool = False) -> bool:
+        """Rewrite the label in ``key``'s manifest (best effort); False when there is none.
+
+        ``locked``: the caller already holds ``key``'s file lock.
+        """
+        if self.directory is None:
+            return False
+        manifest_path = self._paths(key)[1]
+        try:
+            with contextlib.nullcontext() if locked else FileLock(self._lock_path(key), timeout=1.0):
+                manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+                if not isinstance(manifest, dict) or manifest.get("key") != key:
+                    return False
+                manifest["label"] = label
+                _atomic_write(manifest_path, json.dumps(manifest, indent=1).encode())
+                return True
+        except (OSError, ValueError, Timeout):
+            return False
+
+    def _remove_files(self, key: str) -> bool:
+        removed = False
+        for path in self._paths(key):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed = True
+        return removed
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the whole new one, never a part."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with tmp.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def _safetensors_metadata(data: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors blob (8-byte little-endian header length, JSON header)."""
+    if len(data) < 8:
+        raise ValueError("too short for a safetensors file")
+    (length,) = struct.unpack("<Q", data[:8])
+    if length > len(data) - 8:
+        raise ValueError("safetensors header runs past the end of the file")
+    header = json.loads(data[8 : 8 + length])
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    if not isinstance(metadata, dict):
+        raise ValueError("no metadata in the safetensors header")
+    return {str(k): str(v) for k, v in metadata.items()}
+
+
+def document_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> CompressedDocument:
+    """Rebuild a ``CompressedDocument`` from its ``to_tensors()`` form, checking every shape.
+
+    Stricter than ``CompressedDocument.from_tensors``: per layer K/V of one shape family
+    ``[Hkv, K, d]``, 1-D positions and origins of length K, logits 1-D, no stray tensors.
+    Raises ``ValueError`` on anything foreign, old or inconsistent.
+    """
+    if meta.get("format") != SERIAL_FORMAT:
+        raise ValueError(f"not a compressed document (format {meta.get('format')!r})")
+    if meta.get("version") != str(SERIAL_VERSION):
+        raise ValueError(f"compressed document format version {meta.get('version')!r} is not {SERIAL_VERSION}")
+    try:
+        layers = int(meta["layers"])
+        keys = tuple(tensors[f"k.{i}"] for i in range(layers))
+        values = tuple(tensors[f"v.{i}"] for i in range(layers))
+        position_ids, origin = tensors["position_ids"], tensors["origin"]
+        logits = tensors.get("next_token_logits")
+        stats = CompressionStats(**json.loads(meta["stats"]))
+        question = json.loads(meta["question"])
+        last_position = int(meta["last_position"])
+        key = meta["key"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"incomplete compressed document: {exc!r}") from exc
+    expected = {f"k.{i}" for i in range(layers)} | {f"v.{i}" for i in range(layers)} | {"position_ids", "origin"}
+    if logits is not None:
+        expected.add("next_token_logits")
+    if layers < 1 or set(tensors) != expected:
+        raise ValueError(f"unexpected tensors {sorted(set(tensors) ^ expected)[:4]} for {layers} layers")
+    if any(t.dim() != 3 for t in keys + values) or len({t.shape for t in keys + values}) != 1:
+        raise ValueError("key/value tensors are not all [heads, tokens, head_dim] of one shape")
+    tokens = keys[0].shape[1]
+    if position_ids.shape != (tokens,) or origin.shape != (tokens,):
+        raise ValueError(
+            f"inconsistent cache lengths: {tokens} cached tokens, "
+            f"{tuple(position_ids.shape)} positions, {tuple(origin.shape)} origins"
+        )
+    if logits is not None and logits.dim() != 1:
+        raise ValueError("next-token logits are not one vector")
+    if question is not None and not isinstance(question, str):
+        raise ValueError("the stored question is not text")
+    return CompressedDocument(
+        key=key,
+        keys=tuple(k[None] for k in keys),
+        values=tuple(v[None] for v in values),
+        position_ids=position_ids,
+        origin=origin,
+        last_position=last_position,
+        next_token_logits=logits,
+        question=question,
+        stats=stats,
+    )
