@@ -53,7 +53,7 @@ class RoutingStrategy:
 
     name: str = "strategy"
     retrieval_instruction: str | None = None
-    """Added to the retrieval prompt (self-route's "reply unanswerable" rule)."""
+    """Closes the retrieval prompt instead of the default rule (self-route's "write unanswerable")."""
 
     def decide(self, question: str) -> RouteDecision:
         raise NotImplementedError
@@ -117,7 +117,7 @@ DEFAULT_REFUSAL_PATTERNS: tuple[str, ...] = (
     r"\b(cannot|can't|can ?not|unable to|could not|couldn't) (be )?(answer|determine|find|tell|say)",
     r"\b(is|are|was|were) not (mentioned|provided|stated|given|specified|included)\b",
     r"\bno (information|mention|details?)\b",
-    r"\b(does|do|did)(n't| not) (say|mention|provide|contain|specify|include|state)\b",
+    r"\b(does|do|did)(n't| not) (say|mention|provide|contain|specify|include|state|answer)\b",
     r"\bnot enough (information|context)\b",
 )
 """Other ways a model says the excerpts cannot answer (the fixed word always counts)."""
@@ -130,7 +130,9 @@ class SelfRouteStrategy(RoutingStrategy):
 
     def __init__(self, token: str = UNANSWERABLE, refusal_patterns: Iterable[str] | None = None) -> None:
         self.token = token
-        self.retrieval_instruction = f'If the excerpts do not contain the answer, reply only "{token}".'
+        self.retrieval_instruction = (
+            f'If the text does not answer the question, write "{token}". Otherwise answer in a few words.'
+        )
         patterns = DEFAULT_REFUSAL_PATTERNS if refusal_patterns is None else tuple(refusal_patterns)
         self._refusals = [re.compile(re.escape(token), re.IGNORECASE)]
         self._refusals += [re.compile(p, re.IGNORECASE) for p in patterns]

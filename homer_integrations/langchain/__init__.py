@@ -2,5 +2,6 @@
 
 from homer_integrations.langchain.chat_models import ChatHomer
 from homer_integrations.langchain.llms import HomerLLM
+from homer_integrations.langchain.router import HomerRouter
 
-__all__ = ["ChatHomer", "HomerLLM"]
+__all__ = ["ChatHomer", "HomerLLM", "HomerRouter"]
