@@ -1,0 +1,155 @@
+"""``ChatHomer`` and ``HomerLLM`` in real chains over one long document: one compression each.
+
+Every test counts compressions on a fresh engine (``fresh_engine``: its own empty cache over
+the session's SmolLM2 weights) with ``engine.document_cache.stats().computations``. The
+document is about 2,000 tokens of the novel: three chunks at ``max_chunk_len`` 1024.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from langchain_classic.chains.combine_documents import create_stuff_documents_chain
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.documents import Document
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.outputs import LLMResult
+from langchain_core.prompts import ChatPromptTemplate, PromptTemplate
+
+from homer_integrations.langchain import ChatHomer, HomerLLM
+
+QUESTIONS = [
+    "Who is Mr. Bingley?",
+    "Where does the Bennet family live?",
+    "How many daughters do the Bennets have?",
+    "Who visits Mr. Bingley first?",
+    "What does Mrs. Bennet want?",
+]
+QA = ChatPromptTemplate.from_messages(
+    [("human", "Answer the question using the text below.\n\n{context}\n\nQuestion: {question}\nAnswer briefly.")]
+)
+
+
+@pytest.fixture(scope="module")
+def book(novel_excerpt) -> str:
+    return novel_excerpt(2000, skip=3000)
+
+
+def computations(engine) -> int:
+    return engine.document_cache.stats().computations
+
+
+def cache_details(message: AIMessage) -> dict[str, int]:
+    return message.usage_metadata["input_token_details"]
+
+
+class Recorder(BaseCallbackHandler):
+    """Keeps streamed tokens and finished LLM results."""
+
+    def __init__(self) -> None:
+        self.tokens: list[str] = []
+        self.results: list[LLMResult] = []
+
+    def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+        self.tokens.append(token)
+
+    def on_llm_end(self, response: LLMResult, **kwargs: Any) -> None:
+        self.results.append(response)
+
+
+def test_lcel_chain_compresses_once_for_five_questions_and_later_paths_reuse_it(fresh_engine, book):
+    chat = ChatHomer(engine=fresh_engine, max_tokens=8)
+    chain = QA | chat
+    answers = [chain.invoke({"context": book, "question": q}) for q in QUESTIONS]
+    assert computations(fresh_engine) == 1
+    first, *rest = answers
+    assert cache_details(first)["cache_creation"] > 1900 and cache_details(first)["cache_read"] == 0
+    assert first.response_metadata["homer"]["document_found_by"] == "heuristic"
+    for a in rest:
+        assert cache_details(a)["cache_creation"] == 0 and cache_details(a)["cache_read"] > 1900
+        assert a.response_metadata["homer"]["cache_source"] == "memory"
+        assert a.response_metadata["homer"]["document_found_by"] == "known"
+        assert a.usage_metadata["input_tokens"] >= cache_details(a)["cache_read"] + 5
+        assert a.text.strip() and a.response_metadata["model_name"] == "smollm2-135m-instruct"
+
+    # the explicit path finds the same cache: same template head, same document text
+    bound = chat.bind(document=book).invoke("Who is Mr. Bingley?")
+    assert bound.response_metadata["homer"]["document_found_by"] == "explicit"
+    assert cache_details(bound)["cache_read"] > 1900
+
+    # conversation history after the document is fed after the cache
+    history = [*QA.format_messages(context=book, question=QUESTIONS[0]), first, HumanMessage("And his sisters?")]
+    later = chat.invoke(history)
+    assert later.response_metadata["homer"]["document_found_by"] == "known"
+    assert cache_details(later)["cache_read"] > 1900
+    assert later.usage_metadata["input_tokens"] > bound.usage_metadata["input_tokens"]
+
+    recorder = Recorder()
+    chunks = list(chat.stream("Who is Mr. Bingley?", {"callbacks": [recorder]}, document=book, stop=["."]))
+    text = "".join(c.text for c in chunks)
+    assert "." not in text and text.strip()
+    assert "".join(recorder.tokens) == text
+    assert chunks[-1].usage_metadata["input_token_details"]["cache_read"] > 1900
+    assert sum(1 for c in chunks if c.usage_metadata) == 1
+    assert computations(fresh_engine) == 1
+
+
+def test_stuff_documents_chain_with_the_text_llm_compresses_once(fresh_engine, book):
+    paragraphs = book.split("\n\n")
+    half = len(paragraphs) // 2
+    docs = [Document(page_content="\n\n".join(part)) for part in (paragraphs[:half], paragraphs[half:])]
+    prompt = PromptTemplate.from_template(
+        "Answer the question from the context.\n\nContext:\n{context}\n\nQuestion: {question}\nAnswer:"
+    )
+    chain = create_stuff_documents_chain(HomerLLM(engine=fresh_engine, max_tokens=8), prompt)
+    recorder = Recorder()
+    answers = [chain.invoke({"context": docs, "question": q}, {"callbacks": [recorder]}) for q in QUESTIONS]
+    assert computations(fresh_engine) == 1
+    assert all(isinstance(a, str) and a.strip() for a in answers)
+    usages = [r.generations[0][0].generation_info["usage"]["input_token_details"] for r in recorder.results]
+    assert usages[0]["cache_creation"] > 1900
+    assert all(u["cache_read"] > 1900 and u["cache_creation"] == 0 for u in usages[1:])
+    assert recorder.results[-1].llm_output["model_name"] == "smollm2-135m-instruct"
+
+
+async def test_abatch_on_one_document_compresses_once_without_blocking_the_loop(fresh_engine, book):
+    chain = QA | ChatHomer(engine=fresh_engine, max_tokens=8)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.05)
+            ticks += 1
+
+    beat = asyncio.create_task(ticker())
+    started = time.perf_counter()
+    answers = await chain.abatch([{"context": book, "question": q} for q in QUESTIONS])
+    elapsed = time.perf_counter() - started
+    beat.cancel()
+    assert computations(fresh_engine) == 1
+    assert sorted(a.response_metadata["homer"]["cache_source"] for a in answers) == ["computed"] + ["memory"] * 4
+    assert ticks >= 0.5 * elapsed / 0.05  # the event loop kept running while the model worked
+
+    streamed = [c async for c in chain.astream({"context": book, "question": QUESTIONS[0]})]
+    assert streamed[-1].usage_metadata["input_token_details"]["cache_read"] > 1900
+    assert computations(fresh_engine) == 1
+
+
+async def test_text_llm_async_stream_fires_token_callbacks(fresh_engine):
+    llm = HomerLLM(engine=fresh_engine, max_tokens=12)
+    recorder = Recorder()
+    pieces = [p async for p in llm.astream("Name three colours.", {"callbacks": [recorder]})]
+    assert "".join(pieces).strip() and "".join(recorder.tokens) == "".join(pieces)
+    assert recorder.results[0].generations[0][0].generation_info["homer"]["document_found_by"] == "plain"
+    assert await llm.ainvoke("Say hello.", stop=["hello", "Hello"]) == ""
+    assert llm.get_token_ids("Hello world") == fresh_engine.token_ids("Hello world")
+    assert computations(fresh_engine) == 0
+
+
+def test_unknown_call_options_are_refused(fresh_engine):
+    with pytest.raises(TypeError, match="unsupported call options"):
+        ChatHomer(engine=fresh_engine).invoke("Hi", documnet="typo")
