@@ -1,7 +1,8 @@
 """LangChain integration: chat and text models over HOMER, whole-document loaders, per-query routing."""
 
 from homer_integrations.langchain.chat_models import ChatHomer
+from homer_integrations.langchain.document_loaders import HomerDirectoryLoader, HomerDocumentLoader
 from homer_integrations.langchain.llms import HomerLLM
 from homer_integrations.langchain.router import HomerRouter
 
-__all__ = ["ChatHomer", "HomerLLM", "HomerRouter"]
+__all__ = ["ChatHomer", "HomerDirectoryLoader", "HomerDocumentLoader", "HomerLLM", "HomerRouter"]
