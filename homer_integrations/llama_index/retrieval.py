@@ -28,7 +28,7 @@ from homer_integrations.retrieval import retrieval_prompt
 class ExcerptSynthesizer(BaseSynthesizer):
     """Answers from retrieved chunks with one short prompt (the shared excerpt prompt).
 
-    ``instruction`` is added after the excerpts (self-route's "reply unanswerable" rule).
+    ``instruction`` closes the prompt instead of the default rule (self-route's "write unanswerable").
     """
 
     def __init__(

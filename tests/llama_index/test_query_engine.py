@@ -66,8 +66,9 @@ def test_five_queries_one_compression(llm, smol_engine, excerpt):
 
 
 def test_llm_prompts_holding_the_document_reuse_its_cache(llm, smol_engine, excerpt, events):
-    """After the query engine compressed the excerpt, HomerLLM finds it in any prompt: explicitly,
-    inside LlamaIndex's own QA template (as a synthesizer hands it over), and in a chat."""
+    """After the query engine compressed the excerpt, HomerLLM finds it in any prompt: explicitly
+    (completion and chat), inside LlamaIndex's own QA template (as a synthesizer hands it over),
+    and in a conversation."""
     llm.precompress(excerpt)  # a cache hit when the test above ran first
     before = computations(smol_engine)
 
@@ -81,8 +82,11 @@ def test_llm_prompts_holding_the_document_reuse_its_cache(llm, smol_engine, exce
         ]
     )
 
+    explicit_chat = llm.chat([ChatMessage(role=MessageRole.USER, content="Who is Mr. Bennet?")], document=excerpt)
+
     assert computations(smol_engine) == before
-    for stats in (explicit.additional_kwargs, templated.additional_kwargs, chat.additional_kwargs):
+    answers = (explicit, templated, chat, explicit_chat)
+    for stats in (a.additional_kwargs for a in answers):
         assert stats["cache_source"] == "memory"
         assert stats["document_tokens"] == smol_engine.count_tokens(excerpt)
         assert stats["cache_read"] > 0 and stats["cache_creation"] == 0
@@ -115,11 +119,11 @@ LIGHTHOUSE = (
     "Tobias Wren kept the lighthouse on Gull Point for forty years. Every night he climbed the "
     "ninety steps, trimmed the wick and polished the great lens. Ships passing the reef "
     "blinked their lamps to thank the lighthouse keeper. "
-) * 4
+) * 2
 BAKERY = (
     "The bakery on Mill Street sells rye bread, almond cakes and cinnamon buns. The baker, "
     "Marta Lind, starts the ovens at four in the morning and sells out of buns by nine. "
-) * 4
+) * 2
 
 
 def test_several_documents_bm25_picks_then_combines(llm, smol_engine, events):
