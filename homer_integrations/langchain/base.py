@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.messages.ai import UsageMetadata
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from homer_integrations.engine import AnswerInfo, AnswerStream, HomerModel
 from homer_integrations.engine_pool import default_model_name, shared_engine
@@ -73,6 +73,11 @@ class HomerSettings(BaseModel):
     long_prompt_tokens: int | None = Field(default=None, ge=1)
     """Prompts longer than this are searched for a document to compress (default: the
     engine's ``max_chunk_len``). See ``homer_integrations.prompt_split``."""
+
+    @field_validator("model_name", mode="before")
+    @classmethod
+    def _no_name(cls, value: Any) -> Any:
+        return "" if value is None else value
 
     @model_validator(mode="after")
     def _name_the_model(self) -> HomerSettings:

@@ -1,0 +1,142 @@
+"""LangChain + HOMER: an unchanged "stuff the document into the prompt" QA chain, one compression.
+
+Offline, on the embedded default model and an excerpt of the bundled Pride and Prejudice. The
+LCEL chain ``prompt | ChatHomer`` gets the whole excerpt in ``{context}`` on every question:
+the first call finds the document in the prompt and compresses it, every later call finds the
+same text and reads the cache. Then a follow-up turn in the same conversation, and the text
+LLM in LangChain's stuff-documents chain over a file loaded whole by ``HomerDocumentLoader``.
+
+    .venv/bin/python cookbook/langchain_qa.py [--tokens 3000] [--model NAME]
+
+Output (also saved to cookbook/outputs/langchain_qa.txt): each answer as it streams, its token
+usage (cache creation / cache read) and how long it took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: idle threads yield the CPU
+
+from langchain_core.messages import AIMessageChunk, HumanMessage
+from langchain_core.prompts import ChatPromptTemplate, PromptTemplate
+
+from homer_integrations.langchain import ChatHomer, HomerDocumentLoader, HomerLLM
+from homer_integrations.paths import bundled_text
+
+OUTPUT = Path(__file__).parent / "outputs" / "langchain_qa.txt"
+QUESTIONS = [
+    "Who has taken Netherfield Park?",
+    "What does Mrs. Bennet want from her husband?",
+    "How many daughters do Mr. and Mrs. Bennet have?",
+    "Which daughter does Mr. Bennet like best?",
+    "What is Mr. Bingley like?",
+]
+PROMPT = ChatPromptTemplate.from_messages(
+    [("human", "Answer the question using the text below.\n\n{context}\n\nQuestion: {question}\nAnswer briefly.")]
+)
+
+
+class Tee(io.StringIO):
+    """Prints and keeps a copy of everything written."""
+
+    def write(self, text: str) -> int:
+        sys.__stdout__.write(text)
+        sys.__stdout__.flush()
+        return super().write(text)
+
+
+def opening(chat: ChatHomer, tokens: int) -> str:
+    """The first ``tokens`` tokens of the novel, cut at a line end."""
+    novel = bundled_text("prideprejudice")
+    text = novel[novel.index("It is a truth universally acknowledged") :][: tokens * 6]
+    ids = chat.get_token_ids(text)[:tokens]
+    text = chat.resolve_engine().tokenizer.decode(ids)
+    return text[: text.rfind("\n")].strip()
+
+
+def report(message: AIMessageChunk, seconds: float) -> str:
+    usage = message.usage_metadata
+    details = usage["input_token_details"]
+    homer = message.response_metadata["homer"]
+    return (
+        f"   [{seconds:.1f}s; document {homer['document_found_by']}, cache {homer['cache_source']}; "
+        f"input {usage['input_tokens']} tokens = cache creation {details['cache_creation']} + "
+        f"cache read {details['cache_read']} + {usage['input_tokens'] - sum(details.values())} fed after]"
+    )
+
+
+def ask(chain, inputs, label: str) -> AIMessageChunk:
+    print(f"Q: {label}\nA: ", end="")
+    started = time.perf_counter()
+    full = None
+    for chunk in chain.stream(inputs):
+        print(chunk.text, end="")
+        full = chunk if full is None else full + chunk
+    print("\n" + report(full, time.perf_counter() - started) + "\n")
+    return full
+
+
+def run(args: argparse.Namespace) -> None:
+    chat = ChatHomer(model=args.model, max_tokens=args.max_new_tokens)
+    book = opening(chat, args.tokens)
+    engine = chat.resolve_engine()
+    print(f"model {chat.model_name}; HOMER max_chunk_len {engine.config.max_chunk_len}")
+    print(f"document: {engine.count_tokens(book)} tokens of Pride and Prejudice (from chapter 1)\n")
+
+    chain = PROMPT | chat
+    print("== LCEL chain: prompt | ChatHomer, the whole text in {context} every time ==\n")
+    first = None
+    for question in QUESTIONS:
+        answer = ask(chain, {"context": book, "question": question}, question)
+        first = first or answer
+
+    print("== A follow-up turn: the conversation history goes after the cached document ==\n")
+    history = [*PROMPT.format_messages(context=book, question=QUESTIONS[0]), first, HumanMessage("Is he rich?")]
+    ask(chat, history, "Is he rich? (after the first question and its answer)")
+
+    print("== HomerLLM in LangChain's stuff-documents chain, over a file loaded whole ==\n")
+    try:
+        from langchain_classic.chains.combine_documents import create_stuff_documents_chain
+    except ImportError:
+        print("(skipped: pip install langchain-classic)\n")
+    else:
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "pride-and-prejudice-opening.txt"
+            path.write_text(book, encoding="utf-8")
+            docs = HomerDocumentLoader(path).load()
+        template = PromptTemplate.from_template(
+            "Answer the question from the context.\n\nContext:\n{context}\n\nQuestion: {question}\nAnswer:"
+        )
+        stuff = create_stuff_documents_chain(HomerLLM(engine=engine, max_tokens=args.max_new_tokens), template)
+        question = "Who is Mr. Bennet's wife?"
+        started = time.perf_counter()
+        answer = stuff.invoke({"context": docs, "question": question})
+        print(f"Q: {question}\nA: {answer.strip()}\n   [{time.perf_counter() - started:.1f}s; {docs[0].id}]\n")
+
+    stats = engine.document_cache.stats()
+    print(f"compressions: {stats.computations} for {len(QUESTIONS) + 2} questions (memory hits: {stats.hits_memory})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=3000, help="length of the excerpt in model tokens")
+    parser.add_argument("--model", default=None, help="local path, hub id or embedded name (default: embedded)")
+    parser.add_argument("--max-new-tokens", type=int, default=40)
+    args = parser.parse_args()
+    transcript = Tee()
+    with contextlib.redirect_stdout(transcript):
+        run(args)
+    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
+    OUTPUT.write_text(transcript.getvalue(), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""LangChain + HOMER: route each question to the whole document (HOMER) or to BM25 retrieval.
+
+Offline, on the embedded default model and an excerpt of the bundled Pride and Prejudice.
+``HomerRouter`` answers each question either through HOMER over the whole excerpt (compressed
+once, then cached) or from the best BM25 chunks in a short prompt to the same model, with three
+strategies: ``rules`` (whole-document questions to HOMER), ``self_route`` (retrieval first,
+HOMER when the model says the chunks cannot answer) and a plain function.
+
+    .venv/bin/python cookbook/langchain_routing.py [--tokens 3000] [--model NAME]
+
+Output (also saved to cookbook/outputs/langchain_routing.txt): per question, the route, the
+reason, the answer and the time it took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: idle threads yield the CPU
+
+sys.path.insert(0, str(Path(__file__).parent))
+from langchain_qa import Tee, opening  # the QA cookbook's excerpt and transcript
+
+from homer_integrations.langchain import ChatHomer, HomerRouter
+
+OUTPUT = Path(__file__).parent / "outputs" / "langchain_routing.txt"
+RUNS = {
+    "rules": [
+        "Summarize the story so far.",
+        "Who is Lady Lucas?",
+        "What are the main themes of the text?",
+        "How much is Mr. Bingley's income?",
+    ],
+    "self_route": ["Who is Lady Lucas?", "Who won the football match?"],
+}
+
+
+def by_length(question: str) -> tuple[str, str]:
+    """A user routing function: long questions to HOMER, short ones to retrieval."""
+    if len(question.split()) > 8:
+        return "homer", f"{len(question.split())} words: a broad question"
+    return "retrieval", f"{len(question.split())} words: a lookup"
+
+
+def run(args: argparse.Namespace) -> None:
+    chat = ChatHomer(model=args.model, max_tokens=args.max_new_tokens)
+    book = opening(chat, args.tokens)
+    engine = chat.resolve_engine()
+    print(f"model {chat.model_name}; document: {engine.count_tokens(book)} tokens of Pride and Prejudice\n")
+    broad = "How do the Bennet parents differ in character and in their hopes?"
+    runs = {**RUNS, by_length: ["Who is Mr. Long?", broad]}
+    for strategy, questions in runs.items():
+        router = HomerRouter(chat, book, strategy)
+        print(f"== strategy: {router.strategy.name} ==")
+        for question in questions:
+            started = time.perf_counter()
+            answer = router.invoke(question)
+            meta = answer.response_metadata
+            if meta["route"] == "homer":
+                where = f"cache {meta['homer']['cache_source']}"
+            else:
+                where = f"chunks {meta['retrieved_chunks']}"
+            print(f"Q: {question}")
+            print(f"   route {meta['route']} ({meta['route_reason']}); {where}; {time.perf_counter() - started:.1f}s")
+            print(f"A: {answer.text.strip()}\n")
+    print(f"compressions: {engine.document_cache.stats().computations} (the HOMER route reuses one cache)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=3000, help="length of the excerpt in model tokens")
+    parser.add_argument("--model", default=None, help="local path, hub id or embedded name (default: embedded)")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    args = parser.parse_args()
+    transcript = Tee()
+    with contextlib.redirect_stdout(transcript):
+        run(args)
+    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
+    OUTPUT.write_text(transcript.getvalue(), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
