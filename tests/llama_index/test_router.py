@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from llama_index.core import Settings
 from llama_index.core.query_engine import RouterQueryEngine
 from llama_index.core.schema import Document
 from llama_index.core.tools import QueryEngineTool, ToolMetadata
@@ -112,6 +113,9 @@ def test_selector_in_a_stock_router_query_engine(llm, doc):
     assert "no rule matched" in response.metadata["selector_result"].reason
     assert all(n.node.ref_doc_id == doc.doc_id for n in response.source_nodes)
     assert str(response).strip()
+
+    # nothing reached for LlamaIndex's global default LLM or embedding model (OpenAI)
+    assert Settings._llm is None and Settings._embed_model is None
 
     with pytest.raises(ValueError, match="no choice named"):
         HomerRouteSelector("rules").select([ToolMetadata(name="a", description="x")], FACT)
