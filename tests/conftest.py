@@ -18,6 +18,8 @@ os.environ.setdefault("HOMER_INTEGRATIONS_CACHE", str(REPO / ".homer-test-cache"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Spinning OpenMP workers fight each other on a busy 2-core machine (measured: up to 8x slower).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 from transformers import (  # noqa: E402
