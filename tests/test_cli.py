@@ -1,0 +1,198 @@
+"""``homer-qa`` end to end on real files: the embedded SmolLM2 model, a real disk cache, and its error paths."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from homer_integrations import cli
+from homer_integrations.cli import DEMO_QUESTIONS, main
+from homer_integrations.paths import PACKAGE_DATA
+from tests.conftest import REPO
+from tests.test_documents import make_pdf
+
+
+@pytest.fixture(scope="module")
+def passage(novel: str) -> str:
+    """About 250 tokens from the start of chapter 1 (the Bennets and Netherfield)."""
+    start = novel.index("It is a truth universally acknowledged")
+    return novel[start : start + 1100]
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def ask_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    code, out, err = run_cli(capsys, "ask", *argv, "--json", "--no-progress")
+    assert code == 0, err
+    return json.loads(out)
+
+
+# ----------------------------------------------------------------------------- error paths (no model)
+@pytest.mark.parametrize(
+    ("name", "content", "reason"),
+    [
+        ("missing.txt", None, "no such file"),
+        ("empty.txt", b"", "empty"),
+        ("blank.md", b"\n \n\t", "whitespace only"),
+        ("binary.txt", b"\x7fELF\x02\x01\x01\x00\x00\x00" * 50, "binary"),
+        ("image.png", b"\x89PNG\r\n\x1a\n", "unsupported file type"),
+        ("broken.pdf", b"%PDF-1.4\nnot really a pdf", "broken PDF"),
+    ],
+)
+def test_bad_files_give_one_line_and_a_nonzero_exit(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str, content: bytes | None, reason: str
+) -> None:
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    loads_before = cli._load_parts.cache_info().misses
+    code, out, err = run_cli(capsys, "ask", str(path), "-q", "What is this?", "--cache-dir", str(tmp_path / "c"))
+    assert code == 1
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"homer-qa: error: {path}: ") and reason in lines[0]
+    assert cli._load_parts.cache_info().misses == loads_before, "bad input must fail before loading a model"
+
+
+def test_a_directory_is_not_a_document(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    folder = tmp_path / "notes.txt"
+    folder.mkdir()
+    code, _, err = run_cli(capsys, "ask", str(folder), "-q", "Why?")
+    assert code == 1 and "is a directory" in err and len(err.strip().splitlines()) == 1
+
+
+def test_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "doc.txt"
+    path.write_text("Some text.")
+    code, _, err = run_cli(capsys, "ask", str(path))
+    assert code == 2 and "-q QUESTION" in err
+    code, _, err = run_cli(capsys, "ask", str(path), "-q", "   ")
+    assert code == 2 and "empty" in err
+    code, _, err = run_cli(capsys, "ask", str(path), "-q", "Why?", "--top-p", "0")
+    assert code == 2 and "generation options" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ask", str(path), "--mode", "sideways"])
+    assert exit_info.value.code == 2
+    with pytest.raises(SystemExit):
+        main(["ask", str(path), "--max-new-tokens", "0"])
+
+
+def test_the_console_script_reports_a_missing_file_without_a_traceback(tmp_path: Path) -> None:
+    script = Path(sys.executable).with_name("homer-qa")
+    command = [str(script)] if script.is_file() else [sys.executable, "-m", "homer_integrations.cli"]
+    missing = tmp_path / "nowhere.pdf"
+    done = subprocess.run([*command, "ask", str(missing), "-q", "Who?"], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 1
+    assert done.stderr.strip() == f"homer-qa: error: {missing}: no such file"
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_cache_commands_on_an_empty_default_directory(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOMER_INTEGRATIONS_CACHE", str(tmp_path))
+    code, out, _ = run_cli(capsys, "cache", "ls")
+    assert code == 0 and out.strip() == f"no cached documents in {tmp_path / 'documents'}"
+    code, out, _ = run_cli(capsys, "cache", "info", "--json")
+    info = json.loads(out)
+    assert code == 0 and info["directory"] == str(tmp_path / "documents") and info["disk_entries"] == 0
+    code, out, _ = run_cli(capsys, "cache", "clear")
+    assert code == 0 and out.startswith("removed 0 cached document(s)")
+
+
+# ----------------------------------------------------------------------------- the real model
+@pytest.mark.real_model
+def test_ask_compresses_once_then_answers_from_disk(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, passage: str
+) -> None:
+    book = tmp_path / "chapter1.txt"
+    book.write_text(passage, encoding="utf-8")
+    store = tmp_path / "store"
+    questions = ["-q", "Who has taken Netherfield Park?", "-q", "What is Mrs. Bennet's wish?"]
+    common = [str(book), *questions, "--cache-dir", str(store), "--max-new-tokens", "4"]
+
+    first = ask_json(capsys, *common)
+    assert [a["cache_source"] for a in first["answers"]] == ["computed", "memory"]
+    assert first["model"] == "smollm2-135m-instruct" and first["mode"] == "shared"
+    a1 = first["answers"][0]
+    assert a1["document_tokens"] > 150 and a1["cache_tokens"] > 0 and a1["output_tokens"] >= 1
+    assert a1["answer"] and a1["time_to_first_token"] >= a1["setup_seconds"] > 0
+    assert first["cache"]["computations"] == 1 and first["cache"]["disk_entries"] == 1
+
+    second = ask_json(capsys, *common)  # a new "process": new cache object over the same directory
+    assert [a["cache_source"] for a in second["answers"]] == ["disk", "memory"]
+    assert [a["answer"] for a in second["answers"]] == [a["answer"] for a in first["answers"]]
+    assert second["cache"]["computations"] == 0 and second["cache"]["hits_disk"] == 1
+
+    code, out, err = run_cli(capsys, "ask", *common, "--no-progress")
+    assert code == 0, err
+    assert "Q1: Who has taken Netherfield Park?\nA1: " in out and "Q2: What is Mrs. Bennet's wish?" in out
+    assert "--- summary ---" in out and "cache tokens" in out
+    assert "Q1: loaded from disk cache in" in out and "Q2: cache hit in memory" in out
+
+    sampled = ["--temperature", "0.8", "--top-p", "0.9", "--top-k", "20", "--seed", "7", "--stop", "\n\n"]
+    run = ask_json(capsys, *common[:3], "--cache-dir", str(store), "--max-new-tokens", "3", *sampled)
+    assert run["answers"][0]["cache_source"] == "disk" and 1 <= run["answers"][0]["output_tokens"] <= 3
+
+    code, out, _ = run_cli(capsys, "cache", "ls", "--cache-dir", str(store))
+    assert code == 0 and "chapter1.txt" in out and "1 document(s)" in out
+    code, out, _ = run_cli(capsys, "cache", "ls", "--cache-dir", str(store), "--json")
+    (entry,) = json.loads(out)
+    assert entry["label"] == "chapter1.txt" and entry["document_tokens"] == a1["document_tokens"]
+    code, out, _ = run_cli(capsys, "cache", "info", "--cache-dir", str(store))
+    assert code == 0 and "entries: 1" in out
+    code, out, _ = run_cli(capsys, "cache", "clear", "--cache-dir", str(store))
+    assert code == 0 and out.startswith("removed 1 cached document(s)")
+    code, out, _ = run_cli(capsys, "cache", "ls", "--cache-dir", str(store))
+    assert code == 0 and out.startswith("no cached documents") and not list(store.glob("*.safetensors"))
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("kind", ["md", "pdf", "html"])
+def test_ask_reads_markdown_pdf_and_html(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, passage: str, kind: str
+) -> None:
+    body = passage[:500]
+    if kind == "md":
+        path = tmp_path / "chapter.md"
+        path.write_text(f"# Chapter 1\n\n{body}\n", encoding="utf-8")
+    elif kind == "pdf":
+        path = make_pdf(tmp_path / "chapter.pdf", [body.replace("\u2019", "'")])
+    else:
+        path = tmp_path / "chapter.html"
+        path.write_text(f"<html><head><title>Ch. 1</title><script>x()</script></head><body><p>{body}</p></body></html>")
+    result = ask_json(capsys, str(path), "-q", "Who is Mr. Bennet?", "--no-disk-cache", "--max-new-tokens", "3")
+    (answer,) = result["answers"]
+    assert answer["cache_source"] == "computed" and answer["output_tokens"] >= 1
+    assert 80 < answer["document_tokens"] < 250
+    assert result["cache_directory"] is None and result["cache"]["disk_entries"] == 0
+
+
+@pytest.mark.real_model
+def test_demo_asks_three_questions_and_max_chars_truncates(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, passage: str
+) -> None:
+    book = tmp_path / "book.txt"
+    book.write_text(passage * 3, encoding="utf-8")
+    result = ask_json(capsys, str(book), "--demo", "--max-chars", "600", "--no-disk-cache", "--max-new-tokens", "2")
+    assert [a["question"] for a in result["answers"]] == list(DEMO_QUESTIONS)
+    assert [a["cache_source"] for a in result["answers"]] == ["computed", "memory", "memory"]
+    assert 500 <= result["characters"] <= 600
+
+
+@pytest.mark.real_model
+def test_calibrate_reports_where_the_table_lives(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, "calibrate")
+    assert code == 0, err
+    assert "smollm2-135m-instruct" in out and "max_chunk_len=1024" in out
+    path = Path(out.rsplit(": ", 1)[1].strip())
+    assert path.is_file() and path.parent == PACKAGE_DATA / "calibration"
