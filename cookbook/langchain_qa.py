@@ -21,6 +21,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: idle threads yield the CPU
@@ -125,18 +126,21 @@ def run(args: argparse.Namespace) -> None:
     print(f"compressions: {stats.computations} for {len(QUESTIONS) + 2} questions (memory hits: {stats.hits_memory})")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=3000, help="length of the excerpt in model tokens")
-    parser.add_argument("--model", default=None, help="local path, hub id or embedded name (default: embedded)")
-    parser.add_argument("--max-new-tokens", type=int, default=40)
-    args = parser.parse_args()
+def cookbook_main(run: Callable[[argparse.Namespace], None], output: Path, doc: str, max_new_tokens: int) -> None:
+    """Parse the cookbook options, run, and save the printed transcript to ``output``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    for flag, kind, default, text in (
+        ("--tokens", int, 3000, "excerpt length in model tokens"),
+        ("--model", str, None, "local path, hub id or embedded name (default: the embedded model)"),
+        ("--max-new-tokens", int, max_new_tokens, "longest answer in tokens"),
+    ):
+        parser.add_argument(flag, type=kind, default=default, help=text)
     transcript = Tee()
     with contextlib.redirect_stdout(transcript):
-        run(args)
-    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    OUTPUT.write_text(transcript.getvalue(), encoding="utf-8")
+        run(parser.parse_args())
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(transcript.getvalue(), encoding="utf-8")
 
 
 if __name__ == "__main__":
-    main()
+    cookbook_main(run, OUTPUT, __doc__, max_new_tokens=40)

@@ -15,7 +15,6 @@ reason, the answer and the time it took.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: idle threads yield the CPU
 
 sys.path.insert(0, str(Path(__file__).parent))
-from langchain_qa import Tee, opening  # the QA cookbook's excerpt and transcript
+from langchain_qa import cookbook_main, opening  # the QA cookbook's options, excerpt and transcript
 
 from homer_integrations.langchain import ChatHomer, HomerRouter
 
@@ -71,18 +70,5 @@ def run(args: argparse.Namespace) -> None:
     print(f"compressions: {engine.document_cache.stats().computations} (the HOMER route reuses one cache)")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=3000, help="length of the excerpt in model tokens")
-    parser.add_argument("--model", default=None, help="local path, hub id or embedded name (default: embedded)")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    args = parser.parse_args()
-    transcript = Tee()
-    with contextlib.redirect_stdout(transcript):
-        run(args)
-    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    OUTPUT.write_text(transcript.getvalue(), encoding="utf-8")
-
-
 if __name__ == "__main__":
-    main()
+    cookbook_main(run, OUTPUT, __doc__, max_new_tokens=32)

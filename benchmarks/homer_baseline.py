@@ -1,0 +1,146 @@
+"""The direct ``HomerModel`` baseline that adapter-overhead benchmarks compare against.
+
+Framework-free: one compression then cached answers straight on the engine, on a fresh
+document cache over an already loaded model; the excerpt, the options, the alternating rounds
+and the JSON result. An adapter benchmark supplies only how its side answers the questions
+(``compare_with_direct``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from homer_integrations import HomerModel
+from homer_integrations.paths import bundled_text
+
+QUESTIONS = (
+    "Who has taken Netherfield Park?",
+    "What does Mrs. Bennet want for her daughters?",
+    "Who is Mr. Darcy?",
+    "What happens at the ball?",
+    "Which sister is the most beautiful?",
+)
+"""The five questions every overhead benchmark asks, so their ratios compare."""
+
+
+def fresh_engine(base: HomerModel) -> HomerModel:
+    """A new engine with an empty document cache over ``base``'s loaded model and settings."""
+    return HomerModel(base.model, base.tokenizer, base.config, model_name=base.model_name, progress=False)
+
+
+def novel_opening(engine: HomerModel, tokens: int) -> str:
+    """The first ``tokens`` tokens of the bundled Pride and Prejudice, from its first sentence."""
+    novel = bundled_text("prideprejudice")
+    ids = engine.token_ids(novel[novel.index("It is a truth universally acknowledged") :])
+    return engine.tokenizer.decode(ids[:tokens])
+
+
+def warm_up(engine: HomerModel) -> None:
+    """One tiny generation, so neither side pays first-call costs."""
+    engine.generate(engine.chat_prompt([{"role": "user", "content": "Hello"}]), max_new_tokens=2).text()
+
+
+def run_direct(base: HomerModel, text: str, questions: Sequence[str], max_new_tokens: int) -> dict[str, Any]:
+    """Compress ``text`` once on a fresh engine, then answer each question from the compressed document."""
+    engine = fresh_engine(base)
+    started = time.perf_counter()
+    doc = engine.compress(text)
+    compress_seconds = time.perf_counter() - started
+    answers, seconds, output_tokens = [], [], []
+    for question in questions:
+        t = time.perf_counter()
+        stream = engine.run(doc, question, max_new_tokens=max_new_tokens)
+        answers.append(stream.text())
+        seconds.append(time.perf_counter() - t)
+        output_tokens.append(stream.info.output_tokens)
+    return {
+        "total_seconds": time.perf_counter() - started,
+        "compress_seconds": compress_seconds,
+        "answer_seconds": seconds,
+        "output_tokens": output_tokens,
+        "compressions": engine.document_cache.stats().computations,
+        "answers": answers,
+    }
+
+
+def machine(engine: HomerModel) -> dict[str, Any]:
+    """Where the numbers were measured."""
+    return {
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "device": str(engine.model.device),
+        "dtype": str(engine.model.dtype),
+    }
+
+
+def overhead_options(description: str, out: Path) -> argparse.Namespace:
+    """The options every overhead benchmark takes (document length, model, answer length, rounds, output)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--tokens", type=int, default=16_000, help="document length in model tokens")
+    parser.add_argument("--model", default=None, help="local path, hub id or embedded name (default: embedded)")
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--rounds", type=int, default=1, help="alternating rounds per side; the fastest counts")
+    parser.add_argument("--out", type=Path, default=out, help=f"where the JSON result goes (default {out})")
+    return parser.parse_args()
+
+
+AdapterRun = Callable[[HomerModel, str, int], dict[str, Any]]
+
+
+def compare_with_direct(
+    name: str, run_adapter: AdapterRun, questions: Sequence[str], options: argparse.Namespace, target: float
+) -> dict[str, Any]:
+    """Alternate direct and adapter rounds on one loaded model; write and return the JSON result.
+
+    ``run_adapter(base, text, max_new_tokens)`` answers ``questions`` through the adapter on its
+    own fresh engine and returns at least ``total_seconds`` and ``compressions``.
+    """
+    base = HomerModel.from_pretrained(options.model, progress=False)
+    text = novel_opening(base, options.tokens)
+    warm_up(base)
+    rounds: list[dict[str, Any]] = []
+    for i in range(options.rounds):
+        direct = run_direct(base, text, questions, options.max_new_tokens)
+        adapter = run_adapter(base, text, options.max_new_tokens)
+        rounds.append({"direct": direct, name: adapter})
+        print(
+            f"round {i + 1}: direct {direct['total_seconds']:.1f}s (compress {direct['compress_seconds']:.1f}s), "
+            f"{name} {adapter['total_seconds']:.1f}s; compressions {direct['compressions']} / "
+            f"{adapter['compressions']}",
+            flush=True,
+        )
+    fastest = {side: min(r[side]["total_seconds"] for r in rounds) for side in ("direct", name)}
+    ratio = fastest[name] / fastest["direct"]
+    result = {
+        "benchmark": f"{name}_overhead",
+        "model": base.model_name,
+        "document_tokens": base.count_tokens(text),
+        "max_chunk_len": base.config.max_chunk_len,
+        "questions": len(questions),
+        "max_new_tokens": options.max_new_tokens,
+        "rounds": rounds,
+        "direct_seconds": fastest["direct"],
+        f"{name}_seconds": fastest[name],
+        "ratio": ratio,
+        "target_ratio": target,
+        "meets_target": ratio <= target,
+        "machine": machine(base),
+    }
+    options.out.parent.mkdir(parents=True, exist_ok=True)
+    options.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(
+        f"{result['document_tokens']} tokens, {len(questions)} questions: direct {fastest['direct']:.1f}s, "
+        f"{name} {fastest[name]:.1f}s, ratio {ratio:.2f} (target <= {target}); wrote {options.out}"
+    )
+    return result
