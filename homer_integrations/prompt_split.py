@@ -9,8 +9,9 @@ How the document is found, first rule that applies wins:
 1. **explicit**: a document passed by the caller (``document=``). If its text occurs in a
    message it is cut out there; otherwise it is put at the start of the first user message.
 2. **known**: the exact text of a document this engine compressed recently (a small per-engine
-   registry, see ``remember_document``) occurs in a message. This keeps every later call of a
-   chain on the same cache, whatever its question.
+   registry, see ``remember_document``) occurs in a message, and the rest of that message is
+   short (at most ``long_prompt_tokens``). This keeps every later call of a chain on the same
+   cache, whatever its question.
 3. **heuristic**: the rendered prompt is longer than ``long_prompt_tokens`` (default: the
    engine's ``max_chunk_len``, the longest span the model attends over under HOMER). In the
    longest message, the document is everything between the first and the last paragraph break
@@ -159,13 +160,16 @@ def split_prompt(
         index, start, end = where
         return _split_at(engine, msgs, render, index, start, end, msgs[index]["content"][start:end], "explicit")
 
+    limit = long_prompt_tokens or engine.config.max_chunk_len
     where = _locate(msgs, known_documents(engine))
     if where is not None:
         index, start, end = where
-        return _split_at(engine, msgs, render, index, start, end, msgs[index]["content"][start:end], "known")
+        content = msgs[index]["content"]
+        # a known text inside a larger long context would leave that context to the continuation
+        if engine.count_tokens(content[:start] + content[end:]) <= limit:
+            return _split_at(engine, msgs, render, index, start, end, content[start:end], "known")
 
     prompt = render(msgs)
-    limit = long_prompt_tokens or engine.config.max_chunk_len
     if engine.count_tokens(prompt) <= limit:
         return PromptSplit(prompt=prompt)
     index = max(range(len(msgs)), key=lambda i: len(msgs[i]["content"]))

@@ -146,6 +146,13 @@ def test_known_documents_are_found_in_short_prompts(tokenizer, book):
     assert len("too short to match ordinary prompts") < MIN_KNOWN_CHARS
 
 
+def test_a_known_document_inside_a_larger_long_context_is_not_cut_out_alone(tokenizer, book):
+    engine = HomerModel(tiny_model(), tokenizer, HomerConfig(max_chunk_len=256), model_name="tiny", progress=False)
+    remember_document(engine, book[:800])
+    split = split_prompt(engine, user(STUFF.format(context=book, question="Who?")))
+    assert split.found_by == "heuristic" and split.document == book
+
+
 def test_plain_text_rendering_keeps_the_prompt_as_is(engine, book):
     prompt = STUFF.format(context=book, question="Who?")
     split = split_prompt(engine, user(prompt), render=render_plain_text)
