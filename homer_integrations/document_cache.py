@@ -557,7 +557,7 @@ class DocumentCache:
         tensors_path, manifest_path = self._paths(key)
         try:
             tensors, metadata = doc.to_tensors()
-            data = save_safetensors({k: _standalone(t) for k, t in tensors.items()}, metadata)
+            data = save_safetensors({k: t.detach().cpu().contiguous() for k, t in tensors.items()}, metadata)
             manifest = {
                 "format": MANIFEST_FORMAT,
                 "version": FORMAT_VERSION,
@@ -609,14 +609,6 @@ class DocumentCache:
                 path.unlink()
                 removed = True
         return removed
-
-
-def _standalone(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous CPU tensor owning its storage (safetensors refuses views that share memory)."""
-    t = t.detach().cpu().contiguous()
-    if t.untyped_storage().nbytes() != t.numel() * t.element_size():
-        t = t.clone()
-    return t
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

@@ -178,17 +178,22 @@ def test_compute_must_return_a_document() -> None:
 
 
 # ----------------------------------------------------------------------------- disk round trip
-@pytest.mark.parametrize("which", ["shared", "query_aware", "bfloat16"])
+@pytest.mark.parametrize("which", ["shared", "query_aware", "bfloat16", "views"])
 def test_disk_round_trip_is_bit_exact(
     tmp_path: Path, docs: list[CompressedDocument], qa_doc: CompressedDocument, which: str
 ) -> None:
     doc = {"shared": docs[0], "query_aware": qa_doc}.get(which)
-    if doc is None:  # a half-precision cache must come back in its own dtype
+    if which == "bfloat16":  # a half-precision cache must come back in its own dtype
         doc = replace(
             docs[1],
             keys=tuple(k.to(torch.bfloat16) for k in docs[1].keys),
             values=tuple(v.to(torch.bfloat16) for v in docs[1].values),
         )
+    elif which == "views":  # per-layer views into one shared storage, as a compressor may produce
+        keys, values = torch.stack(docs[2].keys), torch.stack(docs[2].values)
+        doc = replace(docs[2], keys=tuple(keys.unbind(0)), values=tuple(values.unbind(0)))
+        assert doc.keys[0].untyped_storage().data_ptr() == doc.keys[1].untyped_storage().data_ptr()
+    assert doc is not None
     writer = DocumentCache(tmp_path)
     assert writer.get_or_compute(doc.key, Counter(doc))[1] == "computed"
     files = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
