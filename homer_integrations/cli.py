@@ -305,12 +305,15 @@ def _ask(args: argparse.Namespace) -> int:
                 if not args.json:
                     out.write(f"A{i + 1}: ")
                     out.flush()
-                pieces = []
+                pieces: list[str] = []
+                shown = False  # leading whitespace is dropped so "A1:" is followed by text
                 for piece in stream:
                     pieces.append(piece)
-                    if not args.json:
-                        out.write(piece)
+                    visible = piece if shown else piece.lstrip()
+                    if not args.json and visible:
+                        out.write(visible)
                         out.flush()
+                    shown = shown or bool(visible)
             except ValueError as exc:
                 raise CliError(f"{args.file}: {exc}") from None
         if not args.json:
