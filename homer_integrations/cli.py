@@ -24,7 +24,12 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:  # the heavy imports (torch, transformers) wait until a command needs them
+    from homer_integrations.document_cache import DocumentCache
+    from homer_integrations.engine import AnswerInfo, HomerModel
+    from homer_integrations.homer.config import HomerConfig
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -182,7 +187,7 @@ def _show_warning(message: Warning | str, category: type[Warning], *_: Any, **__
 
 
 # ----------------------------------------------------------------------------- shared pieces
-def _open_cache(args: argparse.Namespace):
+def _open_cache(args: argparse.Namespace) -> DocumentCache:
     from homer_integrations.document_cache import DocumentCache
 
     if getattr(args, "no_disk_cache", False):
@@ -198,7 +203,9 @@ def _load_parts(name: str, dtype: str, device: str | None) -> tuple[Any, Any]:
     return load_model(name, dtype=dtype, device=device)
 
 
-def _engine(args: argparse.Namespace, config: Any, cache: Any, progress: bool | None) -> Any:
+def _engine(
+    args: argparse.Namespace, config: HomerConfig, cache: DocumentCache | None, progress: bool | None
+) -> HomerModel:
     """A ``HomerModel`` like ``HomerModel.from_pretrained`` builds, over weights loaded once per process."""
     from homer_integrations import HomerModel
     from homer_integrations.homer.architectures import UnsupportedModelError
@@ -224,7 +231,7 @@ def _engine(args: argparse.Namespace, config: Any, cache: Any, progress: bool | 
         raise CliError(f"model {name!r}: {exc}") from None
 
 
-def _config(args: argparse.Namespace) -> Any:
+def _config(args: argparse.Namespace) -> HomerConfig:
     from pydantic import ValidationError
 
     from homer_integrations.homer.config import HomerConfig
@@ -338,7 +345,7 @@ def _ask(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _answer_record(question: str, answer: str, info: Any) -> dict[str, Any]:
+def _answer_record(question: str, answer: str, info: AnswerInfo) -> dict[str, Any]:
     """One answer and what it cost; ``setup_seconds`` is compressing or loading its cache."""
     return {
         "question": question,
