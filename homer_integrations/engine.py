@@ -26,13 +26,16 @@ from homer_integrations.homer.compressed import CompressedDocument, CompressionS
 from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
 from homer_integrations.homer.config import HomerConfig, ModelDefaults
 from homer_integrations.homer.decoder import DecoderStack
-from homer_integrations.homer.fingerprint import weights_fingerprint
+from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_fingerprint
 from homer_integrations.homer.generation import DecodeState, FinishReason, GenerationOptions, decode
-from homer_integrations.homer.prompt import PromptTexts, encode, render_layout
+from homer_integrations.homer.prompt import PromptTexts, encode, render_layout, word_ids
 from homer_integrations.models import DEFAULT_MODEL, EMBEDDED_MODELS, load_model
 from homer_integrations.paths import PACKAGE_DATA, bundled_text, cache_root
 
 logger = logging.getLogger(__name__)
+
+ALGORITHM_VERSION = 1
+"""Bumped whenever compression changes its output for the same settings: old cache entries then miss."""
 
 
 @dataclass
@@ -112,7 +115,7 @@ class HomerModel:
         defaults = defaults or ModelDefaults.for_model(self.stack.num_layers, max_positions)
         self.config = (config or HomerConfig()).resolve(self.stack.num_layers, max_positions, defaults)
         self.context_window = max_positions
-        self.document_cache = document_cache or DocumentCache()
+        self.document_cache = DocumentCache() if document_cache is None else document_cache
         self.progress = progress
         self._calibration = CalibrationStore(
             calibration_dir or cache_root() / "calibration", bundled_dir=PACKAGE_DATA / "calibration"
@@ -120,6 +123,7 @@ class HomerModel:
         self._bias: torch.Tensor | None = None
         self._bias_lock = threading.Lock()
         self._fingerprint = weights_fingerprint(model)
+        self._tokenizer_id = tokenizer_fingerprint(tokenizer)
 
     # ----------------------------------------------------------------------------- construction
     @classmethod
@@ -188,7 +192,9 @@ class HomerModel:
     def cache_key(self, prefix: str, document: str, suffix: str) -> str:
         """Document-cache key: model identity, dtype, settings, calibration, mode, affixes and text."""
         parts = {
+            "algorithm": ALGORITHM_VERSION,
             "model": self._fingerprint,
+            "tokenizer": self._tokenizer_id,
             "dtype": str(self.stack.dtype),
             "settings": self.config.model_dump(mode="json"),
             "calibration": self._calibration_id(),
@@ -234,6 +240,7 @@ class HomerModel:
             scorer=c.scorer,
             observation_window=c.observation_window,
             score_pooling=c.score_pooling,
+            score_memory=c.score_memory,
             want_logits=c.mode == "query_aware",
             seed=c.seed,
         )
@@ -249,7 +256,10 @@ class HomerModel:
             disable=True if self.progress is False else None,
             leave=False,
         ) as bar:
-            result = compressor.compress(prefix_ids, document_ids, suffix_ids, progress=bar.update)
+            words = word_ids(self.tokenizer, document) if c.word_pooling and needs_pruning else None
+            if words is not None and words.numel() != document_ids.numel():
+                words = None  # tokenizer without offsets that line up: fall back to token scores
+            result = compressor.compress(prefix_ids, document_ids, suffix_ids, progress=bar.update, word_ids=words)
         stats = CompressionStats(
             document_tokens=total,
             prompt_tokens=prompt_len,

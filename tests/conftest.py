@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HOMER_INTEGRATIONS_CACHE", str(REPO / ".homer-test-cache"))
@@ -20,6 +19,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Spinning OpenMP workers fight each other on a busy 2-core machine (measured: up to 8x slower).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402  (after OMP_WAIT_POLICY: the OpenMP runtime reads it when torch loads)
+
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 from transformers import (  # noqa: E402

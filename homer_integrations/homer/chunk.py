@@ -19,6 +19,8 @@ class Chunk:
         position_ids: [T] RoPE positions; repeated and non-monotonic after merges.
         reducible: [T] True on document tokens (only those may be pruned).
         origin: [T] index of each token in the document, -1 on prefix and suffix tokens.
+        memory: [T] best normalised score each token received at the nodes it passed (-inf before
+            its first pruning); used when scores are remembered across levels.
         prefix_len, suffix_len: P and S.
         cache: ``DynamicCache`` whose layers 0..n-1 hold this chunk's rotated keys and values,
             [1, Hkv, T, d] each, for every layer computed so far (lower tree levels included).
@@ -28,6 +30,7 @@ class Chunk:
     position_ids: torch.Tensor
     reducible: torch.Tensor
     origin: torch.Tensor
+    memory: torch.Tensor
     prefix_len: int
     suffix_len: int
     cache: DynamicCache = field(default_factory=DynamicCache)
@@ -64,6 +67,7 @@ class Chunk:
         self.position_ids = self.position_ids[index]
         self.reducible = self.reducible[index]
         self.origin = self.origin[index]
+        self.memory = self.memory[index]
         dev_index = index.to(self.hidden.device)
         keys, values = layer_tensors(self.cache)
         self.cache = cache_from_tensors(

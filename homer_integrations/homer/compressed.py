@@ -70,8 +70,11 @@ class CompressedDocument:
     def nbytes(self) -> int:
         return tensors_nbytes(self.keys) + tensors_nbytes(self.values)
 
-    def to_cache(self) -> DynamicCache:
-        """A fresh ``DynamicCache`` over the stored tensors; decoding grows it without touching them."""
+    def to_cache(self, device: torch.device | None = None) -> DynamicCache:
+        """A fresh ``DynamicCache`` over the stored tensors (moved to ``device`` if given, a copy then);
+        decoding grows it without touching them."""
+        if device is not None and self.keys[0].device != device:
+            return cache_from_tensors([k.to(device) for k in self.keys], [v.to(device) for v in self.values])
         return cache_from_tensors(self.keys, self.values)
 
     def to_tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -118,7 +121,7 @@ class CompressedDocument:
             )
         except (KeyError, TypeError, json.JSONDecodeError) as exc:
             raise ValueError(f"incomplete compressed document: {exc}") from exc
-        lengths = {t.shape[1] for t in keys + values} | {doc.position_ids.numel(), doc.origin.numel()}
+        lengths = {t.shape[2] for t in keys + values} | {doc.position_ids.numel(), doc.origin.numel()}
         if len(lengths) != 1:
             raise ValueError(f"inconsistent cache lengths {sorted(lengths)}")
         return doc

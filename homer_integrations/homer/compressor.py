@@ -14,7 +14,7 @@ from homer_integrations.homer.chunking import ChunkPlan, LeafInput, make_leaves
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.kv import layer_tensors
 from homer_integrations.homer.merging import merge_siblings
-from homer_integrations.homer.pruning import Scorer, keep_mask, score_tokens
+from homer_integrations.homer.pruning import Scorer, keep_mask, pool_words, remember, score_tokens
 from homer_integrations.homer.schedule import LayerSchedule
 
 
@@ -28,6 +28,7 @@ class CompressorSettings:
     scorer: Scorer = "calibrated"
     observation_window: int = 1
     score_pooling: int = 1
+    score_memory: bool = False
     want_logits: bool = False
     seed: int = 0
 
@@ -87,6 +88,7 @@ class HomerCompressor:
         self._generator = torch.Generator().manual_seed(settings.seed)
         self._alive: list[Chunk] = []
         self._peak = 0
+        self._word_ids: torch.Tensor | None = None
 
     @torch.inference_mode()
     def compress(
@@ -95,8 +97,13 @@ class HomerCompressor:
         document_ids: torch.Tensor,
         suffix_ids: torch.Tensor,
         progress: ProgressFn | None = None,
+        word_ids: torch.Tensor | None = None,
     ) -> CompressionResult:
-        """Compress prefix [P] + document [L] + suffix [S] token ids into one cache of <= final_cache_len."""
+        """Compress prefix [P] + document [L] + suffix [S] token ids into one cache of <= final_cache_len.
+
+        ``word_ids`` [L] (document word index of each token) makes pruning keep or drop whole words.
+        """
+        self._word_ids = word_ids
         start = time.perf_counter()
         s = self.settings
         plan = ChunkPlan.build(prefix_ids.numel(), document_ids.numel(), suffix_ids.numel(), s.max_chunk_len)
@@ -151,6 +158,7 @@ class HomerCompressor:
                 position_ids=leaf.position_ids,
                 reducible=leaf.reducible,
                 origin=leaf.origin,
+                memory=torch.full((leaf.origin.numel(),), float("-inf")),
                 prefix_len=leaf.prefix_len,
                 suffix_len=leaf.suffix_len,
             )
@@ -195,6 +203,11 @@ class HomerCompressor:
                     self.settings.score_pooling,
                     self._generator,
                 )
+                if self._word_ids is not None:
+                    words = torch.where(chunk.origin >= 0, self._word_ids[chunk.origin.clamp(min=0)], -1)
+                    scores = pool_words(scores.cpu(), chunk.reducible, words)
+                if self.settings.score_memory:
+                    scores = remember(scores.cpu(), chunk)
                 chunk.keep(keep_mask(scores, chunk.reducible, target_len))
             if is_root and layer_idx == stack.num_layers - 1:
                 # Only the last position's output is ever read (next-token logits): skip the rest.

@@ -27,6 +27,10 @@ class HomerConfig(BaseModel):
         observation_window: how many of the last (suffix) tokens' queries score pruning
             (paper: 1, the last token).
         score_pooling: max-pool width over neighbouring document scores (paper: 1, none).
+        word_pooling: tokens of one whitespace-delimited word share their best score, so words
+            (numbers split into digits, names split into pieces) survive whole (paper: False).
+        score_memory: prune by the best standardised score a token got at any level so far
+            (paper: False, each node judges afresh).
         calibration_segments: text segments of ``max_chunk_len`` tokens averaged by calibration.
         document_suffix: the fixed text after the document in ``shared`` mode.
         system_prompt: system message placed in the prefix (chat models).
@@ -42,6 +46,8 @@ class HomerConfig(BaseModel):
     scorer: Scorer = "calibrated"
     observation_window: int = Field(default=1, ge=1, le=4096)
     score_pooling: int = Field(default=1, ge=1, le=63)
+    word_pooling: bool = False
+    score_memory: bool = False
     calibration_segments: int = Field(default=48, ge=1, le=10_000)
     document_suffix: str = Field(default=DEFAULT_DOCUMENT_SUFFIX, min_length=1)
     system_prompt: str | None = None

@@ -50,3 +50,12 @@ def weights_fingerprint(model: PreTrainedModel, sample: int = 2048) -> str:
         part = torch.cat([flat[:sample], flat[-sample:]]).float().cpu().contiguous()
         h.update(part.numpy().tobytes())
     return h.hexdigest()[:32]
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 over the tokenizer's vocabulary, special tokens and chat template."""
+    h = hashlib.sha256()
+    vocab = tokenizer.get_vocab()
+    h.update(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode())
+    h.update(json.dumps([tokenizer.bos_token, tokenizer.eos_token, tokenizer.chat_template]).encode())
+    return h.hexdigest()[:32]

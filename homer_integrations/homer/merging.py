@@ -43,6 +43,7 @@ def merge_siblings(left: Chunk, right: Chunk) -> Chunk:
         position_ids=cat1d(left.position_ids, right.position_ids),
         reducible=cat1d(left.reducible, right.reducible),
         origin=cat1d(left.origin, right.origin),
+        memory=cat1d(left.memory, right.memory),
         prefix_len=left.prefix_len,
         suffix_len=left.suffix_len,
         cache=cache_from_tensors(keys, values),

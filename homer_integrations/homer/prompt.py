@@ -60,3 +60,15 @@ def encode(tokenizer: PreTrainedTokenizerBase, text: str, first: bool = False) -
     add = first and not (tokenizer.bos_token and text.startswith(tokenizer.bos_token))
     ids = tokenizer(text, add_special_tokens=add)["input_ids"] if text else []
     return torch.tensor(ids, dtype=torch.long)
+
+
+def word_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> torch.Tensor:
+    """Word index [n] of every token of ``text`` (tokens with no whitespace between them share one)."""
+    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    ids, word, prev_end = [], -1, None
+    for start, end in offsets:
+        starts_word = prev_end is None or start > prev_end or (start < len(text) and text[start].isspace())
+        word += 1 if starts_word else 0
+        ids.append(word)
+        prev_end = end
+    return torch.tensor(ids, dtype=torch.long)

@@ -86,6 +86,24 @@ def keep_mask(scores: torch.Tensor, reducible: torch.Tensor, target_len: int) ->
     return mask
 
 
+def pool_words(scores: torch.Tensor, reducible: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    """Give every document token the best score [T] of its word, so words are kept or dropped whole.
+
+    ``words`` [T] is the document word index of each token (negative on prefix/suffix tokens,
+    which keep their own scores).
+    """
+    doc = reducible.to(scores.device) & (words >= 0).to(scores.device)
+    if not bool(doc.any()):
+        return scores
+    groups = words.to(scores.device)[doc]
+    _, inverse = torch.unique(groups, return_inverse=True)
+    best = torch.full((int(inverse.max()) + 1,), float("-inf"), device=scores.device)
+    best = best.scatter_reduce(0, inverse, scores[doc].float(), reduce="amax")
+    pooled = scores.clone().float()
+    pooled[doc] = best[inverse]
+    return pooled
+
+
 def score_tokens(
     scorer: Scorer,
     queries: torch.Tensor,
@@ -102,3 +120,16 @@ def score_tokens(
         return torch.rand(keys.shape[2], generator=generator)
     scores = significance(queries, keys, scaling, position_ids, bias if scorer == "calibrated" else None)
     return pool_scores(scores, reducible, pooling)
+
+
+def remember(scores: torch.Tensor, chunk) -> torch.Tensor:
+    """Combine this node's scores [T] with the best each token got at lower levels.
+
+    Scores of different layers live on different scales, so each node's document scores are
+    standardised first (zero mean, unit variance). The running max is stored on the chunk, so a
+    token judged important in its leaf's clean context is not lost to a noisier merged judgement.
+    """
+    doc = scores[chunk.reducible]
+    z = (scores - doc.mean()) / doc.std().clamp(min=1e-6)
+    chunk.memory = torch.maximum(chunk.memory, z.float())
+    return chunk.memory.clone()

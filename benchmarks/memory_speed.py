@@ -1,0 +1,123 @@
+"""Peak memory and wall time: plain prefill vs HOMER compression, each run in a fresh process.
+
+    .venv/bin/python benchmarks/memory_speed.py                    # 4k..64k on SmolLM2
+    .venv/bin/python benchmarks/memory_speed.py --tokens 4000 8000 # a subset
+
+For every (method, length) a new Python process loads the model, reads the RSS after loading,
+then prefills the whole document once (plain; K/V cache kept, last-position logits only) or
+compresses it with HOMER, and reports its peak RSS (ru_maxrss), the working memory above the
+loaded model, the engine's peak live K/V bytes, and the wall time. Results:
+benchmarks/results/memory_speed.json and memory_speed.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def rss_now() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def one(method: str, tokens: int, model_name: str, threads: int) -> dict:
+    import torch
+    from transformers import DynamicCache
+
+    from homer_integrations import HomerConfig, HomerModel
+    from homer_integrations.homer.config import ModelDefaults
+    from homer_integrations.homer.prompt import encode
+    from homer_integrations.models import EMBEDDED_MODELS, load_model
+    from homer_integrations.paths import bundled_text
+
+    torch.set_num_threads(threads)
+    model, tok = load_model(model_name)
+    spec = EMBEDDED_MODELS[model_name]
+    engine = HomerModel(
+        model, tok, HomerConfig(), model_name=model_name, progress=False,
+        defaults=ModelDefaults(max_chunk_len=spec.max_chunk_len, warmup_layers=spec.warmup_layers),
+    )
+    engine.calibration_bias()  # loaded from the package, not part of the measurement
+    text = bundled_text("prideprejudice")
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    reps = -(-tokens // len(ids))
+    ids = (ids * reps)[:tokens]
+    document = tok.decode(ids)
+    layout = engine.layout("")
+    base_rss = rss_now()
+    start = time.perf_counter()
+    row = {"method": method, "tokens": tokens, "model": model_name, "threads": threads}
+    with torch.inference_mode():
+        if method == "plain":
+            full = torch.cat([encode(tok, layout.prefix, first=True), encode(tok, document), encode(tok, layout.suffix)])
+            out = model(full[None], past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1)
+            row["kv_bytes"] = sum(
+                layer.keys.numel() * layer.keys.element_size() * 2 for layer in out.past_key_values.layers
+            )
+            row["prompt_tokens"] = full.numel()
+        else:
+            doc, _ = engine.compress_span(layout.prefix, document, layout.suffix)
+            row["kv_bytes"] = doc.stats.peak_kv_bytes
+            row["cache_tokens"] = doc.num_tokens
+            row["prompt_tokens"] = doc.stats.prompt_tokens
+    row["seconds"] = time.perf_counter() - start
+    row["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    row["working_bytes"] = row["peak_rss"] - base_rss
+    row["rss_after_load"] = base_rss
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", nargs="*", type=int, default=[4000, 8000, 16000, 32000, 64000])
+    ap.add_argument("--methods", nargs="*", default=["plain", "homer"])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--one", nargs=2, metavar=("METHOD", "TOKENS"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one[0], int(args.one[1]), args.model, args.threads)))
+        return
+    RESULTS.mkdir(exist_ok=True)
+    rows = []
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    for tokens in args.tokens:
+        for method in args.methods:
+            out = subprocess.run(
+                [sys.executable, __file__, "--one", method, str(tokens), "--model", args.model,
+                 "--threads", str(args.threads)],
+                capture_output=True, text=True, env=env, check=True,
+            )
+            row = json.loads(out.stdout.strip().splitlines()[-1])
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    (RESULTS / "memory_speed.json").write_text(json.dumps(rows, indent=1) + "\n")
+    by = {(r["method"], r["tokens"]): r for r in rows}
+    lines = ["| doc tokens | plain s | HOMER s | HOMER/plain time | plain peak RSS MB | HOMER peak RSS MB | "
+             "plain working MB | HOMER working MB | plain K/V MB | HOMER peak live K/V MB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    mb = 1 / 2**20
+    for t in args.tokens:
+        p, h = by.get(("plain", t)), by.get(("homer", t))
+        if not (p and h):
+            continue
+        lines.append(
+            f"| {t} | {p['seconds']:.1f} | {h['seconds']:.1f} | {h['seconds'] / p['seconds']:.2f} | "
+            f"{p['peak_rss'] * mb:.0f} | {h['peak_rss'] * mb:.0f} | {p['working_bytes'] * mb:.0f} | "
+            f"{h['working_bytes'] * mb:.0f} | {p['kv_bytes'] * mb:.0f} | {h['kv_bytes'] * mb:.1f} |"
+        )
+    (RESULTS / "memory_speed.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

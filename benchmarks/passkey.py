@@ -1,0 +1,166 @@
+"""Passkey retrieval benchmark: plain prefill vs HOMER (query-aware, shared) on the shipped models.
+
+    .venv/bin/python benchmarks/passkey.py run            # all points (hours on 2 CPU cores)
+    .venv/bin/python benchmarks/passkey.py run --quick    # a smoke run
+    .venv/bin/python benchmarks/passkey.py report         # JSON summary, PNG plot, markdown table
+
+Each sample is appended to benchmarks/results/passkey_samples.jsonl as soon as it finishes and
+skipped when the run is repeated, so a long run can be resumed. Samples: a 5-digit key at
+evenly spread depths in a haystack cut from Pride and Prejudice at a seeded random offset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from passkey_lib import engine_for, make_sample, run_sample  # noqa: E402
+
+from homer_integrations.models import load_model  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+SAMPLES = RESULTS / "passkey_samples.jsonl"
+
+# (model, lengths, methods): plain prefill is skipped past 32k (64k plain on a 0.5B model takes
+# over 20 minutes per sample on 2 cores and is beyond the model's trained window anyway).
+PLAN = {
+    "smollm2-135m-instruct": ([1000, 2000, 4000, 8000, 16000, 32000], ["plain", "query_aware", "shared"]),
+    "qwen2.5-coder-0.5b-instruct": ([8000, 16000, 32000], ["plain", "query_aware", "shared"]),
+}
+ABLATIONS = {  # name -> HomerConfig overrides, run on SmolLM2 at 8k in shared mode
+    "no_calibration": {"scorer": "uncalibrated"},
+    "random_pruning": {"scorer": "random"},
+    "paper_recipe": {"score_pooling": 1, "observation_window": 1, "score_memory": False},
+}
+
+
+def done_keys() -> set[tuple]:
+    if not SAMPLES.is_file():
+        return set()
+    rows = [json.loads(line) for line in SAMPLES.read_text().splitlines() if line.strip()]
+    return {(r["model"], r["variant"], r["method"], r["tokens"], r["seed"]) for r in rows}
+
+
+def run(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
+    RESULTS.mkdir(exist_ok=True)
+    done = done_keys()
+    jobs = []
+    for model_name, (lengths, methods) in PLAN.items():
+        if args.models and model_name not in args.models:
+            continue
+        for tokens in lengths[:1] if args.quick else lengths:
+            if args.lengths and tokens not in args.lengths:
+                continue
+            for method in methods:
+                jobs.append((model_name, "default", {}, method, tokens))
+    if not args.quick and (not args.models or "smollm2-135m-instruct" in args.models) and not args.no_ablations:
+        for name, overrides in ABLATIONS.items():
+            jobs.append(("smollm2-135m-instruct", name, overrides, "shared", 8000))
+    loaded: dict[str, tuple] = {}
+    n = 2 if args.quick else args.samples
+    for model_name, variant, overrides, method, tokens in jobs:
+        if model_name not in loaded:
+            loaded.clear()
+            loaded[model_name] = load_model(model_name)
+        model, tok = loaded[model_name]
+        mode = "shared" if method == "plain" else method
+        engine = engine_for(model, tok, model_name, mode, **overrides)
+        for i in range(n):
+            seed = 1000 + i
+            if (model_name, variant, method, tokens, seed) in done:
+                continue
+            sample = make_sample(tok, tokens, (i + 0.5) / n, seed=seed)
+            row = run_sample(engine, method, sample, diagnostics=method != "plain")
+            row |= {"model": model_name, "variant": variant, "threads": args.threads}
+            with SAMPLES.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(
+                f"{model_name} {variant} {method} {tokens}: {'ok ' if row['correct'] else 'MISS'} "
+                f"{row['answer']!r} ({row['seconds']:.0f}s)",
+                flush=True,
+            )
+
+
+def report(_: argparse.Namespace) -> None:
+    rows = [json.loads(line) for line in SAMPLES.read_text().splitlines() if line.strip()]
+    groups: dict[tuple, list] = defaultdict(list)
+    for r in rows:
+        groups[(r["model"], r["variant"], r["method"], r["tokens"])].append(r)
+    summary = []
+    for (model, variant, method, tokens), rs in sorted(groups.items()):
+        entry = {
+            "model": model, "variant": variant, "method": method, "tokens": tokens, "samples": len(rs),
+            "accuracy": sum(r["correct"] for r in rs) / len(rs),
+            "mean_seconds": sum(r["seconds"] for r in rs) / len(rs),
+        }
+        if method != "plain":
+            entry["key_survived"] = sum(r["key_survived"] for r in rs) / len(rs)
+            entry["retained_plain_accuracy"] = sum(r["retained_plain_correct"] for r in rs) / len(rs)
+            entry["cache_tokens"] = max(r["cache_tokens"] for r in rs)
+        summary.append(entry)
+    (RESULTS / "passkey.json").write_text(json.dumps(summary, indent=1) + "\n")
+    lines = [
+        "| model | variant | method | doc tokens | n | accuracy | key survived | plain over kept tokens | cache tokens |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in summary:
+        lines.append(
+            f"| {e['model']} | {e['variant']} | {e['method']} | {e['tokens']} | {e['samples']} | {e['accuracy']:.2f} | "
+            f"{e.get('key_survived', float('nan')):.2f} | {e.get('retained_plain_accuracy', float('nan')):.2f} | "
+            f"{e.get('cache_tokens', '-')} |"
+        )
+    (RESULTS / "passkey.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    plot(summary)
+
+
+def plot(summary: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted({e["model"] for e in summary})
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        for method, style in (("plain", "k--o"), ("query_aware", "b-s"), ("shared", "g-^")):
+            pts = sorted((e["tokens"], e["accuracy"]) for e in summary
+                         if e["model"] == model and e["method"] == method and e["variant"] == "default")
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=method)
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_title(f"passkey retrieval: {model}")
+        ax.set_xlabel("document tokens")
+        ax.set_ylabel("accuracy")
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "passkey.png", dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--quick", action="store_true")
+    r.add_argument("--samples", type=int, default=10)
+    r.add_argument("--threads", type=int, default=2)
+    r.add_argument("--models", nargs="*")
+    r.add_argument("--lengths", nargs="*", type=int)
+    r.add_argument("--no-ablations", action="store_true")
+    r.set_defaults(func=run)
+    sub.add_parser("report").set_defaults(func=report)
+    args = ap.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
