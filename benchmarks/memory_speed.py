@@ -34,18 +34,13 @@ def one(method: str, tokens: int, model_name: str, threads: int) -> dict:
     from transformers import DynamicCache
 
     from homer_integrations import HomerConfig, HomerModel
-    from homer_integrations.homer.config import ModelDefaults
     from homer_integrations.homer.prompt import encode
-    from homer_integrations.models import EMBEDDED_MODELS, load_model
+    from homer_integrations.models import load_model
     from homer_integrations.paths import bundled_text
 
     torch.set_num_threads(threads)
     model, tok = load_model(model_name)
-    spec = EMBEDDED_MODELS[model_name]
-    engine = HomerModel(
-        model, tok, HomerConfig(), model_name=model_name, progress=False,
-        defaults=ModelDefaults(max_chunk_len=spec.max_chunk_len, warmup_layers=spec.warmup_layers),
-    )
+    engine = HomerModel(model, tok, HomerConfig(), model_name=model_name, progress=False)
     engine.calibration_bias()  # loaded from the package, not part of the measurement
     text = bundled_text("prideprejudice")
     ids = tok(text, add_special_tokens=False)["input_ids"]
@@ -58,7 +53,9 @@ def one(method: str, tokens: int, model_name: str, threads: int) -> dict:
     row = {"method": method, "tokens": tokens, "model": model_name, "threads": threads}
     with torch.inference_mode():
         if method == "plain":
-            full = torch.cat([encode(tok, layout.prefix, first=True), encode(tok, document), encode(tok, layout.suffix)])
+            full = torch.cat(
+                [encode(tok, layout.prefix, first=True), encode(tok, document), encode(tok, layout.suffix)]
+            )
             out = model(full[None], past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1)
             row["kv_bytes"] = sum(
                 layer.keys.numel() * layer.keys.element_size() * 2 for layer in out.past_key_values.layers
@@ -93,18 +90,32 @@ def main() -> None:
     for tokens in args.tokens:
         for method in args.methods:
             out = subprocess.run(
-                [sys.executable, __file__, "--one", method, str(tokens), "--model", args.model,
-                 "--threads", str(args.threads)],
-                capture_output=True, text=True, env=env, check=True,
+                [
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    method,
+                    str(tokens),
+                    "--model",
+                    args.model,
+                    "--threads",
+                    str(args.threads),
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=True,
             )
             row = json.loads(out.stdout.strip().splitlines()[-1])
             rows.append(row)
             print(json.dumps(row), flush=True)
     (RESULTS / "memory_speed.json").write_text(json.dumps(rows, indent=1) + "\n")
     by = {(r["method"], r["tokens"]): r for r in rows}
-    lines = ["| doc tokens | plain s | HOMER s | HOMER/plain time | plain peak RSS MB | HOMER peak RSS MB | "
-             "plain working MB | HOMER working MB | plain K/V MB | HOMER peak live K/V MB |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| doc tokens | plain s | HOMER s | HOMER/plain time | plain peak RSS MB | HOMER peak RSS MB | "
+        "plain working MB | HOMER working MB | plain K/V MB | HOMER peak live K/V MB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     mb = 1 / 2**20
     for t in args.tokens:
         p, h = by.get(("plain", t)), by.get(("homer", t))

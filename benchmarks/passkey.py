@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from passkey_lib import engine_for, make_sample, run_sample  # noqa: E402
+from passkey_lib import engine_for, make_sample, run_sample
 
-from homer_integrations.models import load_model  # noqa: E402
+from homer_integrations.models import load_model
 
 RESULTS = Path(__file__).parent / "results"
 SAMPLES = RESULTS / "passkey_samples.jsonl"
@@ -96,7 +96,11 @@ def report(_: argparse.Namespace) -> None:
     summary = []
     for (model, variant, method, tokens), rs in sorted(groups.items()):
         entry = {
-            "model": model, "variant": variant, "method": method, "tokens": tokens, "samples": len(rs),
+            "model": model,
+            "variant": variant,
+            "method": method,
+            "tokens": tokens,
+            "samples": len(rs),
             "accuracy": sum(r["correct"] for r in rs) / len(rs),
             "mean_seconds": sum(r["seconds"] for r in rs) / len(rs),
         }
@@ -107,7 +111,8 @@ def report(_: argparse.Namespace) -> None:
         summary.append(entry)
     (RESULTS / "passkey.json").write_text(json.dumps(summary, indent=1) + "\n")
     lines = [
-        "| model | variant | method | doc tokens | n | accuracy | key survived | plain over kept tokens | cache tokens |",
+        "| model | variant | method | doc tokens | n | accuracy | key survived | plain over kept tokens "
+        "| cache tokens |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for e in summary:
@@ -131,8 +136,11 @@ def plot(summary: list[dict]) -> None:
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
         for method, style in (("plain", "k--o"), ("query_aware", "b-s"), ("shared", "g-^")):
-            pts = sorted((e["tokens"], e["accuracy"]) for e in summary
-                         if e["model"] == model and e["method"] == method and e["variant"] == "default")
+            pts = sorted(
+                (e["tokens"], e["accuracy"])
+                for e in summary
+                if e["model"] == model and e["method"] == method and e["variant"] == "default"
+            )
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=method)
         ax.set_xscale("log", base=2)

@@ -76,8 +76,12 @@ def key_token_indices(tokenizer, document: str, key: str) -> list[int]:
 def plain_answer(engine: HomerModel, prefix: str, document_ids: torch.Tensor, suffix: str, continuation: str) -> str:
     """Greedy answer of one full prefill of prefix + document + suffix + continuation."""
     ids = torch.cat(
-        [encode(engine.tokenizer, prefix, first=True), document_ids, encode(engine.tokenizer, suffix),
-         encode(engine.tokenizer, continuation)]
+        [
+            encode(engine.tokenizer, prefix, first=True),
+            document_ids,
+            encode(engine.tokenizer, suffix),
+            encode(engine.tokenizer, continuation),
+        ]
     )
     state = DecodeState()
     return "".join(decode(engine.model, engine.tokenizer, DynamicCache(), ids, 0, ANSWER_OPTIONS, state))
@@ -114,13 +118,8 @@ def run_sample(engine: HomerModel, method: str, sample: Sample, diagnostics: boo
 
 
 def engine_for(model, tokenizer, name: str, mode: str, **config) -> HomerModel:
-    from homer_integrations.models import EMBEDDED_MODELS
-    from homer_integrations.homer.config import ModelDefaults
-
-    spec = EMBEDDED_MODELS.get(name)
-    defaults = ModelDefaults(max_chunk_len=spec.max_chunk_len, warmup_layers=spec.warmup_layers) if spec else None
     cfg = HomerConfig(mode=mode, system_prompt=INSTRUCTION, **config)
-    return HomerModel(model, tokenizer, cfg, model_name=name, defaults=defaults, progress=False)
+    return HomerModel(model, tokenizer, cfg, model_name=name, progress=False)
 
 
 __all__ = ["Sample", "asdict", "engine_for", "make_sample", "run_sample"]

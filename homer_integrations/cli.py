@@ -209,8 +209,7 @@ def _engine(
     """A ``HomerModel`` like ``HomerModel.from_pretrained`` builds, over weights loaded once per process."""
     from homer_integrations import HomerModel
     from homer_integrations.homer.architectures import UnsupportedModelError
-    from homer_integrations.homer.config import ModelDefaults
-    from homer_integrations.models import DEFAULT_MODEL, EMBEDDED_MODELS, ModelNotAvailableError
+    from homer_integrations.models import DEFAULT_MODEL, ModelNotAvailableError
 
     name = args.model or DEFAULT_MODEL
     try:
@@ -219,12 +218,8 @@ def _engine(
         raise CliError(str(exc)) from None
     except (OSError, ValueError, ImportError) as exc:
         raise CliError(f"cannot load model {name!r}: {exc}") from None
-    spec = EMBEDDED_MODELS.get(name)
-    defaults = ModelDefaults(max_chunk_len=spec.max_chunk_len, warmup_layers=spec.warmup_layers) if spec else None
     try:
-        return HomerModel(
-            model, tokenizer, config, model_name=name, defaults=defaults, document_cache=cache, progress=progress
-        )
+        return HomerModel(model, tokenizer, config, model_name=name, document_cache=cache, progress=progress)
     except UnsupportedModelError as exc:
         raise CliError(f"model {name!r}: {exc}") from None
     except ValueError as exc:  # settings that do not fit the model
@@ -435,9 +430,6 @@ def _cache(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------------------- calibrate
 def _calibrate(args: argparse.Namespace) -> int:
-    from homer_integrations.homer.calibration import CalibrationKey
-    from homer_integrations.paths import PACKAGE_DATA, cache_root
-
     config = _config(args)
     engine = _engine(args, config, None, progress=None)
     if engine.config.scorer != "calibrated":
@@ -446,11 +438,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     engine.calibration_bias()
     seconds = time.perf_counter() - started
-    key_id = CalibrationKey.for_stack(engine.stack, engine.config.max_chunk_len).id
-    candidates = [PACKAGE_DATA / "calibration", cache_root() / "calibration"]
-    where = next((d / f"{key_id}.safetensors" for d in candidates if (d / f"{key_id}.safetensors").is_file()), None)
+    where = engine.calibration_path()
     sys.stdout.write(
-        f"calibration {key_id} for {engine.model_name} (max_chunk_len={engine.config.max_chunk_len}) "
+        f"calibration for {engine.model_name} (max_chunk_len={engine.config.max_chunk_len}) "
         f"ready in {_seconds(seconds)}: {where or 'kept in memory'}\n"
     )
     return EXIT_OK

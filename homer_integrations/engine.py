@@ -29,7 +29,7 @@ from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_fingerprint
 from homer_integrations.homer.generation import DecodeState, FinishReason, GenerationOptions, decode
 from homer_integrations.homer.prompt import PromptTexts, encode, render_layout, word_ids
-from homer_integrations.models import DEFAULT_MODEL, EMBEDDED_MODELS, load_model
+from homer_integrations.models import DEFAULT_MODEL, embedded_defaults, load_model
 from homer_integrations.paths import PACKAGE_DATA, bundled_text, cache_root
 
 logger = logging.getLogger(__name__)
@@ -112,7 +112,9 @@ class HomerModel:
         self.stack = DecoderStack(model)  # raises UnsupportedModelError first
         self.model_name = model_name or getattr(model.config, "_name_or_path", None) or model.config.model_type
         max_positions = int(getattr(model.config, "max_position_embeddings", 4096))
-        defaults = defaults or ModelDefaults.for_model(self.stack.num_layers, max_positions)
+        defaults = (
+            defaults or embedded_defaults(model_name) or ModelDefaults.for_model(self.stack.num_layers, max_positions)
+        )
         self.config = (config or HomerConfig()).resolve(self.stack.num_layers, max_positions, defaults)
         self.context_window = max_positions
         self.document_cache = DocumentCache() if document_cache is None else document_cache
@@ -141,16 +143,11 @@ class HomerModel:
         """Load a model by local path, hub id or embedded name (None = the embedded default model)."""
         name = path_or_id or DEFAULT_MODEL
         model, tokenizer = load_model(name, dtype=dtype, device=device, **model_kwargs)
-        defaults = None
-        if name in EMBEDDED_MODELS:
-            spec = EMBEDDED_MODELS[name]
-            defaults = ModelDefaults(max_chunk_len=spec.max_chunk_len, warmup_layers=spec.warmup_layers)
         return cls(
             model,
             tokenizer,
             config,
             model_name=name,
-            defaults=defaults,
             document_cache=document_cache,
             progress=progress,
         )
@@ -183,6 +180,12 @@ class HomerModel:
                     progress=self.progress is not False,
                 )
             return self._bias
+
+    def calibration_path(self) -> Path | None:
+        """Where this model's calibration table is read from (bundled or user cache), None if not yet computed."""
+        if self.config.scorer != "calibrated":
+            return None
+        return self._calibration.locate(CalibrationKey.for_stack(self.stack, self.config.max_chunk_len))
 
     def _calibration_id(self) -> str:
         if self.config.scorer != "calibrated":

@@ -65,6 +65,14 @@ EMBEDDED_MODELS = {m.name: m for m in (SMOLLM2, QWEN25_CODER_05B)}
 DEFAULT_MODEL = SMOLLM2.name
 
 
+def embedded_defaults(name: str | None):
+    """The tuned ``ModelDefaults`` of an embedded model by name, else None (generic rule applies)."""
+    from homer_integrations.homer.config import ModelDefaults
+
+    spec = EMBEDDED_MODELS.get(name or "")
+    return ModelDefaults(max_chunk_len=spec.max_chunk_len, warmup_layers=spec.warmup_layers) if spec else None
+
+
 class ModelNotAvailableError(RuntimeError):
     """An embedded model's package is not installed, or its weights fail their checksum."""
 

@@ -110,16 +110,19 @@ class CalibrationStore:
     def path_for(self, key: CalibrationKey) -> Path:
         return self.user_dir / f"{key.id}.safetensors"
 
-    def find(self, key: CalibrationKey) -> torch.Tensor | None:
+    def locate(self, key: CalibrationKey) -> Path | None:
+        """The first readable table file for ``key``: bundled, then the user's."""
         for directory in (self.bundled_dir, self.user_dir):
             if directory is None:
                 continue
             path = Path(directory) / f"{key.id}.safetensors"
-            if path.is_file():
-                bias = self._load(path, key)
-                if bias is not None:
-                    return bias
+            if path.is_file() and self._load(path, key) is not None:
+                return path
         return None
+
+    def find(self, key: CalibrationKey) -> torch.Tensor | None:
+        path = self.locate(key)
+        return None if path is None else self._load(path, key)
 
     def _load(self, path: Path, key: CalibrationKey) -> torch.Tensor | None:
         try:
