@@ -120,7 +120,9 @@ def run(args: argparse.Namespace) -> None:
         question = "Who is Mr. Bennet's wife?"
         started = time.perf_counter()
         answer = stuff.invoke({"context": docs, "question": question})
-        print(f"Q: {question}\nA: {answer.strip()}\n   [{time.perf_counter() - started:.1f}s; {docs[0].id}]\n")
+        seconds = time.perf_counter() - started
+        source = docs[0].metadata["file_name"]
+        print(f"Q: {question}\nA: {answer.strip()}\n   [{seconds:.1f}s; loaded whole from {source}]\n")
 
     stats = engine.document_cache.stats()
     print(f"compressions: {stats.computations} for {len(QUESTIONS) + 2} questions (memory hits: {stats.hits_memory})")
