@@ -28,7 +28,7 @@ from homer_integrations.homer.config import HomerConfig, ModelDefaults
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_fingerprint
 from homer_integrations.homer.generation import DecodeState, FinishReason, GenerationOptions, decode
-from homer_integrations.homer.prompt import PromptTexts, encode, render_layout, word_ids
+from homer_integrations.homer.prompt import PromptTexts, encode, render_layout, unit_ids
 from homer_integrations.models import DEFAULT_MODEL, embedded_defaults, load_model
 from homer_integrations.paths import PACKAGE_DATA, bundled_text, cache_root
 
@@ -244,6 +244,7 @@ class HomerModel:
             observation_window=c.observation_window,
             score_pooling=c.score_pooling,
             score_memory=c.score_memory,
+            contiguous_positions=c.contiguous_positions,
             want_logits=c.mode == "query_aware",
             seed=c.seed,
         )
@@ -259,7 +260,7 @@ class HomerModel:
             disable=True if self.progress is False else None,
             leave=False,
         ) as bar:
-            words = word_ids(self.tokenizer, document) if c.word_pooling and needs_pruning else None
+            words = unit_ids(self.tokenizer, document, c.pool_unit) if needs_pruning else None
             if words is not None and words.numel() != document_ids.numel():
                 words = None  # tokenizer without offsets that line up: fall back to token scores
             result = compressor.compress(prefix_ids, document_ids, suffix_ids, progress=bar.update, word_ids=words)

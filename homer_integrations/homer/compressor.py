@@ -12,8 +12,9 @@ import torch
 from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.chunking import ChunkPlan, LeafInput, make_leaves
 from homer_integrations.homer.decoder import DecoderStack
-from homer_integrations.homer.kv import layer_tensors
+from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.merging import merge_siblings
+from homer_integrations.homer.positions import contiguous_positions
 from homer_integrations.homer.pruning import Scorer, keep_mask, pool_words, remember, score_tokens
 from homer_integrations.homer.schedule import LayerSchedule
 
@@ -29,6 +30,7 @@ class CompressorSettings:
     observation_window: int = 1
     score_pooling: int = 1
     score_memory: bool = False
+    contiguous_positions: bool = False
     want_logits: bool = False
     seed: int = 0
 
@@ -101,7 +103,8 @@ class HomerCompressor:
     ) -> CompressionResult:
         """Compress prefix [P] + document [L] + suffix [S] token ids into one cache of <= final_cache_len.
 
-        ``word_ids`` [L] (document word index of each token) makes pruning keep or drop whole words.
+        ``word_ids`` [L] (document word or sentence index of each token) makes pruning keep or drop
+        whole units (see ``HomerConfig.pool_unit``).
         """
         self._word_ids = word_ids
         start = time.perf_counter()
@@ -128,6 +131,9 @@ class HomerCompressor:
         root = self._subtree(leaves, plan.height, s.final_cache_len, plan, schedule, progress, is_root=True)
         keys, values = layer_tensors(root.cache)
         logits = self.stack.logits(root.hidden[:, -1:]) if s.want_logits else None
+        if s.contiguous_positions and plan.height > 0:
+            self._compact(root)
+            keys, values = layer_tensors(root.cache)
         return CompressionResult(
             keys=keys,
             values=values,
@@ -174,6 +180,8 @@ class HomerCompressor:
         self._alive.pop()
         merged = merge_siblings(left, right)
         del left, right
+        if self.settings.contiguous_positions:
+            self._compact(merged)
         self._run_layers(merged, schedule.layers_at(height), target_len, is_root)
         return merged
 
@@ -214,6 +222,12 @@ class HomerCompressor:
                 chunk.hidden = stack.mlp(layer_idx, chunk.hidden[:, -1:])
             else:
                 chunk.hidden = stack.mlp(layer_idx, chunk.hidden)
+
+    def _compact(self, chunk: Chunk) -> None:
+        """Move the chunk to positions 0..T-1 in sequence order, re-rotating every cached key."""
+        keys, values = layer_tensors(chunk.cache)
+        keys, chunk.position_ids = contiguous_positions(keys, chunk.position_ids, self.stack.backbone.rotary_emb)
+        chunk.cache = cache_from_tensors(keys, values)
 
     def _rows(self, chunk: Chunk) -> int:
         """Query rows that score pruning: the last ``observation_window`` tokens, all inside the suffix."""

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Mode = Literal["shared", "query_aware"]
 Scorer = Literal["calibrated", "uncalibrated", "random"]
+PoolUnit = Literal["token", "word", "sentence"]
 
 DEFAULT_DOCUMENT_SUFFIX = "\n\n(End of the document.)\n\n"
 
@@ -27,8 +28,11 @@ class HomerConfig(BaseModel):
         observation_window: how many of the last (suffix) tokens' queries score pruning
             (paper: 1, the last token).
         score_pooling: max-pool width over neighbouring document scores (paper: 1, none).
-        word_pooling: tokens of one whitespace-delimited word share their best score, so words
-            (numbers split into digits, names split into pieces) survive whole (paper: False).
+        pool_unit: tokens of one ``word`` (numbers split into digits, names split into pieces) or
+            one ``sentence`` share their best score and survive or go together (paper: ``token``).
+        contiguous_positions: at every merge (and at the end) move the chunk to positions 0..T-1
+            in sequence order, re-rotating the cached keys, so no token ever sees another at a
+            repeated or "future" position (paper: False, siblings share positions).
         score_memory: prune by the best standardised score a token got at any level so far
             (paper: False, each node judges afresh).
         calibration_segments: text segments of ``max_chunk_len`` tokens averaged by calibration.
@@ -46,8 +50,9 @@ class HomerConfig(BaseModel):
     scorer: Scorer = "calibrated"
     observation_window: int = Field(default=1, ge=1, le=4096)
     score_pooling: int = Field(default=1, ge=1, le=63)
-    word_pooling: bool = False
+    pool_unit: PoolUnit = "token"
     score_memory: bool = False
+    contiguous_positions: bool = False
     calibration_segments: int = Field(default=48, ge=1, le=10_000)
     document_suffix: str = Field(default=DEFAULT_DOCUMENT_SUFFIX, min_length=1)
     system_prompt: str | None = None

@@ -13,6 +13,7 @@ Llama, Mistral) is handled by the tokenizer's own template.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -62,13 +63,32 @@ def encode(tokenizer: PreTrainedTokenizerBase, text: str, first: bool = False) -
     return torch.tensor(ids, dtype=torch.long)
 
 
-def word_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> torch.Tensor:
-    """Word index [n] of every token of ``text`` (tokens with no whitespace between them share one)."""
-    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-    ids, word, prev_end = [], -1, None
-    for start, end in offsets:
-        starts_word = prev_end is None or start > prev_end or (start < len(text) and text[start].isspace())
-        word += 1 if starts_word else 0
-        ids.append(word)
+PoolUnit = Literal["token", "word", "sentence"]
+_SENTENCE_END = ".!?;:\n"
+
+
+def unit_ids(tokenizer: PreTrainedTokenizerBase, text: str, unit: PoolUnit) -> torch.Tensor | None:
+    """Unit index [n] of every token of ``text``: tokens of one word (no whitespace between them) or
+    one sentence (up to ``.!?;:`` or a line break) share an index. None for ``token``.
+
+    Returns None as well when the tokenizer's offsets do not line up with ``encode`` (then
+    pruning falls back to single tokens).
+    """
+    if unit == "token":
+        return None
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, index, prev_end, closed = [], -1, None, True
+    for start, end in enc["offset_mapping"]:
+        starts_word = (
+            prev_end is None
+            or start > prev_end
+            or (start < len(text) and text[start].isspace())
+            or (start > 0 and text[start - 1].isspace())
+        )
+        if starts_word and (unit == "word" or closed):
+            index += 1
+        ids.append(index)
+        piece = text[start:end].rstrip(" \t")
+        closed = bool(piece) and (piece[-1] in _SENTENCE_END or "\n" in text[start:end])
         prev_end = end
     return torch.tensor(ids, dtype=torch.long)
