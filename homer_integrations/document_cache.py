@@ -44,7 +44,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from homer_integrations.homer.compressed import SERIAL_FORMAT, SERIAL_VERSION, CompressedDocument, CompressionStats
+from homer_integrations.homer.compressed import CompressedDocument
 
 logger = logging.getLogger(__name__)
 
@@ -641,53 +641,34 @@ def _safetensors_metadata(data: bytes) -> dict[str, str]:
 
 
 def document_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> CompressedDocument:
-    """Rebuild a ``CompressedDocument`` from its ``to_tensors()`` form, checking every shape.
+    """``CompressedDocument.from_tensors``, then the stricter checks a file read from disk gets.
 
-    Stricter than ``CompressedDocument.from_tensors``: per layer K/V of one shape family
-    ``[Hkv, K, d]``, 1-D positions and origins of length K, logits 1-D, no stray tensors.
+    On top of what ``from_tensors`` checks (format, version, fields, one cache length): at least
+    one layer, no stray tensors, per layer K/V of one shape ``[1, Hkv, K, d]``, 1-D positions and
+    origins of length K, logits 1-D, the question text or None.
     Raises ``ValueError`` on anything foreign, old or inconsistent.
     """
-    if meta.get("format") != SERIAL_FORMAT:
-        raise ValueError(f"not a compressed document (format {meta.get('format')!r})")
-    if meta.get("version") != str(SERIAL_VERSION):
-        raise ValueError(f"compressed document format version {meta.get('version')!r} is not {SERIAL_VERSION}")
     try:
-        layers = int(meta["layers"])
-        keys = tuple(tensors[f"k.{i}"] for i in range(layers))
-        values = tuple(tensors[f"v.{i}"] for i in range(layers))
-        position_ids, origin = tensors["position_ids"], tensors["origin"]
-        logits = tensors.get("next_token_logits")
-        stats = CompressionStats(**json.loads(meta["stats"]))
-        question = json.loads(meta["question"])
-        last_position = int(meta["last_position"])
-        key = meta["key"]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"incomplete compressed document: {exc!r}") from exc
+        doc = CompressedDocument.from_tensors(tensors, meta)
+    except IndexError as exc:  # a key/value tensor with fewer than two dimensions
+        raise ValueError(f"key/value tensors are not all [heads, tokens, head_dim]: {exc}") from exc
+    layers = len(doc.keys)
     expected = {f"k.{i}" for i in range(layers)} | {f"v.{i}" for i in range(layers)} | {"position_ids", "origin"}
-    if logits is not None:
+    if doc.next_token_logits is not None:
         expected.add("next_token_logits")
     if layers < 1 or set(tensors) != expected:
         raise ValueError(f"unexpected tensors {sorted(set(tensors) ^ expected)[:4]} for {layers} layers")
-    if any(t.dim() != 3 for t in keys + values) or len({t.shape for t in keys + values}) != 1:
+    kv = doc.keys + doc.values
+    if any(t.dim() != 4 for t in kv) or len({t.shape for t in kv}) != 1:
         raise ValueError("key/value tensors are not all [heads, tokens, head_dim] of one shape")
-    tokens = keys[0].shape[1]
-    if position_ids.shape != (tokens,) or origin.shape != (tokens,):
+    tokens = doc.num_tokens
+    if doc.position_ids.shape != (tokens,) or doc.origin.shape != (tokens,):
         raise ValueError(
             f"inconsistent cache lengths: {tokens} cached tokens, "
-            f"{tuple(position_ids.shape)} positions, {tuple(origin.shape)} origins"
+            f"{tuple(doc.position_ids.shape)} positions, {tuple(doc.origin.shape)} origins"
         )
-    if logits is not None and logits.dim() != 1:
+    if doc.next_token_logits is not None and doc.next_token_logits.dim() != 1:
         raise ValueError("next-token logits are not one vector")
-    if question is not None and not isinstance(question, str):
+    if doc.question is not None and not isinstance(doc.question, str):
         raise ValueError("the stored question is not text")
-    return CompressedDocument(
-        key=key,
-        keys=tuple(k[None] for k in keys),
-        values=tuple(v[None] for v in values),
-        position_ids=position_ids,
-        origin=origin,
-        last_position=last_position,
-        next_token_logits=logits,
-        question=question,
-        stats=stats,
-    )
+    return doc
