@@ -38,7 +38,7 @@ from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.document_cache import DocumentCache
 from homer_integrations.homer.generation import DecodeState, GenerationOptions, decode
 from homer_integrations.homer.prompt import encode
-from homer_integrations.paths import bundled_text
+from homer_integrations.paths import bundled_excerpt, bundled_text
 
 RESULTS = Path(__file__).parent / "results"
 QUESTIONS = (
@@ -59,11 +59,11 @@ def log(message: str) -> None:
 
 
 def document_of(engine: HomerModel, tokens: int) -> str:
-    """The first ``tokens`` tokens of the bundled novel, as text."""
-    ids = engine.token_ids(bundled_text("prideprejudice"))
-    if tokens > len(ids):
-        raise SystemExit(f"the bundled novel has only {len(ids)} tokens, fewer than {tokens}")
-    return engine.tokenizer.decode(ids[:tokens])
+    """The first ``tokens`` tokens of the bundled novel (from its title page), as text."""
+    available = engine.count_tokens(bundled_text("prideprejudice"))
+    if tokens > available:
+        raise SystemExit(f"the bundled novel has only {available} tokens, fewer than {tokens}")
+    return bundled_excerpt(engine.tokenizer, tokens, start_marker="")
 
 
 @torch.inference_mode()

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from homer_integrations import HomerModel
-from homer_integrations.paths import bundled_text
+from homer_integrations.paths import bundled_excerpt
 
 QUESTIONS = (
     "Who has taken Netherfield Park?",
@@ -37,16 +37,45 @@ def fresh_engine(base: HomerModel) -> HomerModel:
     return HomerModel(base.model, base.tokenizer, base.config, model_name=base.model_name, progress=False)
 
 
-def novel_opening(engine: HomerModel, tokens: int) -> str:
-    """The first ``tokens`` tokens of the bundled Pride and Prejudice, from its first sentence."""
-    novel = bundled_text("prideprejudice")
-    ids = engine.token_ids(novel[novel.index("It is a truth universally acknowledged") :])
-    return engine.tokenizer.decode(ids[:tokens])
-
-
 def warm_up(engine: HomerModel) -> None:
     """One tiny generation, so neither side pays first-call costs."""
     engine.generate(engine.chat_prompt([{"role": "user", "content": "Hello"}]), max_new_tokens=2).text()
+
+
+def ask_each(
+    engine: HomerModel,
+    questions: Sequence[str],
+    ask: Callable[[str], tuple[str, dict[str, Any]]],
+    seconds_key: str,
+    *,
+    started: float | None = None,
+    before: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Ask the questions in turn, timing each: one side's record of a round.
+
+    ``ask(question)`` returns the answer and that question's extra fields. The record holds
+    ``total_seconds`` (since ``started``, default now), the ``before`` fields, each question's
+    seconds under ``seconds_key``, each extra field as a list, ``engine``'s compressions and the answers.
+    """
+    started = time.perf_counter() if started is None else started
+    answers: list[str] = []
+    seconds: list[float] = []
+    extras: dict[str, list[Any]] = {}
+    for question in questions:
+        t = time.perf_counter()
+        answer, fields = ask(question)
+        seconds.append(time.perf_counter() - t)
+        answers.append(answer)
+        for name, value in fields.items():
+            extras.setdefault(name, []).append(value)
+    return {
+        "total_seconds": time.perf_counter() - started,
+        **(before or {}),
+        seconds_key: seconds,
+        **extras,
+        "compressions": engine.document_cache.stats().computations,
+        "answers": answers,
+    }
 
 
 def run_direct(base: HomerModel, text: str, questions: Sequence[str], max_new_tokens: int) -> dict[str, Any]:
@@ -55,21 +84,13 @@ def run_direct(base: HomerModel, text: str, questions: Sequence[str], max_new_to
     started = time.perf_counter()
     doc = engine.compress(text)
     compress_seconds = time.perf_counter() - started
-    answers, seconds, output_tokens = [], [], []
-    for question in questions:
-        t = time.perf_counter()
+
+    def ask(question: str) -> tuple[str, dict[str, Any]]:
         stream = engine.run(doc, question, max_new_tokens=max_new_tokens)
-        answers.append(stream.text())
-        seconds.append(time.perf_counter() - t)
-        output_tokens.append(stream.info.output_tokens)
-    return {
-        "total_seconds": time.perf_counter() - started,
-        "compress_seconds": compress_seconds,
-        "answer_seconds": seconds,
-        "output_tokens": output_tokens,
-        "compressions": engine.document_cache.stats().computations,
-        "answers": answers,
-    }
+        return stream.text(), {"output_tokens": stream.info.output_tokens}
+
+    before = {"compress_seconds": compress_seconds}
+    return ask_each(engine, questions, ask, "answer_seconds", started=started, before=before)
 
 
 def machine(engine: HomerModel) -> dict[str, Any]:
@@ -99,15 +120,21 @@ AdapterRun = Callable[[HomerModel, str, int], dict[str, Any]]
 
 
 def compare_with_direct(
-    name: str, run_adapter: AdapterRun, questions: Sequence[str], options: argparse.Namespace, target: float
+    name: str,
+    run_adapter: AdapterRun,
+    questions: Sequence[str],
+    options: argparse.Namespace,
+    target: float,
+    extra: Callable[[list[dict[str, Any]]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Alternate direct and adapter rounds on one loaded model; write and return the JSON result.
 
     ``run_adapter(base, text, max_new_tokens)`` answers ``questions`` through the adapter on its
-    own fresh engine and returns at least ``total_seconds`` and ``compressions``.
+    own fresh engine and returns at least ``total_seconds`` and ``compressions``. ``extra(rounds)``
+    adds fields to the result (after the target), also printed in the summary line.
     """
     base = HomerModel.from_pretrained(options.model, progress=False)
-    text = novel_opening(base, options.tokens)
+    text = bundled_excerpt(base.tokenizer, options.tokens)
     warm_up(base)
     rounds: list[dict[str, Any]] = []
     for i in range(options.rounds):
@@ -122,6 +149,7 @@ def compare_with_direct(
         )
     fastest = {side: min(r[side]["total_seconds"] for r in rounds) for side in ("direct", name)}
     ratio = fastest[name] / fastest["direct"]
+    added = extra(rounds) if extra else {}
     result = {
         "benchmark": f"{name}_overhead",
         "model": base.model_name,
@@ -135,12 +163,14 @@ def compare_with_direct(
         "ratio": ratio,
         "target_ratio": target,
         "meets_target": ratio <= target,
+        **added,
         "machine": machine(base),
     }
     options.out.parent.mkdir(parents=True, exist_ok=True)
     options.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    extras = "".join(f"; {key.replace('_', ' ')}: {value}" for key, value in added.items())
     print(
         f"{result['document_tokens']} tokens, {len(questions)} questions: direct {fastest['direct']:.1f}s, "
-        f"{name} {fastest[name]:.1f}s, ratio {ratio:.2f} (target <= {target}); wrote {options.out}"
+        f"{name} {fastest[name]:.1f}s, ratio {ratio:.2f} (target <= {target}){extras}; wrote {options.out}"
     )
     return result

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: idle threads yield the CPU
 
 sys.path.insert(0, str(Path(__file__).parent))
-from homer_baseline import QUESTIONS, compare_with_direct, fresh_engine, overhead_options
+from homer_baseline import QUESTIONS, ask_each, compare_with_direct, fresh_engine, overhead_options
 from langchain_core.prompts import ChatPromptTemplate
 
 from homer_integrations import HomerModel
@@ -46,24 +45,16 @@ TARGET_RATIO = 1.5
 def run_chain(base: HomerModel, text: str, max_new_tokens: int) -> dict[str, Any]:
     engine = fresh_engine(base)
     chain = PROMPT | ChatHomer(engine=engine, max_tokens=max_new_tokens)
-    started = time.perf_counter()
-    answers, seconds, output_tokens, found = [], [], [], []
-    for question in QUESTIONS:
-        t = time.perf_counter()
+
+    def ask(question: str) -> tuple[str, dict[str, Any]]:
         message = chain.invoke({"context": text, "question": question})
-        seconds.append(time.perf_counter() - t)
-        answers.append(message.text)
-        output_tokens.append(message.usage_metadata["output_tokens"])
         homer = message.response_metadata["homer"]
-        found.append(f"{homer['document_found_by']}/{homer['cache_source']}")
-    return {
-        "total_seconds": time.perf_counter() - started,
-        "question_seconds": seconds,
-        "output_tokens": output_tokens,
-        "document_found_by/cache_source": found,
-        "compressions": engine.document_cache.stats().computations,
-        "answers": answers,
-    }
+        return message.text, {
+            "output_tokens": message.usage_metadata["output_tokens"],
+            "document_found_by/cache_source": f"{homer['document_found_by']}/{homer['cache_source']}",
+        }
+
+    return ask_each(engine, QUESTIONS, ask, "question_seconds")
 
 
 if __name__ == "__main__":
