@@ -15,22 +15,20 @@ usage (cache creation / cache read) and how long it took.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: idle threads yield the CPU
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import cookbook_main, opening  # the cookbooks' options, transcript and excerpt
 from langchain_core.messages import AIMessageChunk, HumanMessage
 from langchain_core.prompts import ChatPromptTemplate, PromptTemplate
 
 from homer_integrations.langchain import ChatHomer, HomerDocumentLoader, HomerLLM
-from homer_integrations.paths import bundled_text
 
 OUTPUT = Path(__file__).parent / "outputs" / "langchain_qa.txt"
 QUESTIONS = [
@@ -43,24 +41,6 @@ QUESTIONS = [
 PROMPT = ChatPromptTemplate.from_messages(
     [("human", "Answer the question using the text below.\n\n{context}\n\nQuestion: {question}\nAnswer briefly.")]
 )
-
-
-class Tee(io.StringIO):
-    """Prints and keeps a copy of everything written."""
-
-    def write(self, text: str) -> int:
-        sys.__stdout__.write(text)
-        sys.__stdout__.flush()
-        return super().write(text)
-
-
-def opening(chat: ChatHomer, tokens: int) -> str:
-    """The first ``tokens`` tokens of the novel, cut at a line end."""
-    novel = bundled_text("prideprejudice")
-    text = novel[novel.index("It is a truth universally acknowledged") :][: tokens * 6]
-    ids = chat.get_token_ids(text)[:tokens]
-    text = chat.resolve_engine().tokenizer.decode(ids)
-    return text[: text.rfind("\n")].strip()
 
 
 def report(message: AIMessageChunk, seconds: float) -> str:
@@ -87,8 +67,8 @@ def ask(chain, inputs, label: str) -> AIMessageChunk:
 
 def run(args: argparse.Namespace) -> None:
     chat = ChatHomer(model=args.model, max_tokens=args.max_new_tokens)
-    book = opening(chat, args.tokens)
     engine = chat.resolve_engine()
+    book = opening(engine.tokenizer, args.tokens)
     print(f"model {chat.model_name}; HOMER max_chunk_len {engine.config.max_chunk_len}")
     print(f"document: {engine.count_tokens(book)} tokens of Pride and Prejudice (from chapter 1)\n")
 
@@ -126,22 +106,6 @@ def run(args: argparse.Namespace) -> None:
 
     stats = engine.document_cache.stats()
     print(f"compressions: {stats.computations} for {len(QUESTIONS) + 2} questions (memory hits: {stats.hits_memory})")
-
-
-def cookbook_main(run: Callable[[argparse.Namespace], None], output: Path, doc: str, max_new_tokens: int) -> None:
-    """Parse the cookbook options, run, and save the printed transcript to ``output``."""
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    for flag, kind, default, text in (
-        ("--tokens", int, 3000, "excerpt length in model tokens"),
-        ("--model", str, None, "local path, hub id or embedded name (default: the embedded model)"),
-        ("--max-new-tokens", int, max_new_tokens, "longest answer in tokens"),
-    ):
-        parser.add_argument(flag, type=kind, default=default, help=text)
-    transcript = Tee()
-    with contextlib.redirect_stdout(transcript):
-        run(parser.parse_args())
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(transcript.getvalue(), encoding="utf-8")
 
 
 if __name__ == "__main__":

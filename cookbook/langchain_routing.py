@@ -23,7 +23,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: idle threads yield the CPU
 
 sys.path.insert(0, str(Path(__file__).parent))
-from langchain_qa import cookbook_main, opening  # the QA cookbook's options, excerpt and transcript
+from _common import cookbook_main, opening  # the cookbooks' options, transcript and excerpt
 
 from homer_integrations.langchain import ChatHomer, HomerRouter
 
@@ -48,8 +48,8 @@ def by_length(question: str) -> tuple[str, str]:
 
 def run(args: argparse.Namespace) -> None:
     chat = ChatHomer(model=args.model, max_tokens=args.max_new_tokens)
-    book = opening(chat, args.tokens)
     engine = chat.resolve_engine()
+    book = opening(engine.tokenizer, args.tokens)
     print(f"model {chat.model_name}; document: {engine.count_tokens(book)} tokens of Pride and Prejudice\n")
     broad = "How do the Bennet parents differ in character and in their hopes?"
     runs = {**RUNS, by_length: ["Who is Mr. Long?", broad]}

@@ -15,17 +15,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: idle threads yield the CPU
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import cookbook_main  # the cookbooks' options and transcript
 from llama_index.core import get_response_synthesizer
 from llama_index.core.prompts.default_prompts import DEFAULT_TEXT_QA_PROMPT
 from llama_index.core.schema import Document, NodeWithScore
 
 from homer_integrations.llama_index import HomerLLM, HomerQueryEngine
-from homer_integrations.paths import bundled_text
+from homer_integrations.paths import bundled_excerpt
 
 OUTPUT = Path(__file__).parent / "outputs" / "llama_index_query_engine.txt"
 QUESTIONS = [
@@ -35,53 +38,35 @@ QUESTIONS = [
     "Which daughter does Mr. Bennet like best, and why?",
     "What is Mr. Bingley like?",
 ]
-lines: list[str] = []
 
 
-def say(text: str = "", end: str = "\n") -> None:
-    print(text, end=end, flush=True)
-    lines.append(text + end)
-
-
-def excerpt(engine, tokens: int) -> str:
-    novel = bundled_text("prideprejudice")
-    start = novel.index("It is a truth universally acknowledged")
-    return engine.tokenizer.decode(engine.token_ids(novel[start:])[:tokens])
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=3000, help="length of the excerpt in model tokens")
-    parser.add_argument("--model", default=None, help="local path, hub id or embedded name (default: embedded)")
-    parser.add_argument("--max-new-tokens", type=int, default=40)
-    args = parser.parse_args()
-
+def run(args: argparse.Namespace) -> None:
     llm = HomerLLM(model=args.model, num_output=args.max_new_tokens)
     engine = llm.engine
-    text = excerpt(engine, args.tokens)
+    text = bundled_excerpt(engine.tokenizer, args.tokens)
     doc = Document(text=text, id_="pride-and-prejudice-opening", metadata={"title": "Pride and Prejudice"})
-    say(
+    print(
         f"model {llm.metadata.model_name}; window {llm.metadata.context_window} tokens; HOMER max_chunk_len "
         f"{engine.config.max_chunk_len}"
     )
-    say(f"document: {engine.count_tokens(text)} tokens of Pride and Prejudice (chapters 1-3)\n")
+    print(f"document: {engine.count_tokens(text)} tokens of Pride and Prejudice (chapters 1-3)\n")
 
     query_engine = HomerQueryEngine([doc], llm, streaming=True)
     for question in QUESTIONS:
-        say(f"Q: {question}")
-        say("A: ", end="")
+        print(f"Q: {question}")
+        print("A: ", end="")
         started = time.perf_counter()
         response = query_engine.query(question)
         for piece in response.response_gen:
-            say(piece, end="")
+            print(piece, end="")
         stats = response.source_nodes[0].node.metadata["homer"]
-        say(
+        print(
             f"\n   [cache {stats['cache_source']}; {stats['document_tokens']} document tokens -> "
             f"{stats['cache_tokens']} cached; first token {stats['time_to_first_token']:.1f}s; "
             f"total {time.perf_counter() - started:.1f}s]\n"
         )
 
-    say("LlamaIndex's own synthesizer, handing the whole text to HomerLLM in its QA template:")
+    print("LlamaIndex's own synthesizer, handing the whole text to HomerLLM in its QA template:")
     # The plain QA template keeps the chat template's head unchanged, so the prompt maps onto the
     # cache above. (The default chat QA template adds its own system message, which is part of
     # the compressed prefix: that costs one more compression, shared by all its later questions.)
@@ -96,16 +81,16 @@ def main() -> None:
     answer = synthesizer.synthesize(question, nodes=[NodeWithScore(node=doc)])
     reused = engine.document_cache.stats().computations == before
     how = "found in the prompt; its cache reused" if reused else "found in the prompt and compressed"
-    say(f"Q: {question}\nA: {str(answer).strip()}\n   [{time.perf_counter() - started:.1f}s: the document was {how}]\n")
+    print(
+        f"Q: {question}\nA: {str(answer).strip()}\n   [{time.perf_counter() - started:.1f}s: the document was {how}]\n"
+    )
 
     stats = engine.document_cache.stats()
-    say(
+    print(
         f"compressions: {stats.computations} for {len(QUESTIONS) + 1} questions "
         f"(cache hits in memory: {stats.hits_memory})"
     )
-    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    OUTPUT.write_text("".join(lines), encoding="utf-8")
 
 
 if __name__ == "__main__":
-    main()
+    cookbook_main(run, OUTPUT, __doc__, max_new_tokens=40)

@@ -18,15 +18,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: idle threads yield the CPU
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import cookbook_main  # the cookbooks' options and transcript
 from llama_index.core.schema import Document
 
 from homer_integrations.llama_index import HomerLLM, HomerRouterQueryEngine
-from homer_integrations.paths import bundled_text
+from homer_integrations.paths import bundled_excerpt
 
 OUTPUT = Path(__file__).parent / "outputs" / "llama_index_router.txt"
 QUESTIONS = [
@@ -36,47 +39,31 @@ QUESTIONS = [
     "How much money a year does Mr. Bingley have?",
     "What is the capital of Peru?",
 ]
-lines: list[str] = []
 
 
-def say(text: str = "") -> None:
-    print(text, flush=True)
-    lines.append(text + "\n")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=3000, help="length of the excerpt in model tokens")
-    parser.add_argument("--model", default=None, help="local path, hub id or embedded name (default: embedded)")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    args = parser.parse_args()
-
+def run(args: argparse.Namespace) -> None:
     llm = HomerLLM(model=args.model, num_output=args.max_new_tokens)
     engine = llm.engine
-    novel = bundled_text("prideprejudice")
-    start = novel.index("It is a truth universally acknowledged")
-    text = engine.tokenizer.decode(engine.token_ids(novel[start:])[: args.tokens])
+    text = bundled_excerpt(engine.tokenizer, args.tokens)
     doc = Document(text=text, id_="pride-and-prejudice-opening")
-    say(f"model {llm.metadata.model_name}; document {engine.count_tokens(text)} tokens; BM25 over 256-token chunks\n")
+    print(f"model {llm.metadata.model_name}; document {engine.count_tokens(text)} tokens; BM25 over 256-token chunks\n")
 
     for strategy in ("rules", "self_route"):
         router = HomerRouterQueryEngine.from_documents([doc], llm, strategy=strategy)
-        say(f"== strategy: {strategy}")
+        print(f"== strategy: {strategy}")
         for question in QUESTIONS:
             started = time.perf_counter()
             response = router.query(question)
             seconds = time.perf_counter() - started
             meta = response.metadata
-            say(f"Q: {question}")
-            say(f"   route {meta['route']} ({meta['route_reason']}); {seconds:.1f}s")
-            say(f"A: {' '.join(str(response).split())}")
-        say()
+            print(f"Q: {question}")
+            print(f"   route {meta['route']} ({meta['route_reason']}); {seconds:.1f}s")
+            print(f"A: {' '.join(str(response).split())}")
+        print()
 
     stats = engine.document_cache.stats()
-    say(f"compressions of the document: {stats.computations} (every HOMER answer after the first reused the cache)")
-    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    OUTPUT.write_text("".join(lines), encoding="utf-8")
+    print(f"compressions of the document: {stats.computations} (every HOMER answer after the first reused the cache)")
 
 
 if __name__ == "__main__":
-    main()
+    cookbook_main(run, OUTPUT, __doc__, max_new_tokens=32)
