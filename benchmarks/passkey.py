@@ -33,10 +33,13 @@ PLAN = {
     "smollm2-135m-instruct": ([1000, 2000, 4000, 8000, 16000, 32000], ["plain", "query_aware", "shared"]),
     "qwen2.5-coder-0.5b-instruct": ([8000, 16000, 32000], ["plain", "query_aware", "shared"]),
 }
-ABLATIONS = {  # name -> HomerConfig overrides, run on SmolLM2 at 8k in shared mode
-    "no_calibration": {"scorer": "uncalibrated"},
-    "random_pruning": {"scorer": "random"},
-    "paper_recipe": {"score_pooling": 1, "observation_window": 1, "score_memory": False},
+# Ablations run in shared mode at the length where the default still finds keys, so a drop shows.
+# name -> (HomerConfig overrides, {model: tokens})
+PAPER_RECIPE = {"pool_unit": "token", "score_pooling": 1, "observation_window": 1, "score_memory": False}
+ABLATIONS = {
+    "paper_recipe": (PAPER_RECIPE, {"smollm2-135m-instruct": 4000, "qwen2.5-coder-0.5b-instruct": 8000}),
+    "no_calibration": ({"scorer": "uncalibrated"}, {"smollm2-135m-instruct": 4000}),
+    "random_pruning": ({"scorer": "random"}, {"smollm2-135m-instruct": 4000}),
 }
 
 
@@ -60,9 +63,12 @@ def run(args: argparse.Namespace) -> None:
                 continue
             for method in methods:
                 jobs.append((model_name, "default", {}, method, tokens))
-    if not args.quick and (not args.models or "smollm2-135m-instruct" in args.models) and not args.no_ablations:
-        for name, overrides in ABLATIONS.items():
-            jobs.append(("smollm2-135m-instruct", name, overrides, "shared", 8000))
+    if not args.quick and not args.no_ablations:
+        for name, (overrides, points) in ABLATIONS.items():
+            for model_name, tokens in points.items():
+                if (args.models and model_name not in args.models) or (args.lengths and tokens not in args.lengths):
+                    continue
+                jobs.append((model_name, name, overrides, "shared", tokens))
     loaded: dict[str, tuple] = {}
     n = 2 if args.quick else args.samples
     for model_name, variant, overrides, method, tokens in jobs:

@@ -27,14 +27,16 @@ class HomerConfig(BaseModel):
         scorer: ``calibrated`` (paper), or the ablations ``uncalibrated`` and ``random``.
         observation_window: how many of the last (suffix) tokens' queries score pruning
             (paper: 1, the last token).
-        score_pooling: max-pool width over neighbouring document scores (paper: 1, none).
+        score_pooling: max-pool width over neighbouring document scores (default 3; paper: 1,
+            none). Default chosen on passkey data, see README "Design and measurements".
         pool_unit: tokens of one ``word`` (numbers split into digits, names split into pieces) or
-            one ``sentence`` share their best score and survive or go together (paper: ``token``).
+            one ``sentence`` share their best score and survive or go together (default ``word``;
+            paper: ``token``, which shreds multi-token numbers on small models).
         contiguous_positions: at every merge (and at the end) move the chunk to positions 0..T-1
             in sequence order, re-rotating the cached keys, so no token ever sees another at a
             repeated or "future" position (paper: False, siblings share positions).
         score_memory: prune by the best standardised score a token got at any level so far
-            (paper: False, each node judges afresh).
+            (default True; paper: False, each node judges afresh).
         calibration_segments: text segments of ``max_chunk_len`` tokens averaged by calibration.
         document_suffix: the fixed text after the document in ``shared`` mode.
         system_prompt: system message placed in the prefix (chat models).
@@ -49,9 +51,9 @@ class HomerConfig(BaseModel):
     mode: Mode = "shared"
     scorer: Scorer = "calibrated"
     observation_window: int = Field(default=1, ge=1, le=4096)
-    score_pooling: int = Field(default=1, ge=1, le=63)
-    pool_unit: PoolUnit = "token"
-    score_memory: bool = False
+    score_pooling: int = Field(default=3, ge=1, le=63)
+    pool_unit: PoolUnit = "word"
+    score_memory: bool = True
     contiguous_positions: bool = False
     calibration_segments: int = Field(default=48, ge=1, le=10_000)
     document_suffix: str = Field(default=DEFAULT_DOCUMENT_SUFFIX, min_length=1)
