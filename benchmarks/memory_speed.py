@@ -85,7 +85,15 @@ def main() -> None:
         print(json.dumps(one(args.one[0], int(args.one[1]), args.model, args.threads)))
         return
     RESULTS.mkdir(exist_ok=True)
-    rows = []
+    # Runs add to (and replace rows of) earlier results, so long points can be measured separately.
+    out_json = RESULTS / "memory_speed.json"
+    old = json.loads(out_json.read_text()) if out_json.is_file() else []
+    rows = [
+        r
+        for r in old
+        if r["model"] != args.model
+        or (r["method"], r["tokens"]) not in {(m, t) for m in args.methods for t in args.tokens}
+    ]
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     for tokens in args.tokens:
         for method in args.methods:
@@ -109,22 +117,26 @@ def main() -> None:
             row = json.loads(out.stdout.strip().splitlines()[-1])
             rows.append(row)
             print(json.dumps(row), flush=True)
-    (RESULTS / "memory_speed.json").write_text(json.dumps(rows, indent=1) + "\n")
-    by = {(r["method"], r["tokens"]): r for r in rows}
+    rows.sort(key=lambda r: (r["model"], r["tokens"], r["method"]))
+    out_json.write_text(json.dumps(rows, indent=1) + "\n")
+    by = {(r["method"], r["tokens"]): r for r in rows if r["model"] == args.model}
     lines = [
         "| doc tokens | plain s | HOMER s | HOMER/plain time | plain peak RSS MB | HOMER peak RSS MB | "
         "plain working MB | HOMER working MB | plain K/V MB | HOMER peak live K/V MB |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     mb = 1 / 2**20
-    for t in args.tokens:
+    for t in sorted({t for _, t in by}):
         p, h = by.get(("plain", t)), by.get(("homer", t))
-        if not (p and h):
-            continue
+
+        def cell(row: dict | None, key: str, scale: float = 1.0, digits: int = 0) -> str:
+            return "-" if row is None else f"{row[key] * scale:.{digits}f}"
+
+        ratio = f"{h['seconds'] / p['seconds']:.2f}" if p and h else "-"
         lines.append(
-            f"| {t} | {p['seconds']:.1f} | {h['seconds']:.1f} | {h['seconds'] / p['seconds']:.2f} | "
-            f"{p['peak_rss'] * mb:.0f} | {h['peak_rss'] * mb:.0f} | {p['working_bytes'] * mb:.0f} | "
-            f"{h['working_bytes'] * mb:.0f} | {p['kv_bytes'] * mb:.0f} | {h['kv_bytes'] * mb:.1f} |"
+            f"| {t} | {cell(p, 'seconds', digits=1)} | {cell(h, 'seconds', digits=1)} | {ratio} | "
+            f"{cell(p, 'peak_rss', mb)} | {cell(h, 'peak_rss', mb)} | {cell(p, 'working_bytes', mb)} | "
+            f"{cell(h, 'working_bytes', mb)} | {cell(p, 'kv_bytes', mb)} | {cell(h, 'kv_bytes', mb, 1)} |"
         )
     (RESULTS / "memory_speed.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
