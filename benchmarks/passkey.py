@@ -94,6 +94,10 @@ def run(args: argparse.Namespace) -> None:
             )
 
 
+def fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def report(_: argparse.Namespace) -> None:
     rows = [json.loads(line) for line in SAMPLES.read_text().splitlines() if line.strip()]
     groups: dict[tuple, list] = defaultdict(list)
@@ -124,7 +128,7 @@ def report(_: argparse.Namespace) -> None:
     for e in summary:
         lines.append(
             f"| {e['model']} | {e['variant']} | {e['method']} | {e['tokens']} | {e['samples']} | {e['accuracy']:.2f} | "
-            f"{e.get('key_survived', float('nan')):.2f} | {e.get('retained_plain_accuracy', float('nan')):.2f} | "
+            f"{fmt(e.get('key_survived'))} | {fmt(e.get('retained_plain_accuracy'))} | "
             f"{e.get('cache_tokens', '-')} |"
         )
     (RESULTS / "passkey.md").write_text("\n".join(lines) + "\n")
