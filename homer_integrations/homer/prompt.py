@@ -13,10 +13,11 @@ Llama, Mistral) is handled by the tokenizer's own template.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from transformers import PreTrainedTokenizerBase
+
+from homer_integrations.homer.config import PoolUnit
 
 _DOC = "\u2063HOMERDOC\u2063"
 _QUESTION = "\u2063HOMERQ\u2063"
@@ -63,7 +64,6 @@ def encode(tokenizer: PreTrainedTokenizerBase, text: str, first: bool = False) -
     return torch.tensor(ids, dtype=torch.long)
 
 
-PoolUnit = Literal["token", "word", "sentence"]
 _SENTENCE_END = ".!?;:\n"
 
 

@@ -7,11 +7,9 @@ a calibration bias that removes last-token attention's preference for nearby pos
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
-Scorer = Literal["calibrated", "uncalibrated", "random"]
+from homer_integrations.homer.config import Scorer
 
 
 def last_token_logits(query: torch.Tensor, keys: torch.Tensor, scaling: float) -> torch.Tensor:
