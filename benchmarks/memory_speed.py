@@ -73,6 +73,11 @@ def one(method: str, tokens: int, model_name: str, threads: int) -> dict:
     return row
 
 
+def cell(row: dict | None, key: str, scale: float = 1.0, digits: int = 0) -> str:
+    """One table cell: ``row[key] * scale`` with ``digits`` decimals, or "-" where not measured."""
+    return "-" if row is None else f"{row[key] * scale:.{digits}f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", nargs="*", type=int, default=[4000, 8000, 16000, 32000, 64000])
@@ -88,12 +93,8 @@ def main() -> None:
     # Runs add to (and replace rows of) earlier results, so long points can be measured separately.
     out_json = RESULTS / "memory_speed.json"
     old = json.loads(out_json.read_text()) if out_json.is_file() else []
-    rows = [
-        r
-        for r in old
-        if r["model"] != args.model
-        or (r["method"], r["tokens"]) not in {(m, t) for m in args.methods for t in args.tokens}
-    ]
+    remeasured = {(args.model, m, t) for m in args.methods for t in args.tokens}
+    rows = [r for r in old if (r["model"], r["method"], r["tokens"]) not in remeasured]
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     for tokens in args.tokens:
         for method in args.methods:
@@ -128,10 +129,6 @@ def main() -> None:
     mb = 1 / 2**20
     for t in sorted({t for _, t in by}):
         p, h = by.get(("plain", t)), by.get(("homer", t))
-
-        def cell(row: dict | None, key: str, scale: float = 1.0, digits: int = 0) -> str:
-            return "-" if row is None else f"{row[key] * scale:.{digits}f}"
-
         ratio = f"{h['seconds'] / p['seconds']:.2f}" if p and h else "-"
         lines.append(
             f"| {t} | {cell(p, 'seconds', digits=1)} | {cell(h, 'seconds', digits=1)} | {ratio} | "
