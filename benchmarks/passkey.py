@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> None:
             if args.lengths and tokens not in args.lengths:
                 continue
             for method in methods:
-                jobs.append((model_name, "default", {}, method, tokens))
+                if not args.methods or method in args.methods:
+                    jobs.append((model_name, "default", {}, method, tokens))
     if not args.quick and not args.no_ablations:
         for name, (overrides, points) in ABLATIONS.items():
             for model_name, tokens in points.items():
@@ -173,6 +174,7 @@ def main() -> None:
     r.add_argument("--threads", type=int, default=2)
     r.add_argument("--models", nargs="*")
     r.add_argument("--lengths", nargs="*", type=int)
+    r.add_argument("--methods", nargs="*", choices=["plain", "query_aware", "shared"])
     r.add_argument("--no-ablations", action="store_true")
     r.set_defaults(func=run)
     sub.add_parser("report").set_defaults(func=report)

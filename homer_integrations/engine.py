@@ -23,7 +23,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from homer_integrations.document_cache import CacheSource, DocumentCache
 from homer_integrations.homer.calibration import CalibrationKey, CalibrationStore
 from homer_integrations.homer.compressed import CompressedDocument, CompressionStats
-from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
+from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor, PruneObserver
 from homer_integrations.homer.config import HomerConfig, ModelDefaults
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_fingerprint
@@ -126,6 +126,8 @@ class HomerModel:
         self._bias_lock = threading.Lock()
         self._fingerprint = weights_fingerprint(model)
         self._tokenizer_id = tokenizer_fingerprint(tokenizer)
+        self.prune_observer: PruneObserver | None = None
+        """Diagnostics: called with every node's ``PruneEvent`` during compressions computed from now on."""
 
     # ----------------------------------------------------------------------------- construction
     @classmethod
@@ -162,7 +164,9 @@ class HomerModel:
     def layout(self, question: str = "") -> PromptTexts:
         """Prefix / suffix / continuation texts around the document for ``question`` in this mode."""
         c = self.config
-        return render_layout(self.tokenizer, question, c.document_suffix, c.mode == "query_aware", c.system_prompt)
+        return render_layout(
+            self.tokenizer, question, c.document_suffix, c.mode == "query_aware", c.system_prompt, c.reask_question
+        )
 
     def calibration_bias(self) -> torch.Tensor | None:
         """The pruning bias table for this model and settings; computed once, then cached on disk."""
@@ -245,12 +249,14 @@ class HomerModel:
             score_pooling=c.score_pooling,
             score_memory=c.score_memory,
             contiguous_positions=c.contiguous_positions,
-            want_logits=c.mode == "query_aware",
+            want_logits=c.mode == "query_aware" and not c.reask_question,
             seed=c.seed,
         )
         prompt_len = prefix_ids.numel() + document_ids.numel() + suffix_ids.numel()
         needs_pruning = prompt_len > c.final_cache_len
-        compressor = HomerCompressor(self.stack, settings, self.calibration_bias() if needs_pruning else None)
+        compressor = HomerCompressor(
+            self.stack, settings, self.calibration_bias() if needs_pruning else None, self.prune_observer
+        )
         total = document_ids.numel()
         with tqdm(
             total=total,
@@ -345,7 +351,7 @@ class HomerModel:
                     "with this question, or use shared mode to reuse one cache for every question"
                 )
             doc, source = document, None
-            continuation = layout.continuation if document.question is None else ""
+            continuation = layout.continuation
         else:
             query_aware = self.config.mode == "query_aware"
             doc, source = self.compress_span(layout.prefix, document, layout.suffix, question if query_aware else None)

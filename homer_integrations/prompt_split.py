@@ -234,7 +234,10 @@ def _split_at(
     rewritten[index]["content"] = _SENTINEL + rest
     prefix, continuation = render(rewritten).split(_SENTINEL, 1)
     suffix = engine.config.document_suffix
-    if engine.config.mode == "query_aware":
+    if engine.config.mode == "query_aware" and engine.config.reask_question:
+        # the message's own text steers pruning from the suffix and is asked again after the cache
+        suffix = f"{suffix}{rest}\n\n" if rest else suffix
+    elif engine.config.mode == "query_aware":
         # the question is compressed with the document: everything after it joins the suffix
         suffix, continuation = suffix + continuation, ""
     return PromptSplit(prefix + document + suffix + continuation, document, prefix, suffix, continuation, found_by)

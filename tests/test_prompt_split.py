@@ -160,13 +160,15 @@ def test_plain_text_rendering_keeps_the_prompt_as_is(engine, book):
     assert split.continuation == "Use the following context to answer.\n\nQuestion: Who?\nAnswer:"
 
 
-def test_query_aware_mode_compresses_the_question_with_the_document(tokenizer, book):
-    engine = HomerModel(
-        tiny_model(), tokenizer, HomerConfig(max_chunk_len=256, mode="query_aware"), model_name="t", progress=False
-    )
+@pytest.mark.parametrize("reask", [True, False])
+def test_query_aware_mode_compresses_the_question_with_the_document(tokenizer, book, reask):
+    cfg = HomerConfig(max_chunk_len=256, mode="query_aware", reask_question=reask)
+    engine = HomerModel(tiny_model(), tokenizer, cfg, model_name="t", progress=False)
     split = split_prompt(engine, user(STUFF.format(context=book, question="Who?")))
-    assert split.continuation == ""
     assert split.suffix.startswith(engine.config.document_suffix) and "Question: Who?" in split.suffix
+    # re-asking keeps the question after the cache as well; the paper leaves nothing to feed there
+    assert ("Question: Who?" in split.continuation) == reask
+    assert (split.continuation == "") == (not reask)
 
 
 @pytest.mark.parametrize(

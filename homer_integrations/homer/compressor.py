@@ -67,6 +67,28 @@ class CompressionResult:
 
 ProgressFn = Callable[[int], None]
 
+
+@dataclass(frozen=True)
+class PruneEvent:
+    """One node's pruning, for diagnostics (``HomerCompressor.observer``).
+
+    Attributes:
+        layer: the decoder layer whose attention scored the node.
+        origin: [T] document index of each token before pruning (-1 on prefix/suffix).
+        reducible: [T] True on document tokens.
+        scores: [T] the scores pruning ranked (after pooling and memory).
+        keep: [T] True on the tokens that survived.
+    """
+
+    layer: int
+    origin: torch.Tensor
+    reducible: torch.Tensor
+    scores: torch.Tensor
+    keep: torch.Tensor
+
+
+PruneObserver = Callable[[PruneEvent], None]
+
 logger = logging.getLogger(__name__)
 
 
@@ -75,10 +97,16 @@ class HomerCompressor:
 
     ``bias`` is the calibration table [num_layers, max_chunk_len] (None unless the scorer is
     ``calibrated``). ``progress`` is called with the number of document tokens each finished
-    leaf consumed.
+    leaf consumed; ``observer``, if given, with every node's ``PruneEvent``.
     """
 
-    def __init__(self, stack: DecoderStack, settings: CompressorSettings, bias: torch.Tensor | None) -> None:
+    def __init__(
+        self,
+        stack: DecoderStack,
+        settings: CompressorSettings,
+        bias: torch.Tensor | None,
+        observer: PruneObserver | None = None,
+    ) -> None:
         if bias is not None and tuple(bias.shape) != (stack.num_layers, settings.max_chunk_len):
             raise ValueError(
                 f"calibration bias has shape {tuple(bias.shape)}, expected "
@@ -87,6 +115,7 @@ class HomerCompressor:
         self.stack = stack
         self.settings = settings
         self.bias = bias
+        self.observer = observer
         self._generator = torch.Generator().manual_seed(settings.seed)
         self._alive: list[Chunk] = []
         self._peak = 0
@@ -216,7 +245,10 @@ class HomerCompressor:
                     scores = pool_words(scores.cpu(), chunk.reducible, words)
                 if self.settings.score_memory:
                     scores = remember(scores.cpu(), chunk)
-                chunk.keep(keep_mask(scores, chunk.reducible, target_len))
+                mask = keep_mask(scores, chunk.reducible, target_len)
+                if self.observer is not None:
+                    self.observer(PruneEvent(layer_idx, chunk.origin, chunk.reducible, scores, mask))
+                chunk.keep(mask)
             if is_root and layer_idx == stack.num_layers - 1:
                 # Only the last position's output is ever read (next-token logits): skip the rest.
                 chunk.hidden = stack.mlp(layer_idx, chunk.hidden[:, -1:])

@@ -24,6 +24,10 @@ class HomerConfig(BaseModel):
         final_cache_len: tokens kept in the final cache (default: ``max_chunk_len``).
         mode: ``shared`` compresses the document with a question-independent suffix, so one
             cache serves every question; ``query_aware`` puts the question in the suffix (paper).
+        reask_question: ``query_aware`` only: the question steers pruning from the suffix and is
+            asked again after the cache, so the answer starts from the exact question rather than
+            from the merged suffix copies (default True; paper: False, the answer starts from the
+            root's last logits). See README "Design and measurements".
         scorer: ``calibrated`` (paper), or the ablations ``uncalibrated`` and ``random``.
         observation_window: how many of the last (suffix) tokens' queries score pruning
             (paper: 1, the last token).
@@ -49,6 +53,7 @@ class HomerConfig(BaseModel):
     warmup_layers: int | None = Field(default=None, ge=0)
     final_cache_len: int | None = Field(default=None, ge=16)
     mode: Mode = "shared"
+    reask_question: bool = True
     scorer: Scorer = "calibrated"
     observation_window: int = Field(default=1, ge=1, le=4096)
     score_pooling: int = Field(default=3, ge=1, le=63)

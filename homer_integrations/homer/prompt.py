@@ -7,7 +7,9 @@ Llama, Mistral) is handled by the tokenizer's own template.
 - ``shared`` mode: suffix = the fixed ``document_suffix`` (question-independent, so the
   compressed cache serves every question); continuation = the question and the assistant head.
 - ``query_aware`` mode: suffix = ``document_suffix`` + question + assistant head (the paper);
-  continuation is empty and the answer starts from the compression's last logits.
+  continuation is empty and the answer starts from the compression's last logits. With
+  ``reask``: suffix = ``document_suffix`` + question, and the continuation is as in ``shared``
+  mode (the question is asked again after the cache).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def render_layout(
     document_suffix: str,
     query_aware: bool,
     system_prompt: str | None = None,
+    reask: bool = False,
 ) -> PromptTexts:
     """Split the chat-formatted prompt around the document for the chosen mode."""
     user = f"{_DOC}{document_suffix}{_QUESTION}"
@@ -51,6 +54,8 @@ def render_layout(
         rendered = f"{head}{user}\nAnswer:"
     prefix, rest = rendered.split(_DOC, 1)
     middle, tail = rest.split(_QUESTION, 1)
+    if query_aware and reask:
+        return PromptTexts(prefix=prefix, suffix=f"{middle}{question}\n\n", continuation=question + tail)
     if query_aware:
         return PromptTexts(prefix=prefix, suffix=middle + question + tail, continuation="")
     return PromptTexts(prefix=prefix, suffix=middle, continuation=question + tail)

@@ -70,14 +70,22 @@ def test_stop_strings_are_cut(engine, long_text):
     assert cut == full[: full.index(stop)]
 
 
-def test_query_aware_mode_binds_the_question(tokenizer, tmp_path, long_text):
-    cfg = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2, mode="query_aware")
+@pytest.mark.parametrize("reask", [True, False])
+def test_query_aware_mode_binds_the_question(tokenizer, tmp_path, long_text, reask):
+    cfg = HomerConfig(
+        max_chunk_len=128, warmup_layers=3, calibration_segments=2, mode="query_aware", reask_question=reask
+    )
     qa = HomerModel(tiny_model("llama"), tokenizer, cfg, calibration_dir=tmp_path, progress=False)
     with pytest.raises(ValueError, match="question"):
         qa.compress(long_text)
     doc = qa.compress(long_text, question="Who?")
-    assert doc.question == "Who?" and doc.next_token_logits is not None
-    assert qa.answer(doc, "Who?", max_new_tokens=4) == qa.answer(long_text, "Who?", max_new_tokens=4)
+    assert doc.question == "Who?"
+    # the paper answers from the root's last logits; re-asking feeds the question after the cache
+    assert (doc.next_token_logits is None) == reask
+    assert ("Who?" in qa.layout("Who?").continuation) == reask
+    stream = qa.run(doc, "Who?", max_new_tokens=4)
+    assert stream.text() == qa.answer(long_text, "Who?", max_new_tokens=4)
+    assert (stream.info.input_tokens > 0) == reask
     with pytest.raises(ValueError, match="another question"):
         qa.answer(doc, "Where?")
 
