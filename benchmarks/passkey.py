@@ -33,13 +33,19 @@ PLAN = {
     "smollm2-135m-instruct": ([1000, 2000, 4000, 8000, 16000, 32000], ["plain", "query_aware", "shared"]),
     "qwen2.5-coder-0.5b-instruct": ([8000, 16000, 32000], ["plain", "query_aware", "shared"]),
 }
-# Ablations run in shared mode at the length where the default still finds keys, so a drop shows.
-# name -> (HomerConfig overrides, {model: tokens})
+# Ablations run at the length where the default still finds keys, so a drop shows.
+# name -> (HomerConfig overrides, [(model, tokens)], method)
 PAPER_RECIPE = {"pool_unit": "token", "score_pooling": 1, "observation_window": 1, "score_memory": False}
 ABLATIONS = {
-    "paper_recipe": (PAPER_RECIPE, {"smollm2-135m-instruct": 4000, "qwen2.5-coder-0.5b-instruct": 8000}),
-    "no_calibration": ({"scorer": "uncalibrated"}, {"smollm2-135m-instruct": 4000}),
-    "random_pruning": ({"scorer": "random"}, {"smollm2-135m-instruct": 4000}),
+    "paper_recipe": (PAPER_RECIPE, [("smollm2-135m-instruct", 4000), ("qwen2.5-coder-0.5b-instruct", 8000)], "shared"),
+    "no_calibration": ({"scorer": "uncalibrated"}, [("smollm2-135m-instruct", 4000)], "shared"),
+    "random_pruning": ({"scorer": "random"}, [("smollm2-135m-instruct", 4000)], "shared"),
+    # the paper's query-aware answer: it starts from the root's last logits, the question is not asked again
+    "paper_answer": (
+        {"reask_question": False},
+        [(m, t) for m, (ts, _) in PLAN.items() for t in ts],
+        "query_aware",
+    ),
 }
 
 
@@ -65,11 +71,13 @@ def run(args: argparse.Namespace) -> None:
                 if not args.methods or method in args.methods:
                     jobs.append((model_name, "default", {}, method, tokens))
     if not args.quick and not args.no_ablations:
-        for name, (overrides, points) in ABLATIONS.items():
-            for model_name, tokens in points.items():
+        for name, (overrides, points, method) in ABLATIONS.items():
+            for model_name, tokens in points:
                 if (args.models and model_name not in args.models) or (args.lengths and tokens not in args.lengths):
                     continue
-                jobs.append((model_name, name, overrides, "shared", tokens))
+                if args.methods and method not in args.methods:
+                    continue
+                jobs.append((model_name, name, overrides, method, tokens))
     loaded: dict[str, tuple] = {}
     n = 2 if args.quick else args.samples
     for model_name, variant, overrides, method, tokens in jobs:

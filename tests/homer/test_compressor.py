@@ -17,7 +17,7 @@ KINDS = ["llama", "mistral", "qwen2"]
 LOGITS_ATOL = 1e-4
 
 
-def compress(model, doc_len, mcl=128, warmup=3, final=None, seed=0, **kw):
+def compress(model, doc_len, mcl=128, warmup=3, final=None, seed=0, observer=None, **kw):
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
     prefix, doc, suffix = (torch.randint(0, vocab, (n,), generator=g) for n in (5, doc_len, 4))
@@ -29,7 +29,8 @@ def compress(model, doc_len, mcl=128, warmup=3, final=None, seed=0, **kw):
         want_logits=True,
         **kw,
     )
-    return HomerCompressor(DecoderStack(model), settings, None).compress(prefix, doc, suffix), (prefix, doc, suffix)
+    compressor = HomerCompressor(DecoderStack(model), settings, None, observer)
+    return compressor.compress(prefix, doc, suffix), (prefix, doc, suffix)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -77,6 +78,22 @@ def test_final_cache_len_is_respected():
     model = tiny_model("llama", vocab_size=256)
     result, _ = compress(model, 1000, mcl=128, final=64)
     assert result.keys[0].shape[2] == 64
+
+
+def test_observer_sees_every_pruning_in_the_nodes_last_layer():
+    model = tiny_model("llama", vocab_size=256)
+    events = []
+    result, _ = compress(model, 1000, mcl=128, final=64, observer=events.append)
+    schedule = result.schedule
+    # one event per node that had to shrink: 2**h leaves may or may not, every merged node does
+    assert len(events) >= 2**result.plan.height - 1
+    assert {e.layer for e in events} <= {level[-1] for level in schedule.levels}
+    for e in events:
+        assert bool(e.keep[~e.reducible].all()), "prefix and suffix are never pruned"
+        assert e.scores.shape == e.keep.shape == e.origin.shape
+    root = events[-1]
+    assert root.layer == schedule.levels[-1][-1] and int(root.keep.sum()) == 64
+    assert root.origin[root.keep].tolist() == result.origin.tolist()
 
 
 def test_peak_kv_grows_with_tree_height_not_length():
