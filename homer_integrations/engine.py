@@ -248,6 +248,7 @@ class HomerModel:
             observation_window=c.observation_window,
             score_pooling=c.score_pooling,
             score_memory=c.score_memory,
+            score_layers=c.score_layers,
             contiguous_positions=c.contiguous_positions,
             want_logits=c.mode == "query_aware" and not c.reask_question,
             seed=c.seed,

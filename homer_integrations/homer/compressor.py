@@ -11,11 +11,12 @@ import torch
 
 from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.chunking import ChunkPlan, LeafInput, make_leaves
+from homer_integrations.homer.config import ScoreLayers
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.merging import merge_siblings
 from homer_integrations.homer.positions import contiguous_positions
-from homer_integrations.homer.pruning import Scorer, keep_mask, pool_words, remember, score_tokens
+from homer_integrations.homer.pruning import Scorer, keep_mask, pool_words, remember, score_tokens, standardise
 from homer_integrations.homer.schedule import LayerSchedule
 
 
@@ -30,6 +31,7 @@ class CompressorSettings:
     observation_window: int = 1
     score_pooling: int = 1
     score_memory: bool = False
+    score_layers: ScoreLayers = "last"
     contiguous_positions: bool = False
     want_logits: bool = False
     seed: int = 0
@@ -219,27 +221,25 @@ class HomerCompressor:
         stack = self.stack
         rope = stack.rotary(chunk.hidden, chunk.position_ids)
         last = layers[-1]
+        shrinks = chunk.length > target_len
+        if shrinks and self.settings.scorer == "calibrated" and self.bias is None:
+            raise ValueError("the calibrated scorer needs a calibration bias to prune")
+        every_layer = self.settings.score_layers == "all"
+        evidence: list[torch.Tensor] = []
         for layer_idx in layers:
-            prune_here = layer_idx == last and chunk.length > target_len
+            prune_here = layer_idx == last and shrinks
+            score_here = shrinks and (prune_here or every_layer)
             chunk.hidden, query = stack.attention(
-                layer_idx, chunk.hidden, rope, chunk.cache, query_rows=self._rows(chunk) if prune_here else 0
+                layer_idx, chunk.hidden, rope, chunk.cache, query_rows=self._rows(chunk) if score_here else 0
             )
             self._record_peak(chunk)
+            if score_here:
+                scores = self._layer_scores(chunk, layer_idx, query)
+                if every_layer:
+                    evidence.append(standardise(scores.cpu(), chunk.reducible))
             if prune_here:
-                if self.settings.scorer == "calibrated" and self.bias is None:
-                    raise ValueError("the calibrated scorer needs a calibration bias to prune")
-                keys = chunk.cache.layers[layer_idx].keys
-                scores = score_tokens(
-                    self.settings.scorer,
-                    query,
-                    keys,
-                    stack.scaling,
-                    chunk.position_ids,
-                    chunk.reducible,
-                    None if self.bias is None else self.bias[layer_idx],
-                    self.settings.score_pooling,
-                    self._generator,
-                )
+                if every_layer:
+                    scores = torch.stack(evidence).mean(0)
                 if self._word_ids is not None:
                     words = torch.where(chunk.origin >= 0, self._word_ids[chunk.origin.clamp(min=0)], -1)
                     scores = pool_words(scores.cpu(), chunk.reducible, words)
@@ -254,6 +254,20 @@ class HomerCompressor:
                 chunk.hidden = stack.mlp(layer_idx, chunk.hidden[:, -1:])
             else:
                 chunk.hidden = stack.mlp(layer_idx, chunk.hidden)
+
+    def _layer_scores(self, chunk: Chunk, layer_idx: int, query: torch.Tensor) -> torch.Tensor:
+        """This layer's significance [T] of every token of ``chunk`` (before word units and memory)."""
+        return score_tokens(
+            self.settings.scorer,
+            query,
+            chunk.cache.layers[layer_idx].keys,
+            self.stack.scaling,
+            chunk.position_ids,
+            chunk.reducible,
+            None if self.bias is None else self.bias[layer_idx],
+            self.settings.score_pooling,
+            self._generator,
+        )
 
     def _compact(self, chunk: Chunk) -> None:
         """Move the chunk to positions 0..T-1 in sequence order, re-rotating every cached key."""

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 Mode = Literal["shared", "query_aware"]
 Scorer = Literal["calibrated", "uncalibrated", "random"]
 PoolUnit = Literal["token", "word", "sentence"]
+ScoreLayers = Literal["last", "all"]
 
 DEFAULT_DOCUMENT_SUFFIX = "\n\n(End of the document.)\n\n"
 
@@ -41,6 +42,9 @@ class HomerConfig(BaseModel):
             repeated or "future" position (paper: False, siblings share positions).
         score_memory: prune by the best standardised score a token got at any level so far
             (default True; paper: False, each node judges afresh).
+        score_layers: which of a node's layers score its pruning: ``last`` (paper: the layer it
+            prunes in) or ``all`` (the mean of every layer's standardised score; a leaf runs many
+            layers, and no single one of them need be the layer that notices a fact).
         calibration_segments: text segments of ``max_chunk_len`` tokens averaged by calibration.
         document_suffix: the fixed text after the document in ``shared`` mode.
         system_prompt: system message placed in the prefix (chat models).
@@ -59,6 +63,7 @@ class HomerConfig(BaseModel):
     score_pooling: int = Field(default=3, ge=1, le=63)
     pool_unit: PoolUnit = "word"
     score_memory: bool = True
+    score_layers: ScoreLayers = "last"
     contiguous_positions: bool = False
     calibration_segments: int = Field(default=48, ge=1, le=10_000)
     document_suffix: str = Field(default=DEFAULT_DOCUMENT_SUFFIX, min_length=1)

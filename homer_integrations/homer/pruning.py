@@ -127,7 +127,11 @@ def remember(scores: torch.Tensor, chunk) -> torch.Tensor:
     standardised first (zero mean, unit variance). The running max is stored on the chunk, so a
     token judged important in its leaf's clean context is not lost to a noisier merged judgement.
     """
-    doc = scores[chunk.reducible]
-    z = (scores - doc.mean()) / doc.std().clamp(min=1e-6)
-    chunk.memory = torch.maximum(chunk.memory, z.float())
+    chunk.memory = torch.maximum(chunk.memory, standardise(scores, chunk.reducible))
     return chunk.memory.clone()
+
+
+def standardise(scores: torch.Tensor, reducible: torch.Tensor) -> torch.Tensor:
+    """Scores [T] shifted and scaled so the document tokens' scores have zero mean and unit variance."""
+    doc = scores[reducible].float()
+    return (scores.float() - doc.mean()) / doc.std().clamp(min=1e-6)

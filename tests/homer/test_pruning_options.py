@@ -99,3 +99,27 @@ def test_contiguous_positions_keep_the_tree_invariants(kind):
     assert len({k.shape[2] for k in result.keys}) == 1
     kept = result.origin[result.origin >= 0]
     assert bool((kept.diff() > 0).all())
+
+
+def _kept(model, warmup: int, score_layers: str) -> tuple[list[int], list[int]]:
+    ids = torch.randint(0, 256, (700,), generator=torch.Generator().manual_seed(1))
+    settings = CompressorSettings(
+        max_chunk_len=128, warmup_layers=warmup, final_cache_len=96, scorer="uncalibrated", score_layers=score_layers
+    )
+    layers: list[int] = []
+    result = HomerCompressor(DecoderStack(model), settings, None, lambda e: layers.append(e.layer)).compress(
+        ids[:5], ids[5:696], ids[696:]
+    )
+    return result.origin.tolist(), layers
+
+
+def test_score_layers_all_averages_every_layer_a_node_runs():
+    # 8 leaves, 4 levels: with 4 layers and no warm-up every node runs one layer, so "all" is "last"
+    one_each = tiny_model("llama", vocab_size=256, num_hidden_layers=4)
+    assert _kept(one_each, 0, "all") == _kept(one_each, 0, "last")
+    # with warm-up the leaves run several layers and their average picks other tokens
+    deep = tiny_model("llama", vocab_size=256, num_hidden_layers=8)
+    kept_all, layers_all = _kept(deep, 3, "all")
+    kept_last, layers_last = _kept(deep, 3, "last")
+    assert layers_all == layers_last, "pruning still happens in each node's last layer"
+    assert kept_all != kept_last
