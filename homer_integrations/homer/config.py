@@ -90,7 +90,7 @@ class HomerConfig(BaseModel):
         """
         mcl = self.max_chunk_len or defaults.max_chunk_len
         warmup = self.warmup_layers if self.warmup_layers is not None else defaults.warmup_layers
-        final = self.final_cache_len or mcl
+        final = self.final_cache_len or min(defaults.final_cache_len or mcl, mcl)
         if mcl > max_positions:
             raise ValueError(
                 f"max_chunk_len={mcl} exceeds the model's {max_positions} positions "
@@ -113,6 +113,8 @@ class ModelDefaults(BaseModel):
 
     max_chunk_len: int
     warmup_layers: int
+    final_cache_len: int | None = None
+    """None: the final cache is one chunk long (``max_chunk_len``)."""
 
     @classmethod
     def for_model(cls, num_layers: int, max_positions: int) -> ModelDefaults:

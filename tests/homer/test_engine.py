@@ -5,7 +5,10 @@ import torch
 from pydantic import ValidationError
 
 from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.homer.config import ModelDefaults
 from homer_integrations.homer.prompt import encode
+from homer_integrations.models import EMBEDDED_MODELS, embedded_defaults
+from homer_integrations.paths import PACKAGE_DATA
 from tests.conftest import tiny_model
 
 
@@ -155,3 +158,25 @@ def test_single_chunk_document_answers_like_plain_generate(smol_engine):
     out = smol_engine.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False)
     assert answer == tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert "42" in answer
+
+
+def test_model_defaults_set_the_final_cache_length_within_the_chunk():
+    defaults = ModelDefaults(max_chunk_len=256, warmup_layers=3, final_cache_len=128)
+    assert HomerConfig().resolve(4, 2048, defaults).final_cache_len == 128
+    assert HomerConfig(final_cache_len=200).resolve(4, 2048, defaults).final_cache_len == 200
+    assert HomerConfig(max_chunk_len=96).resolve(4, 2048, defaults).final_cache_len == 96, "capped at the chunk"
+    no_final = ModelDefaults(max_chunk_len=256, warmup_layers=3)
+    assert HomerConfig().resolve(4, 2048, no_final).final_cache_len == 256
+
+
+def test_every_embedded_model_ships_the_calibration_for_its_chunk_length():
+    from safetensors import safe_open
+
+    shipped = set()
+    for path in (PACKAGE_DATA / "calibration").glob("*.safetensors"):
+        with safe_open(str(path), "pt") as f:
+            shipped.add(int(f.metadata()["max_chunk_len"]))
+    for spec in EMBEDDED_MODELS.values():
+        assert spec.max_chunk_len in shipped, spec.name
+        defaults = embedded_defaults(spec.name)
+        assert defaults.final_cache_len == spec.final_cache_len
