@@ -40,6 +40,14 @@ ABLATIONS = {
     "paper_recipe": (PAPER_RECIPE, [("smollm2-135m-instruct", 4000), ("qwen2.5-coder-0.5b-instruct", 8000)], "shared"),
     "no_calibration": ({"scorer": "uncalibrated"}, [("smollm2-135m-instruct", 4000)], "shared"),
     "random_pruning": ({"scorer": "random"}, [("smollm2-135m-instruct", 4000)], "shared"),
+    # explored this session (README "Design and measurements"), none adopted as a default
+    "sentence_units": ({"pool_unit": "sentence"}, [("smollm2-135m-instruct", t) for t in (8000, 16000)], "shared"),
+    "score_all_layers": (
+        {"score_layers": "all"},
+        [("smollm2-135m-instruct", t) for t in (4000, 8000, 16000)],
+        "shared",
+    ),
+    "chunk_2048": ({"max_chunk_len": 2048}, [("smollm2-135m-instruct", 16000)], "shared"),
     # the paper's query-aware answer: it starts from the root's last logits, the question is not asked again
     "paper_answer": (
         {"reask_question": False},

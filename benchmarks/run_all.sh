@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
-# Reproduces every committed result in benchmarks/results/ (about 3.5 hours on 2 CPU cores).
-# Sample counts are what fitted one session on that machine; raise --samples where you can.
-# passkey.py skips samples already in passkey_samples.jsonl: delete it to start over.
+# Reproduces every committed result in benchmarks/results/ (about 5 hours on 2 CPU cores).
+# Sample counts are what fitted a session on that machine; raise --samples where you can.
+# passkey.py skips samples already in passkey_samples.jsonl: delete it to start over. Rows
+# whose variant ends in _mcl2048 (Qwen with its earlier 2048-token chunks) and paper_answer rows
+# came from earlier defaults and are not rerun by these lines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_WAIT_POLICY=PASSIVE TOKENIZERS_PARALLELISM=false
 py=.venv/bin/python
 smol=smollm2-135m-instruct
 qwen=qwen2.5-coder-0.5b-instruct
-$py benchmarks/passkey.py run --models $smol --lengths 1000 2000 4000 8000 --samples 6  # + ablations at 4k
-$py benchmarks/passkey.py run --models $qwen --lengths 8000 --samples 4                # + paper recipe at 8k
-$py benchmarks/passkey.py run --models $smol --lengths 16000 --samples 4
-$py benchmarks/passkey.py run --models $qwen --lengths 16000 --samples 2
-$py benchmarks/passkey.py run --models $smol --lengths 32000 --samples 2
+$py benchmarks/passkey.py run --models $smol --lengths 1000 2000 4000 8000 --samples 6 --no-ablations
+$py benchmarks/passkey.py run --models $smol --lengths 4000 --samples 6 --methods shared      # ablations at 4k
+$py benchmarks/passkey.py run --models $smol --lengths 16000 --samples 4 --no-ablations
+$py benchmarks/passkey.py run --models $smol --lengths 32000 --samples 2 --no-ablations
+$py benchmarks/passkey.py run --models $qwen --lengths 8000 --samples 4 --no-ablations
+$py benchmarks/passkey.py run --models $qwen --lengths 16000 --samples 2 --methods plain
+$py benchmarks/passkey.py run --models $qwen --lengths 16000 --samples 6 --methods shared --no-ablations
+$py benchmarks/passkey.py run --models $qwen --lengths 16000 --samples 4 --methods query_aware --no-ablations
+$py benchmarks/passkey.py run --models $qwen --lengths 32000 --samples 2 --methods shared query_aware --no-ablations
 $py benchmarks/passkey.py report
+$py benchmarks/pruning_trace.py --model $smol --tokens 16000 --samples 4
 $py benchmarks/memory_speed.py --tokens 4000 8000 16000 32000
 $py benchmarks/memory_speed.py --tokens 64000 --methods homer
 $py benchmarks/cache_latency.py --tokens 16000
