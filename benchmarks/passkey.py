@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> None:
         mode = "shared" if method == "plain" else method
         engine = engine_for(model, tok, model_name, mode, **overrides)
         for i in range(n):
-            seed = 1000 + i
+            seed = 1000 + args.seed_offset + i
             if (model_name, variant, method, tokens, seed) in done:
                 continue
             sample = make_sample(tok, tokens, (i + 0.5) / n, seed=seed)
@@ -188,6 +188,12 @@ def main() -> None:
     r.add_argument("--quick", action="store_true")
     r.add_argument("--samples", type=int, default=10)
     r.add_argument("--threads", type=int, default=2)
+    r.add_argument(
+        "--seed-offset",
+        type=int,
+        default=0,
+        help="start at seed 1000+OFFSET: adds a second evenly spread set of depths to a point already measured",
+    )
     r.add_argument("--models", nargs="*")
     r.add_argument("--lengths", nargs="*", type=int)
     r.add_argument("--methods", nargs="*", choices=["plain", "query_aware", "shared"])
