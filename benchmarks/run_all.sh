@@ -11,14 +11,16 @@ py=.venv/bin/python
 smol=smollm2-135m-instruct
 qwen=qwen2.5-coder-0.5b-instruct
 $py benchmarks/passkey.py run --models $smol --lengths 1000 2000 4000 8000 --samples 6 --no-ablations
+$py benchmarks/passkey.py run --models $smol --lengths 1000 2000 4000 8000 --samples 4 --seed-offset 6 --no-ablations
 $py benchmarks/passkey.py run --models $smol --lengths 4000 --samples 6 --methods shared      # ablations at 4k
 $py benchmarks/passkey.py run --models $smol --lengths 16000 --samples 4 --no-ablations
 $py benchmarks/passkey.py run --models $smol --lengths 32000 --samples 2 --no-ablations
 $py benchmarks/passkey.py run --models $qwen --lengths 8000 --samples 4 --no-ablations
 $py benchmarks/passkey.py run --models $qwen --lengths 16000 --samples 2 --methods plain
 $py benchmarks/passkey.py run --models $qwen --lengths 16000 --samples 6 --methods shared --no-ablations
+$py benchmarks/passkey.py run --models $qwen --lengths 16000 --samples 4 --seed-offset 6 --methods shared --no-ablations
 $py benchmarks/passkey.py run --models $qwen --lengths 16000 --samples 4 --methods query_aware --no-ablations
-$py benchmarks/passkey.py run --models $qwen --lengths 32000 --samples 2 --methods shared query_aware --no-ablations
+$py benchmarks/passkey.py run --models $qwen --lengths 32000 --samples 2 --no-ablations        # plain: ~20 min a sample
 $py benchmarks/passkey.py report
 $py benchmarks/pruning_trace.py --model $smol --tokens 16000 --samples 4
 $py benchmarks/memory_speed.py --tokens 4000 8000 16000 32000
