@@ -31,7 +31,7 @@ from homer_integrations import HomerModel
 from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.compressor import PruneEvent
 from homer_integrations.homer.prompt import encode, unit_ids
-from homer_integrations.homer.pruning import last_token_logits, pool_words
+from homer_integrations.homer.pruning import pool_words, significance
 from homer_integrations.models import load_model
 
 RESULTS = Path(__file__).parent / "results"
@@ -64,14 +64,12 @@ def layer_ranks(engine: HomerModel, document: str, key: list[int]) -> list[float
     rope = stack.rotary(hidden, positions)
     cache = DynamicCache()
     key_pos = P + key[0] - span.start
+    first_tokens = reducible & torch.cat([torch.tensor([True]), word_of[1:] != word_of[:-1]])
     ranks = []
     for layer in range(stack.num_layers):
         hidden, query = stack.attention(layer, hidden, rope, cache, query_rows=1)
-        raw = last_token_logits(query, cache.layers[layer].keys, stack.scaling).amax(0).cpu()
-        distance = (positions[-1] - positions).clamp(max=bias.shape[1] - 1)
-        pooled = pool_words(raw - bias[layer][distance], reducible, word_of)
-        first_tokens = reducible & torch.cat([torch.tensor([True]), word_of[1:] != word_of[:-1]])
-        ranks.append(rank_fraction(pooled, first_tokens, key_pos))
+        scores = significance(query, cache.layers[layer].keys, stack.scaling, positions, bias[layer]).cpu()
+        ranks.append(rank_fraction(pool_words(scores, reducible, word_of), first_tokens, key_pos))
         hidden = stack.mlp(layer, hidden)
     return ranks
 

