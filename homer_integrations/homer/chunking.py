@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -15,6 +15,8 @@ class ChunkPlan:
     Attributes:
         prefix_len, suffix_len: P and S, the affix lengths every leaf carries.
         document_len: L, the number of document tokens.
+        planned_suffix_len: the suffix length the split was planned for (>= S when planned with
+            a reserve): a leaf tier plans once for any question's suffix up to this length.
         max_chunk_len: MCL; no leaf is longer and no position id reaches it.
         height: tree height h; 0 when the whole prompt fits one chunk.
         piece_len: E = ceil(L / 2**h), the longest piece; the suffix of every leaf starts at P + E.
@@ -26,13 +28,18 @@ class ChunkPlan:
     max_chunk_len: int
     height: int
     piece_len: int
+    planned_suffix_len: int
 
     @classmethod
-    def build(cls, prefix_len: int, document_len: int, suffix_len: int, max_chunk_len: int) -> ChunkPlan:
-        effective = max_chunk_len - prefix_len - suffix_len
+    def build(
+        cls, prefix_len: int, document_len: int, suffix_len: int, max_chunk_len: int, suffix_reserve: int = 0
+    ) -> ChunkPlan:
+        """Plan the split; ``suffix_reserve`` plans for a suffix of at least that many tokens."""
+        planned = max(suffix_len, suffix_reserve)
+        effective = max_chunk_len - prefix_len - planned
         if effective < 2:
             raise ValueError(
-                f"prefix ({prefix_len}) + suffix ({suffix_len}) tokens leave {effective} document tokens "
+                f"prefix ({prefix_len}) + suffix ({planned}) tokens leave {effective} document tokens "
                 f"per chunk of max_chunk_len={max_chunk_len}; shorten them or raise max_chunk_len"
             )
         if document_len < 1:
@@ -40,7 +47,14 @@ class ChunkPlan:
         leaves_needed = math.ceil(document_len / effective)
         height = math.ceil(math.log2(leaves_needed)) if leaves_needed > 1 else 0
         piece_len = math.ceil(document_len / 2**height)
-        return cls(prefix_len, suffix_len, document_len, max_chunk_len, height, piece_len)
+        return cls(prefix_len, suffix_len, document_len, max_chunk_len, height, piece_len, planned)
+
+    def with_suffix(self, suffix_len: int) -> ChunkPlan:
+        """The same split carrying a suffix of ``suffix_len`` tokens (a question asked of a leaf tier).
+
+        A suffix longer than the planned one makes merged nodes that many tokens longer than MCL.
+        """
+        return replace(self, suffix_len=suffix_len)
 
     @property
     def num_leaves(self) -> int:
@@ -48,8 +62,8 @@ class ChunkPlan:
 
     @property
     def effective_len(self) -> int:
-        """Document tokens one chunk can hold next to the affixes: MCL - P - S."""
-        return self.max_chunk_len - self.prefix_len - self.suffix_len
+        """Document tokens one chunk can hold next to the affixes: MCL - P - S (S as planned)."""
+        return self.max_chunk_len - self.prefix_len - self.planned_suffix_len
 
     @property
     def child_target_len(self) -> int:

@@ -8,12 +8,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from transformers import DynamicCache
 
 from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.chunking import ChunkPlan, LeafInput, make_leaves
 from homer_integrations.homer.config import ScoreLayers
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
+from homer_integrations.homer.leaf_tier import LeafSlice, LeafTier
 from homer_integrations.homer.merging import merge_siblings
 from homer_integrations.homer.positions import contiguous_positions
 from homer_integrations.homer.pruning import Scorer, keep_mask, pool_words, remember, score_tokens, standardise
@@ -33,6 +35,7 @@ class CompressorSettings:
     score_memory: bool = False
     score_layers: ScoreLayers = "last"
     contiguous_positions: bool = False
+    suffix_reserve: int = 0
     want_logits: bool = False
     seed: int = 0
 
@@ -68,6 +71,8 @@ class CompressionResult:
 
 
 ProgressFn = Callable[[int], None]
+LeafFn = Callable[[int, int, bool], Chunk]
+"""(leaf index, target length, is the root) -> that leaf, run through the leaf layers and pruned."""
 
 
 @dataclass(frozen=True)
@@ -137,10 +142,95 @@ class HomerCompressor:
         ``word_ids`` [L] (document word or sentence index of each token) makes pruning keep or drop
         whole units (see ``HomerConfig.pool_unit``).
         """
-        self._word_ids = word_ids
         start = time.perf_counter()
         s = self.settings
-        plan = ChunkPlan.build(prefix_ids.numel(), document_ids.numel(), suffix_ids.numel(), s.max_chunk_len)
+        plan = ChunkPlan.build(
+            prefix_ids.numel(), document_ids.numel(), suffix_ids.numel(), s.max_chunk_len, s.suffix_reserve
+        )
+        schedule = self._schedule(plan)
+        leaves = make_leaves(prefix_ids, document_ids, suffix_ids, plan)
+        self._word_ids = word_ids
+
+        def leaf(index: int, target_len: int, is_root: bool) -> Chunk:
+            return self._scratch_leaf(leaves[index], schedule.layers_at(0), target_len, is_root)
+
+        root = self._tree(leaf, plan, schedule, progress)
+        return self._result(root, plan, schedule, start)
+
+    @torch.inference_mode()
+    def build_leaf_tier(
+        self,
+        prefix_ids: torch.Tensor,
+        document_ids: torch.Tensor,
+        word_ids: torch.Tensor | None = None,
+        key: str = "",
+        progress: ProgressFn | None = None,
+    ) -> LeafTier:
+        """Run every leaf's prefix [P] + piece through the leaf layers once, without a suffix, and keep
+        what a question needs (see ``LeafTier``). The split is planned for ``suffix_reserve`` suffix tokens.
+        """
+        start = time.perf_counter()
+        stack, s = self.stack, self.settings
+        plan = ChunkPlan.build(prefix_ids.numel(), document_ids.numel(), 0, s.max_chunk_len, s.suffix_reserve)
+        layers = self._schedule(plan).layers_at(0)
+        P, L = plan.prefix_len, plan.document_len
+        kv_shape = (1, stack.num_kv_heads, 0, stack.head_dim)
+        prefix_cache = cache_from_tensors(*[[stack.empty(kv_shape) for _ in layers] for _ in "kv"])
+        prefix_hidden = self._extend(stack.embed(prefix_ids), torch.arange(P), prefix_cache, layers)[0]
+        prefix_keys, prefix_values = layer_tensors(prefix_cache)
+        doc_shape = (1, stack.num_kv_heads, L, stack.head_dim)
+        keys = [stack.empty(doc_shape) for _ in layers]
+        values = [stack.empty(doc_shape) for _ in layers]
+        hidden = stack.empty((1, L, prefix_hidden.shape[2]))
+        for index in range(plan.num_leaves):
+            span = plan.piece(index)
+            cache = cache_from_tensors(prefix_keys, prefix_values)
+            positions = torch.arange(P, P + span.stop - span.start)
+            hidden[:, span] = self._extend(stack.embed(document_ids[span]), positions, cache, layers)[0]
+            for k, v, (ck, cv) in zip(keys, values, zip(*layer_tensors(cache), strict=True), strict=True):
+                k[:, :, span] = ck[:, :, P:]
+                v[:, :, span] = cv[:, :, P:]
+            del cache
+            if progress is not None:
+                progress(span.stop - span.start)
+        return LeafTier(
+            key=key,
+            plan=plan,
+            leaf_layers=len(layers),
+            prefix_keys=tuple(prefix_keys),
+            prefix_values=tuple(prefix_values),
+            prefix_hidden=prefix_hidden,
+            keys=tuple(keys),
+            values=tuple(values),
+            hidden=hidden,
+            word_ids=word_ids,
+            seconds=time.perf_counter() - start,
+        )
+
+    @torch.inference_mode()
+    def replay(self, tier: LeafTier, suffix_ids: torch.Tensor, progress: ProgressFn | None = None) -> CompressionResult:
+        """The compression ``compress`` would make of the tier's document with this suffix [S] (the same
+        split), computed from the tier: only the suffix runs the leaf layers, then pruning and the upper levels.
+        """
+        start = time.perf_counter()
+        plan = tier.plan.with_suffix(suffix_ids.numel())
+        schedule = self._schedule(plan)
+        if len(schedule.layers_at(0)) != tier.leaf_layers:
+            raise ValueError(
+                f"the leaf tier ran {tier.leaf_layers} leaf layers, these settings run {len(schedule.layers_at(0))}"
+            )
+        self._word_ids = tier.word_ids
+
+        def leaf(index: int, target_len: int, is_root: bool) -> Chunk:
+            return self._replayed_leaf(tier.leaf(index), suffix_ids, plan, schedule.layers_at(0), target_len)
+
+        root = self._tree(leaf, plan, schedule, progress)
+        return self._result(root, plan, schedule, start)
+
+    # ----------------------------------------------------------------------------- the tree
+    def _schedule(self, plan: ChunkPlan) -> LayerSchedule:
+        """The layer schedule for ``plan``'s tree; warm-up is lowered (with a warning) where it must be."""
+        s = self.settings
         if plan.height + 1 > self.stack.num_layers:
             raise ValueError(
                 f"the document needs a merge tree of height {plan.height} ({plan.num_leaves} chunks), but the "
@@ -156,15 +246,17 @@ class HomerCompressor:
                 s.warmup_layers,
                 warmup,
             )
-        schedule = LayerSchedule.build(self.stack.num_layers, warmup, plan.height)
-        leaves = make_leaves(prefix_ids, document_ids, suffix_ids, plan)
+        return LayerSchedule.build(self.stack.num_layers, warmup, plan.height)
+
+    def _tree(self, leaf: LeafFn, plan: ChunkPlan, schedule: LayerSchedule, progress: ProgressFn | None) -> Chunk:
         self._alive, self._peak = [], 0
-        root = self._subtree(leaves, plan.height, s.final_cache_len, plan, schedule, progress, is_root=True)
-        keys, values = layer_tensors(root.cache)
-        logits = self.stack.logits(root.hidden[:, -1:]) if s.want_logits else None
-        if s.contiguous_positions and plan.height > 0:
+        return self._subtree(leaf, 0, plan.height, self.settings.final_cache_len, plan, schedule, progress, True)
+
+    def _result(self, root: Chunk, plan: ChunkPlan, schedule: LayerSchedule, start: float) -> CompressionResult:
+        logits = self.stack.logits(root.hidden[:, -1:]) if self.settings.want_logits else None
+        if self.settings.contiguous_positions and plan.height > 0:
             self._compact(root)
-            keys, values = layer_tensors(root.cache)
+        keys, values = layer_tensors(root.cache)
         return CompressionResult(
             keys=keys,
             values=values,
@@ -179,7 +271,8 @@ class HomerCompressor:
 
     def _subtree(
         self,
-        leaves: list[LeafInput],
+        leaf: LeafFn,
+        first: int,
         height: int,
         target_len: int,
         plan: ChunkPlan,
@@ -187,27 +280,19 @@ class HomerCompressor:
         progress: ProgressFn | None,
         is_root: bool = False,
     ) -> Chunk:
-        """Post-order: left subtree, right subtree, merge (children freed), then this level's layers."""
+        """Post-order over leaves ``first..first+2**height-1``: left subtree, right subtree, merge
+        (children freed), then this level's layers."""
         if height == 0:
-            leaf = leaves[0]
-            chunk = Chunk(
-                hidden=self.stack.embed(leaf.input_ids),
-                position_ids=leaf.position_ids,
-                reducible=leaf.reducible,
-                origin=leaf.origin,
-                memory=torch.full((leaf.origin.numel(),), float("-inf")),
-                prefix_len=leaf.prefix_len,
-                suffix_len=leaf.suffix_len,
-            )
-            self._run_layers(chunk, schedule.layers_at(0), target_len, is_root)
+            chunk = leaf(first, target_len, is_root)
             if progress is not None:
-                progress(int(leaf.reducible.sum()))
+                span = plan.piece(first)
+                progress(span.stop - span.start)
             return chunk
-        half = len(leaves) // 2
+        half = 2 ** (height - 1)
         child_len = plan.child_target_len
-        left = self._subtree(leaves[:half], height - 1, child_len, plan, schedule, progress)
+        left = self._subtree(leaf, first, height - 1, child_len, plan, schedule, progress)
         self._alive.append(left)
-        right = self._subtree(leaves[half:], height - 1, child_len, plan, schedule, progress)
+        right = self._subtree(leaf, first + half, height - 1, child_len, plan, schedule, progress)
         self._alive.pop()
         merged = merge_siblings(left, right)
         del left, right
@@ -216,14 +301,93 @@ class HomerCompressor:
         self._run_layers(merged, schedule.layers_at(height), target_len, is_root)
         return merged
 
+    # ----------------------------------------------------------------------------- leaves
+    def _scratch_leaf(self, leaf: LeafInput, layers: range, target_len: int, is_root: bool) -> Chunk:
+        """A leaf computed from its tokens: prefix + piece + suffix through the leaf layers, pruned."""
+        chunk = Chunk(
+            hidden=self.stack.embed(leaf.input_ids),
+            position_ids=leaf.position_ids,
+            reducible=leaf.reducible,
+            origin=leaf.origin,
+            memory=torch.full((leaf.origin.numel(),), float("-inf")),
+            prefix_len=leaf.prefix_len,
+            suffix_len=leaf.suffix_len,
+        )
+        self._run_layers(chunk, layers, target_len, is_root)
+        return chunk
+
+    def _replayed_leaf(
+        self, part: LeafSlice, suffix_ids: torch.Tensor, plan: ChunkPlan, layers: range, target_len: int
+    ) -> Chunk:
+        """A leaf from its stored prefix + piece: only the suffix [S] runs the leaf layers, then it prunes.
+
+        The stored hidden states are post-MLP; the suffix is never pruned and the MLP acts per token,
+        so pruning after the last MLP keeps what pruning before it would.
+        """
+        P, S = plan.prefix_len, plan.suffix_len
+        n = part.hidden.shape[1] - P
+        suffix_positions = torch.arange(P + plan.piece_len, P + plan.piece_len + S)
+        flags = torch.zeros(P + n + S, dtype=torch.bool)
+        flags[P : P + n] = True
+        chunk = Chunk(
+            hidden=part.hidden,
+            position_ids=torch.cat([part.position_ids, suffix_positions]),
+            reducible=flags,
+            origin=torch.cat([part.origin, torch.full((S,), -1)]),
+            memory=torch.full((P + n + S,), float("-inf")),
+            prefix_len=P,
+            suffix_len=S,
+            cache=cache_from_tensors(part.keys, part.values),
+        )
+        shrinks = chunk.length > target_len
+        suffix_hidden, scores = self._extend(
+            self.stack.embed(suffix_ids), suffix_positions, chunk.cache, layers, chunk if shrinks else None
+        )
+        chunk.hidden = torch.cat([part.hidden, suffix_hidden], dim=1)
+        if scores is not None:
+            self._prune(chunk, layers[-1], scores, target_len)
+        return chunk
+
+    def _extend(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        cache: DynamicCache,
+        layers: range,
+        scored: Chunk | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run ``layers`` (attention and MLP) on new rows [1, R, D] at ``positions`` [R] after the tokens
+        ``cache`` holds, appending their K/V. With ``scored`` (the chunk whose cache this is, the rows
+        its suffix) also return the chunk's pruning scores [T] from the suffix's queries."""
+        rows = hidden.shape[1]
+        if rows == 0:
+            return hidden, None
+        past = cache.layers[layers[0]].keys.shape[2] if len(cache.layers) > layers[0] else 0
+        mask = self.stack.causal_mask_after(past, rows)
+        rope = self.stack.rotary(hidden, positions)
+        every_layer = self.settings.score_layers == "all"
+        scores, evidence = None, []
+        for layer_idx in layers:
+            score_here = scored is not None and (layer_idx == layers[-1] or every_layer)
+            query_rows = self._rows(scored) if score_here else 0
+            hidden, query = self.stack.attention(layer_idx, hidden, rope, cache, query_rows=query_rows, mask=mask)
+            if score_here:
+                self._record_peak(scored)
+                scores = self._layer_scores(scored, layer_idx, query)
+                if every_layer:
+                    evidence.append(standardise(scores.cpu(), scored.reducible))
+            hidden = self.stack.mlp(layer_idx, hidden)
+        if evidence:
+            scores = torch.stack(evidence).mean(0)
+        return hidden, scores
+
+    # ----------------------------------------------------------------------------- one node
     def _run_layers(self, chunk: Chunk, layers: range, target_len: int, is_root: bool) -> None:
         """Run ``layers`` on ``chunk``; in the last one prune to ``target_len`` between attention and MLP."""
         stack = self.stack
         rope = stack.rotary(chunk.hidden, chunk.position_ids)
         last = layers[-1]
         shrinks = chunk.length > target_len
-        if shrinks and self.settings.scorer == "calibrated" and self.bias is None:
-            raise ValueError("the calibrated scorer needs a calibration bias to prune")
         every_layer = self.settings.score_layers == "all"
         evidence: list[torch.Tensor] = []
         for layer_idx in layers:
@@ -238,25 +402,29 @@ class HomerCompressor:
                 if every_layer:
                     evidence.append(standardise(scores.cpu(), chunk.reducible))
             if prune_here:
-                if every_layer:
-                    scores = torch.stack(evidence).mean(0)
-                if self._word_ids is not None:
-                    words = torch.where(chunk.origin >= 0, self._word_ids[chunk.origin.clamp(min=0)], -1)
-                    scores = pool_words(scores.cpu(), chunk.reducible, words)
-                if self.settings.score_memory:
-                    scores = remember(scores.cpu(), chunk)
-                mask = keep_mask(scores, chunk.reducible, target_len)
-                if self.observer is not None:
-                    self.observer(PruneEvent(layer_idx, chunk.origin, chunk.reducible, scores, mask))
-                chunk.keep(mask)
+                self._prune(chunk, layer_idx, torch.stack(evidence).mean(0) if every_layer else scores, target_len)
             if is_root and layer_idx == stack.num_layers - 1:
                 # Only the last position's output is ever read (next-token logits): skip the rest.
                 chunk.hidden = stack.mlp(layer_idx, chunk.hidden[:, -1:])
             else:
                 chunk.hidden = stack.mlp(layer_idx, chunk.hidden)
 
+    def _prune(self, chunk: Chunk, layer_idx: int, scores: torch.Tensor, target_len: int) -> None:
+        """Word units and score memory over ``scores`` [T], then keep the best ``target_len`` tokens."""
+        if self._word_ids is not None:
+            words = torch.where(chunk.origin >= 0, self._word_ids[chunk.origin.clamp(min=0)], -1)
+            scores = pool_words(scores.cpu(), chunk.reducible, words)
+        if self.settings.score_memory:
+            scores = remember(scores.cpu(), chunk)
+        mask = keep_mask(scores, chunk.reducible, target_len)
+        if self.observer is not None:
+            self.observer(PruneEvent(layer_idx, chunk.origin, chunk.reducible, scores, mask))
+        chunk.keep(mask)
+
     def _layer_scores(self, chunk: Chunk, layer_idx: int, query: torch.Tensor) -> torch.Tensor:
         """This layer's significance [T] of every token of ``chunk`` (before word units and memory)."""
+        if self.settings.scorer == "calibrated" and self.bias is None:
+            raise ValueError("the calibrated scorer needs a calibration bias to prune")
         return score_tokens(
             self.settings.scorer,
             query,

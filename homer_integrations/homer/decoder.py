@@ -42,6 +42,10 @@ class DecoderStack:
     def dtype(self) -> torch.dtype:
         return self.backbone.embed_tokens.weight.dtype
 
+    def empty(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """An uninitialised tensor of the model's dtype on its device."""
+        return torch.empty(shape, dtype=self.dtype, device=self.device)
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[T] token ids -> [1, T, D] input embeddings."""
         return self.backbone.embed_tokens(input_ids.to(self.device)[None])
@@ -57,23 +61,41 @@ class DecoderStack:
         rope: tuple[torch.Tensor, torch.Tensor],
         cache: DynamicCache,
         query_rows: int = 0,
+        mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Causal self-attention of layer ``layer_idx`` with the residual added.
 
         The layer's rotated keys/values are appended to ``cache`` (layer ``layer_idx``). Returns
         the new hidden states [1, T, D] and, if ``query_rows`` > 0, the rotated queries
         [1, H, R, d] of the last R tokens (pruning uses the last one, calibration several).
+        ``mask``: from ``causal_mask_after`` when ``cache`` already holds earlier tokens.
         """
         layer = self.layers[layer_idx]
         normed = layer.input_layernorm(hidden)
         out, _ = layer.self_attn(
-            hidden_states=normed, position_embeddings=rope, attention_mask=None, past_key_values=cache
+            hidden_states=normed, position_embeddings=rope, attention_mask=mask, past_key_values=cache
         )
         query = None
         if query_rows:
             r = query_rows
             query = self.queries(layer_idx, normed[:, -r:], (rope[0][:, -r:], rope[1][:, -r:]))
         return hidden + out, query
+
+    def causal_mask_after(self, past: int, rows: int) -> torch.Tensor | None:
+        """Additive mask [1, 1, R, past + R] for R new rows after ``past`` cached tokens (row i sees
+        keys ``0..past + i``), or None where the backend's own causal flag is right.
+
+        SDPA's ``is_causal`` aligns the triangle top-left (and transformers then drops the cached
+        keys), so rows after a cache need this mask; flash-attn aligns bottom-right by itself.
+        """
+        if past == 0 or rows == 1 or "flash" in str(self.model.config._attn_implementation):
+            return None
+        seen = (
+            torch.arange(past + rows, device=self.device)[None, :]
+            <= (past + torch.arange(rows, device=self.device))[:, None]
+        )
+        mask = torch.zeros(rows, past + rows, dtype=self.dtype, device=self.device)
+        return mask.masked_fill(~seen, torch.finfo(self.dtype).min)[None, None]
 
     def queries(
         self, layer_idx: int, normed_rows: torch.Tensor, rope_rows: tuple[torch.Tensor, torch.Tensor]

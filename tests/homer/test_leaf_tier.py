@@ -1,0 +1,126 @@
+"""The leaf tier: a question replayed from the stored leaves equals a compression from scratch."""
+
+import pytest
+import torch
+
+from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
+from homer_integrations.homer.decoder import DecoderStack
+from homer_integrations.homer.leaf_tier import LeafTier
+from tests.conftest import tiny_model
+
+KINDS = ["llama", "mistral", "qwen2"]
+MCL, RESERVE = 128, 12
+# The replay runs the suffix rows against cached K/V instead of the whole leaf in one call: the
+# same arithmetic in another blocking, so fp32 results agree to rounding.
+ATOL = 1e-4
+
+
+def ids(model, n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, model.config.vocab_size, (n,), generator=g)
+
+
+def compressor(model, **kw) -> HomerCompressor:
+    settings = CompressorSettings(
+        max_chunk_len=MCL,
+        warmup_layers=3,
+        final_cache_len=MCL,
+        scorer="uncalibrated",
+        want_logits=True,
+        suffix_reserve=RESERVE,
+        **kw,
+    )
+    return HomerCompressor(DecoderStack(model), settings, None)
+
+
+def assert_same_compression(replayed, scratch) -> None:
+    assert replayed.plan == scratch.plan
+    assert torch.equal(replayed.origin, scratch.origin), "the same tokens survive"
+    assert torch.equal(replayed.position_ids, scratch.position_ids)
+    assert len(replayed.keys) == len(scratch.keys)
+    for a, b in zip(replayed.keys + replayed.values, scratch.keys + scratch.values, strict=True):
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
+    torch.testing.assert_close(replayed.next_token_logits, scratch.next_token_logits, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("doc_len", "height"), [(60, 0), (200, 1), (400, 2), (800, 3)])
+@pytest.mark.parametrize("units_and_memory", [False, True])
+def test_replay_equals_compression_from_scratch(kind, doc_len, height, units_and_memory):
+    model = tiny_model(kind, vocab_size=256)
+    prefix, doc = ids(model, 5, 1), ids(model, doc_len, 2)
+    words = torch.arange(doc_len) // 3 if units_and_memory else None
+    comp = compressor(model, score_memory=units_and_memory, score_pooling=3 if units_and_memory else 1)
+    tier = comp.build_leaf_tier(prefix, doc, word_ids=words)
+    for seed, suffix_len in [(3, 4), (4, RESERVE)]:  # two questions asked of one tier
+        suffix = ids(model, suffix_len, seed)
+        scratch = comp.compress(prefix, doc, suffix, word_ids=words)
+        assert scratch.plan.height == height
+        assert_same_compression(comp.replay(tier, suffix), scratch)
+
+
+def test_replay_of_a_single_chunk_is_the_plain_forward():
+    model = tiny_model("llama", vocab_size=256)
+    prefix, doc, suffix = ids(model, 5, 1), ids(model, 60, 2), ids(model, 4, 3)
+    comp = compressor(model)
+    replayed = comp.replay(comp.build_leaf_tier(prefix, doc), suffix)
+    with torch.no_grad():
+        out = model(torch.cat([prefix, doc, suffix])[None], use_cache=True)
+    torch.testing.assert_close(replayed.next_token_logits, out.logits[0, -1], atol=ATOL, rtol=0)
+    for k, layer in zip(replayed.keys, out.past_key_values.layers, strict=True):
+        torch.testing.assert_close(k, layer.keys, atol=1e-5, rtol=0)
+
+
+def test_replay_reads_every_leaf_layer_from_the_tier_not_the_model():
+    """The tier is the only source of the document: a tier of another document gives its answer."""
+    model = tiny_model("qwen2", vocab_size=256)
+    prefix, suffix = ids(model, 5, 1), ids(model, 4, 3)
+    comp = compressor(model)
+    doc_a, doc_b = ids(model, 400, 2), ids(model, 400, 5)
+    tier_b = comp.build_leaf_tier(prefix, doc_b)
+    assert_same_compression(comp.replay(tier_b, suffix), comp.compress(prefix, doc_b, suffix))
+    assert not torch.allclose(
+        comp.replay(tier_b, suffix).next_token_logits, comp.compress(prefix, doc_a, suffix).next_token_logits
+    )
+
+
+def test_a_suffix_longer_than_the_reserve_keeps_the_split():
+    model = tiny_model("llama", vocab_size=256)
+    prefix, doc = ids(model, 5, 1), ids(model, 400, 2)
+    comp = compressor(model)
+    tier = comp.build_leaf_tier(prefix, doc)
+    result = comp.replay(tier, ids(model, RESERVE + 10, 3))
+    assert result.plan.piece_len == tier.plan.piece_len
+    assert result.plan.suffix_len == RESERVE + 10
+    assert len({k.shape[2] for k in result.keys}) == 1
+
+
+def test_tier_tensors_round_trip_and_shapes_are_checked():
+    model = tiny_model("mistral", vocab_size=256)
+    comp = compressor(model)
+    prefix, doc, suffix = ids(model, 5, 1), ids(model, 300, 2), ids(model, 4, 3)
+    tier = comp.build_leaf_tier(prefix, doc, word_ids=torch.arange(300) // 2, key="abc")
+    leaf_layers = len(comp._schedule(tier.plan).layers_at(0))
+    assert tier.leaf_layers == leaf_layers
+    assert tier.keys[0].shape == (1, 2, 300, model.config.hidden_size // 4)
+    assert tier.nbytes > 0
+    tensors, meta = tier.to_tensors()
+    back = LeafTier.from_tensors(tensors, meta)
+    assert back.key == "abc" and back.plan == tier.plan
+    assert_same_compression(comp.replay(back, suffix), comp.replay(tier, suffix))
+    tensors["k.0"] = tensors["k.0"][:, :10]
+    with pytest.raises(ValueError, match="leaf tier"):
+        LeafTier.from_tensors(tensors, meta)
+
+
+def test_tier_built_with_other_settings_is_refused():
+    model = tiny_model("llama", vocab_size=256)
+    prefix, doc, suffix = ids(model, 5, 1), ids(model, 200, 2), ids(model, 4, 3)
+    tier = compressor(model).build_leaf_tier(prefix, doc)
+    other = HomerCompressor(
+        DecoderStack(model),
+        CompressorSettings(max_chunk_len=MCL, warmup_layers=0, final_cache_len=MCL, scorer="uncalibrated"),
+        None,
+    )
+    with pytest.raises(ValueError, match="leaf layers"):
+        other.replay(tier, suffix)
