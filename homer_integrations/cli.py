@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:  # the heavy imports (torch, transformers) wait until a command needs them
     from homer_integrations.document_cache import DocumentCache
+    from homer_integrations.documents import ParsedDocument
     from homer_integrations.engine import AnswerInfo, HomerModel
     from homer_integrations.homer.config import HomerConfig
 
@@ -40,6 +41,9 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+
+DEFAULT_MAX_FILE_MB = 16
+"""``--max-file-mb``: the default limit of ``homer_integrations.documents`` (16 MiB)."""
 
 DEMO_QUESTIONS = (
     "Who is Mr. Bingley?",
@@ -75,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("-q", "--question", dest="questions", action="append", default=[], metavar="QUESTION")
     ask.add_argument("--demo", action="store_true", help="without -q: ask three questions about the bundled novel")
     ask.add_argument("--max-chars", type=_positive_int, metavar="N", help="use only the first N characters")
+    ask.add_argument(
+        "--max-file-mb",
+        type=_positive_int,
+        default=DEFAULT_MAX_FILE_MB,
+        metavar="N",
+        help=f"refuse files over N MiB before reading them (default {DEFAULT_MAX_FILE_MB})",
+    )
     _model_options(ask)
     _cache_options(ask, allow_no_disk=True)
     ask.add_argument(
@@ -218,6 +229,7 @@ def _engine(
     from homer_integrations.models import DEFAULT_MODEL, ModelNotAvailableError
 
     name = args.model or DEFAULT_MODEL
+    _check_device(args.device)
     try:
         model, tokenizer = _load_parts(name, args.dtype, args.device)
     except ModelNotAvailableError as exc:
@@ -230,6 +242,16 @@ def _engine(
         raise CliError(f"model {name!r}: {exc}") from None
     except ValueError as exc:  # settings that do not fit the model
         raise CliError(f"model {name!r}: {exc}") from None
+
+
+def _check_device(device: str | None) -> None:
+    """Refuse a ``--device`` this torch cannot use before any weights load."""
+    from homer_integrations.models import resolve_device
+
+    try:
+        resolve_device(device)
+    except ValueError as exc:
+        raise CliError(f"--device: {exc}", EXIT_USAGE) from None
 
 
 def _config(args: argparse.Namespace) -> HomerConfig:
@@ -264,9 +286,6 @@ def _seconds(s: float | None) -> str:
 
 # ----------------------------------------------------------------------------- ask
 def _ask(args: argparse.Namespace) -> int:
-    from homer_integrations.documents import DocumentError, read_document
-    from homer_integrations.homer.generation import GenerationOptions
-
     questions = [q for q in args.questions if q.strip()]
     if len(questions) != len(args.questions):
         raise CliError("a question is empty", EXIT_USAGE)
@@ -274,6 +293,9 @@ def _ask(args: argparse.Namespace) -> int:
         if not args.demo:
             raise CliError("give at least one question with -q QUESTION (or --demo)", EXIT_USAGE)
         questions = list(DEMO_QUESTIONS)
+    parsed = _read(args.file, args.max_file_mb)  # before torch loads: bad input fails fast
+    from homer_integrations.homer.generation import GenerationOptions
+
     try:
         options = GenerationOptions(
             max_new_tokens=args.max_new_tokens,
@@ -285,10 +307,6 @@ def _ask(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise CliError(f"invalid generation options: {' '.join(str(exc).split())}", EXIT_USAGE) from None
-    try:
-        parsed = read_document(args.file)  # before loading the model: bad input fails fast
-    except DocumentError as exc:
-        raise CliError(str(exc)) from None
     text = parsed.text
     if args.max_chars is not None and len(text) > args.max_chars:
         cut = text.rfind(" ", 0, args.max_chars + 1)
@@ -344,6 +362,18 @@ def _ask(args: argparse.Namespace) -> int:
     else:
         _print_summary(summary, out)
     return EXIT_OK
+
+
+def _read(path: Path, max_file_mb: int) -> ParsedDocument:
+    """The whole document at ``path``; a file over ``max_file_mb`` MiB is refused before it is read."""
+    from homer_integrations.documents import DocumentError, FileTooLargeError, read_document
+
+    try:
+        return read_document(path, max_bytes=max_file_mb * 1024 * 1024)
+    except FileTooLargeError as exc:
+        raise CliError(str(FileTooLargeError(exc.path, exc.size, exc.limit, "use --max-file-mb N"))) from None
+    except DocumentError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _answer_record(question: str, answer: str, info: AnswerInfo) -> dict[str, Any]:

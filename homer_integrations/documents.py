@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-DEFAULT_MAX_BYTES = 200 * 1024 * 1024
-"""Files larger than this are refused unless a caller raises the limit."""
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+"""Files larger than this (16 MiB, a few million tokens) are refused before they are read, unless a
+caller raises the limit (``max_bytes=``; ``homer-qa ask --max-file-mb``)."""
 
 FILE_TYPES: dict[str, str] = {
     ".txt": "text",
@@ -49,6 +50,15 @@ class DocumentError(ValueError):
         self.path = Path(path)
         self.reason = reason
         super().__init__(f"{path}: {reason}")
+
+
+class FileTooLargeError(DocumentError):
+    """A file over the size limit, refused before it is read; ``size`` and ``limit`` are bytes."""
+
+    def __init__(self, path: str | Path, size: int, limit: int, how_to_raise: str = "pass a larger max_bytes") -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(path, f"file is {_human(size)}, over the {_human(limit)} limit; {how_to_raise} to read it")
 
 
 @dataclass(frozen=True)
@@ -89,7 +99,8 @@ def read_document(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Pa
     """Read one whole file into a ``ParsedDocument``.
 
     Raises ``DocumentError`` when the file is missing, unreadable, of an unsupported type, larger
-    than ``max_bytes``, binary, a broken PDF, or has no text (empty or whitespace only).
+    than ``max_bytes`` (``FileTooLargeError``, checked before reading), binary, a broken PDF, or has
+    no text (empty or whitespace only).
     """
     path = Path(path)
     suffix = path.suffix.lower()
@@ -106,13 +117,16 @@ def read_document(path: str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Pa
     if path.is_dir():
         raise DocumentError(path, "is a directory, not a file")
     if size > max_bytes:
-        raise DocumentError(path, f"file is {_human(size)}, over the {_human(max_bytes)} limit")
+        raise FileTooLargeError(path, size, max_bytes)
     if size == 0:
         raise DocumentError(path, "file is empty")
     try:
-        data = path.read_bytes()
+        with path.open("rb") as f:
+            data = f.read(max_bytes + 1)  # a file that grew since stat is still cut off at the limit
     except OSError as exc:
         raise DocumentError(path, f"cannot read: {exc.strerror or exc}") from None
+    if len(data) > max_bytes:
+        raise FileTooLargeError(path, len(data), max_bytes)
 
     metadata: dict[str, Any] = {
         "source": str(path),

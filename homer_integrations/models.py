@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import importlib.util
 import logging
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,7 +83,56 @@ def embedded_defaults(name: str | None):
 
 
 class ModelNotAvailableError(RuntimeError):
-    """An embedded model's package is not installed, or its weights fail their checksum."""
+    """An embedded model's package is not installed, its weights fail their checksum, or a local
+    model path does not exist."""
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device | None:
+    """``device`` as a ``torch.device`` this torch build can use (None stays None: where it loads).
+
+    Raises ``ValueError`` naming the device and why: not a device name (``banana``), a backend this
+    torch has no support or hardware for (``cuda`` on a CPU-only build), or an index past the devices there.
+    """
+    if device is None:
+        return None
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {str(device)!r}; use e.g. cpu, cuda, cuda:1 or mps") from None
+    if resolved.type == "cpu":
+        return resolved
+    backend = getattr(torch, resolved.type, None)
+    if backend is None or not hasattr(backend, "is_available"):
+        raise ValueError(f"device {str(device)!r} cannot hold a model; use e.g. cpu, cuda, cuda:1 or mps")
+    if not backend.is_available():
+        why = (
+            "has no CUDA support" if resolved.type == "cuda" and torch.version.cuda is None else "finds no such device"
+        )
+        raise ValueError(f"device {str(device)!r} is not available: this torch {torch.__version__} {why}; use cpu")
+    count = backend.device_count() if hasattr(backend, "device_count") else 1
+    if resolved.index is not None and resolved.index >= count:
+        raise ValueError(f"device {str(device)!r} is not available: this machine has {count} {resolved.type} device(s)")
+    return resolved
+
+
+def _looks_like_path(name: str) -> bool:
+    """A local path rather than a hub id (``namespace/name``: one ``/``, no leading ``.``, ``~`` or ``/``)."""
+    separators = name.count(os.sep) + (name.count(os.altsep) if os.altsep and os.altsep != "/" else 0)
+    return name.startswith((".", "~")) or os.path.isabs(name) or separators > (1 if os.sep == "/" else 0)
+
+
+def _local_path(name: str) -> str:
+    """``name`` with ``~`` expanded when it names a local path; raises when that path does not exist."""
+    if not _looks_like_path(name):
+        return name
+    path = Path(name).expanduser()
+    if not path.exists():
+        embedded = ", ".join(EMBEDDED_MODELS)
+        raise ModelNotAvailableError(
+            f"model path {name!r} does not exist; give an existing model directory, a hub id "
+            f"(namespace/name), or an embedded model: {embedded}"
+        )
+    return str(path)
 
 
 def _part_path(module: str, how: str, spec: EmbeddedModel) -> Path:
@@ -161,10 +211,16 @@ def load_embedded(
 def load_model(
     path_or_id: str, dtype: torch.dtype | str = "auto", device: str | torch.device | None = None, **kwargs
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load any local path or hub id (an embedded model's name works too)."""
+    """Load any local path or hub id (an embedded model's name works too).
+
+    Raises ``ValueError`` for a device this torch cannot use and ``ModelNotAvailableError`` for a
+    local path that does not exist, both before any weights load.
+    """
+    device = resolve_device(device)
     if path_or_id in EMBEDDED_MODELS:
         model, tokenizer = load_embedded(EMBEDDED_MODELS[path_or_id], torch.float32 if dtype == "auto" else dtype)
     else:
+        path_or_id = _local_path(path_or_id)
         model = AutoModelForCausalLM.from_pretrained(path_or_id, dtype=dtype, **kwargs).eval()
         tokenizer = AutoTokenizer.from_pretrained(path_or_id)
     if device is not None:

@@ -43,6 +43,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from homer_integrations.homer.prompt import PromptText, concat, markup, plain
+
 if TYPE_CHECKING:
     from homer_integrations.engine import AnswerStream, HomerModel
     from homer_integrations.homer.generation import GenerationOptions
@@ -70,6 +72,8 @@ class PromptSplit:
     ``prompt`` is the whole rendered prompt: what a plain call runs or, with a document,
     ``prefix + document + suffix + continuation``, of which the first three are compressed;
     ``found_by`` says which rule found the document (``plain`` when there is none).
+    The texts are ``PromptText``: only the template's markup becomes control tokens, never the
+    document or a message's content.
     """
 
     prompt: str
@@ -81,7 +85,11 @@ class PromptSplit:
 
 
 def render_plain_text(messages: list[dict[str, str]]) -> str:
-    """A renderer for prompts that are already formatted text: the messages' contents, concatenated."""
+    """A renderer for prompts that are already formatted text: the messages' contents, concatenated.
+
+    The result is a plain ``str``, which counts as formatted: control tokens it spells are real
+    (only a document found in it is always plain text).
+    """
     return "".join(m["content"] for m in messages)
 
 
@@ -141,8 +149,9 @@ def split_prompt(
 
     Args:
         document: an explicit document; wins over everything else.
-        render: messages -> prompt text; default ``engine.chat_prompt`` (the chat template).
-            Use ``render_plain_text`` for a prompt that is already formatted.
+        render: messages -> prompt text; default ``engine.chat_prompt`` (the chat template, whose
+            ``PromptText`` keeps message contents plain). Use ``render_plain_text`` for a prompt that
+            is already formatted; a renderer's plain ``str`` counts as formatted markup.
         long_prompt_tokens: prompts up to this many tokens with no known document run plainly;
             default ``engine.config.max_chunk_len``.
     """
@@ -232,15 +241,16 @@ def _split_at(
     rest = _remaining(content[:start], content[end:])
     rewritten = [dict(m) for m in msgs]
     rewritten[index]["content"] = _SENTINEL + rest
-    prefix, continuation = render(rewritten).split(_SENTINEL, 1)
-    suffix = engine.config.document_suffix
+    prefix, _, continuation = markup(render(rewritten)).partition(_SENTINEL)
+    suffix = plain(engine.config.document_suffix)
     if engine.config.mode == "query_aware" and engine.config.reask_question:
         # the message's own text steers pruning from the suffix and is asked again after the cache
-        suffix = f"{suffix}{rest}\n\n" if rest else suffix
+        suffix = concat(suffix, rest, "\n\n") if rest else suffix
     elif engine.config.mode == "query_aware":
         # the question is compressed with the document: everything after it joins the suffix
-        suffix, continuation = suffix + continuation, ""
-    return PromptSplit(prefix + document + suffix + continuation, document, prefix, suffix, continuation, found_by)
+        suffix, continuation = concat(suffix, continuation), PromptText()
+    prompt = concat(prefix, document, suffix, continuation)
+    return PromptSplit(prompt, document, prefix, suffix, continuation, found_by)
 
 
 # ------------------------------------------------------------------------------------- answering

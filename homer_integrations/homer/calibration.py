@@ -27,6 +27,7 @@ from transformers import DynamicCache
 
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.fingerprint import rope_settings, weights_fingerprint
+from homer_integrations.homer.prompt import encode
 from homer_integrations.homer.pruning import last_token_logits
 
 logger = logging.getLogger(__name__)
@@ -166,7 +167,7 @@ class CalibrationStore:
             segments,
             self.user_dir,
         )
-        ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids = encode(tokenizer, text)  # plain text, under the tokenizer lock ``encode`` shares
         bias = compute_bias(stack, ids, key.max_chunk_len, segments, progress=progress)
         self.save(key, bias, segments)
         return bias

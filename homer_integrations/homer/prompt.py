@@ -14,6 +14,9 @@ Llama, Mistral) is handled by the tokenizer's own template.
 
 from __future__ import annotations
 
+import re
+import threading
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,16 +26,112 @@ from homer_integrations.homer.config import PoolUnit
 
 _DOC = "\u2063HOMERDOC\u2063"
 _QUESTION = "\u2063HOMERQ\u2063"
+_CONTENT = "\u2063HOMERMSG{}\u2063"
+_CONTENT_RE = re.compile("\u2063HOMERMSG(\\d+)\u2063")
+# fast tokenizers keep ``split_special_tokens`` as a flag on the shared backend, set per call:
+# calls with different flags must not interleave
+_TOKENIZE_LOCK = threading.Lock()
+
+Segment = tuple[str, bool]
+"""A piece of prompt text and whether it is chat-template markup."""
+
+
+class PromptText(str):
+    """Prompt text that knows which of its characters are chat-template markup.
+
+    Only markup may spell control tokens (``<|im_start|>``, ``<|im_end|>``, ...): ``encode`` turns
+    them into the real special tokens there and nowhere else, so a document, question or message
+    that spells one stays plain text (no prompt injection). Compares, hashes and prints as the plain
+    string; ``segments`` is the canonical (text, is_markup) split (no empty pieces, neighbours of one
+    kind joined). Build it with ``markup``, ``plain`` and ``concat``, and cut it with ``partition``:
+    ordinary ``str`` operations return a plain ``str`` that no longer knows its markup.
+    """
+
+    segments: tuple[Segment, ...]
+
+    def __new__(cls, segments: Iterable[Segment] = ()) -> PromptText:
+        merged: list[Segment] = []
+        for text, is_markup in segments:
+            if not text:
+                continue
+            if merged and merged[-1][1] == is_markup:
+                merged[-1] = (merged[-1][0] + text, is_markup)
+            else:
+                merged.append((text, bool(is_markup)))
+        self = super().__new__(cls, "".join(text for text, _ in merged))
+        self.segments = tuple(merged)
+        return self
+
+    def __getnewargs__(self) -> tuple[tuple[Segment, ...]]:  # type: ignore[override]
+        return (self.segments,)
+
+    def partition(self, sep: str) -> tuple[PromptText, PromptText, PromptText]:  # type: ignore[override]
+        """Like ``str.partition``, keeping the markup; ``sep`` must lie within one segment."""
+        head: list[Segment] = []
+        for i, (text, is_markup) in enumerate(self.segments):
+            before, found, after = text.partition(sep)
+            if found:
+                rest = [(after, is_markup), *self.segments[i + 1 :]]
+                return PromptText([*head, (before, is_markup)]), PromptText([(sep, is_markup)]), PromptText(rest)
+            head.append((text, is_markup))
+        return self, PromptText(), PromptText()
+
+
+def markup(text: str) -> PromptText:
+    """``text`` as chat-template markup: the control tokens it spells are real."""
+    return text if isinstance(text, PromptText) else PromptText([(text, True)])
+
+
+def plain(text: str) -> PromptText:
+    """``text`` as content (a document, a question, a message): never a control token."""
+    return PromptText([(text, False)])
+
+
+def concat(*parts: str) -> PromptText:
+    """Join prompt texts; a part that is a plain ``str`` (not a ``PromptText``) counts as content."""
+    return PromptText(
+        seg for part in parts for seg in (part.segments if isinstance(part, PromptText) else [(part, False)])
+    )
+
+
+def render_chat(
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+) -> PromptText:
+    """Messages rendered with the tokenizer's chat template: the template's output is markup, every
+    message's content is plain. Without a template: ``role: content`` lines and ``assistant:``.
+
+    The template is rendered with a sentinel in place of each content; a template that trims
+    contents (Llama 3) gets them trimmed, any other change a template makes to contents is not applied.
+    """
+    if not tokenizer.chat_template:
+        lines = [concat(markup(f"{m['role']}: "), m["content"], markup("\n")) for m in messages]
+        return concat(*lines, markup("assistant:" if add_generation_prompt else ""))
+    stand_ins = [{**m, "content": _CONTENT.format(i)} for i, m in enumerate(messages)]
+    rendered = tokenizer.apply_chat_template(stand_ins, tokenize=False, add_generation_prompt=add_generation_prompt)
+    real = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
+    for transform in (lambda text: text, str.strip):
+        contents = [transform(m["content"]) for m in messages]
+        text = _fill(rendered, contents)
+        if text == real:
+            return text
+    return _fill(rendered, [m["content"] for m in messages])
+
+
+def _fill(rendered: str, contents: list[str]) -> PromptText:
+    """``rendered`` with each content sentinel replaced by its content (plain); the rest is markup."""
+    parts = _CONTENT_RE.split(rendered)  # markup, index, markup, index, ...
+    return PromptText((part, True) if i % 2 == 0 else (contents[int(part)], False) for i, part in enumerate(parts))
 
 
 @dataclass(frozen=True)
 class PromptTexts:
     """The text spans around the document: ``prefix`` + document + ``suffix`` is compressed,
-    ``continuation`` is fed after the compressed cache."""
+    ``continuation`` is fed after the compressed cache. Each is a ``PromptText``: the chat
+    template's markup keeps its control tokens, the question and system prompt are plain text."""
 
-    prefix: str
-    suffix: str
-    continuation: str
+    prefix: PromptText
+    suffix: PromptText
+    continuation: PromptText
 
 
 def render_layout(
@@ -48,25 +147,70 @@ def render_layout(
     if tokenizer.chat_template:
         messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
         messages.append({"role": "user", "content": user})
-        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        rendered = render_chat(tokenizer, messages)
     else:
         head = f"{system_prompt}\n\n" if system_prompt else ""
-        rendered = f"{head}{user}\nAnswer:"
-    prefix, rest = rendered.split(_DOC, 1)
-    middle, tail = rest.split(_QUESTION, 1)
+        rendered = concat(head, user, markup("\nAnswer:"))
+    prefix, _, rest = rendered.partition(_DOC)
+    middle, _, tail = rest.partition(_QUESTION)
+    asked = concat(question, tail)
     if query_aware and reask:
-        return PromptTexts(prefix=prefix, suffix=f"{middle}{question}\n\n", continuation=question + tail)
+        return PromptTexts(prefix=prefix, suffix=concat(middle, question, "\n\n"), continuation=asked)
     if query_aware:
-        return PromptTexts(prefix=prefix, suffix=middle + question + tail, continuation="")
-    return PromptTexts(prefix=prefix, suffix=middle, continuation=question + tail)
+        return PromptTexts(prefix=prefix, suffix=concat(middle, asked), continuation=PromptText())
+    return PromptTexts(prefix=prefix, suffix=middle, continuation=asked)
 
 
-def encode(tokenizer: PreTrainedTokenizerBase, text: str, first: bool = False) -> torch.Tensor:
-    """Token ids [n] of ``text``. Special tokens are added only to the very first span, and only
-    when the text does not already start with them (chat templates render BOS themselves)."""
+def encode(
+    tokenizer: PreTrainedTokenizerBase, text: str, first: bool = False, *, formatted: bool = False
+) -> torch.Tensor:
+    """Token ids [n] of ``text``, where only chat-template markup becomes special (control) tokens.
+
+    That markup is the markup segments of a ``PromptText``, or all of a plain ``str`` passed with
+    ``formatted=True`` (a prompt formatted by the caller); anything else (documents, questions,
+    messages) is plain text even where it spells ``<|im_end|>``. Special tokens (BOS) are added only
+    to the very first span, and only when the text does not already start with them (chat templates
+    render BOS themselves).
+    """
     add = first and not (tokenizer.bos_token and text.startswith(tokenizer.bos_token))
-    ids = tokenizer(text, add_special_tokens=add)["input_ids"] if text else []
+    if not isinstance(text, PromptText):
+        return torch.tensor(_token_ids(tokenizer, text, add, split=not formatted), dtype=torch.long)
+    ids = [i for i in _token_ids(tokenizer, "", True, split=True) if i == tokenizer.bos_token_id] if add else []
+    for piece, is_special in _special_pieces(tokenizer, text):
+        if is_special:
+            ids.append(tokenizer.convert_tokens_to_ids(piece))
+        else:
+            ids.extend(_token_ids(tokenizer, piece, False, split=True))
     return torch.tensor(ids, dtype=torch.long)
+
+
+def _token_ids(tokenizer: PreTrainedTokenizerBase, text: str, add: bool, *, split: bool) -> list[int]:
+    """Token ids of ``text``; ``split``: a spelled special token is ordinary text."""
+    if not text and not add:
+        return []
+    with _TOKENIZE_LOCK:
+        return list(tokenizer(text, add_special_tokens=add, split_special_tokens=split)["input_ids"])
+
+
+def _special_pieces(tokenizer: PreTrainedTokenizerBase, text: PromptText) -> list[tuple[str, bool]]:
+    """``text`` as runs of ordinary text and single special tokens (found in markup only).
+
+    Ordinary text runs across markup and content boundaries, so it tokenizes exactly as the whole
+    rendered prompt would.
+    """
+    specials = sorted({t.content for t in tokenizer.added_tokens_decoder.values() if t.special}, key=len, reverse=True)
+    pattern = re.compile("(" + "|".join(map(re.escape, specials)) + ")") if specials else None
+    pieces: list[tuple[str, bool]] = []
+    for segment, is_markup in text.segments:
+        parts = pattern.split(segment) if is_markup and pattern else [segment]
+        for i, part in enumerate(parts):
+            if i % 2:
+                pieces.append((part, True))
+            elif part and pieces and not pieces[-1][1]:
+                pieces[-1] = (pieces[-1][0] + part, False)
+            elif part:
+                pieces.append((part, False))
+    return pieces
 
 
 _SENTENCE_END = ".!?;:\n"
@@ -81,7 +225,8 @@ def unit_ids(tokenizer: PreTrainedTokenizerBase, text: str, unit: PoolUnit) -> t
     """
     if unit == "token":
         return None
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    with _TOKENIZE_LOCK:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=True)
     ids, index, prev_end, closed = [], -1, None, True
     for start, end in enc["offset_mapping"]:
         starts_word = (

@@ -15,15 +15,45 @@ from homer_integrations.aio import iterate_in_thread
 from homer_integrations.langchain.base import HomerCall, HomerSettings
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "tool"}
+SUPPORTED_CONTENT = "plain strings and {'type': 'text'} parts"
+SUPPORTED_MESSAGES = "human, ai, system, tool and function messages, and chat messages with a role"
 
 
 def message_dicts(messages: list[BaseMessage]) -> list[dict[str, str]]:
-    """LangChain messages as chat-template role/content dicts (text content only)."""
+    """LangChain messages as chat-template role/content dicts.
+
+    Raises ``ValueError`` for content the model cannot read (an image, audio, a file, any part
+    that is not text) and for message types without a chat role, rather than dropping them.
+    """
     out = []
-    for m in messages:
-        role = getattr(m, "role", None) if m.type == "chat" else _ROLES.get(m.type, m.type)
-        out.append({"role": role or "user", "content": str(m.text)})
+    for i, m in enumerate(messages):
+        role = getattr(m, "role", None) if m.type == "chat" else _ROLES.get(m.type)
+        if not role:
+            raise ValueError(
+                f"message {i} is a {m.type!r} message{' with no role' if m.type == 'chat' else ''}; "
+                f"ChatHomer supports {SUPPORTED_MESSAGES}"
+            )
+        out.append({"role": role, "content": _content_text(m, i)})
     return out
+
+
+def _content_text(message: BaseMessage, index: int) -> str:
+    """The text of a message whose content is a string or a list of text parts."""
+    if isinstance(message.content, str):
+        return message.content
+    texts = []
+    for part in message.content:
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        else:
+            kind = part.get("type", "untyped") if isinstance(part, dict) else type(part).__name__
+            raise ValueError(
+                f"message {index} ({message.type}) has a {kind!r} content part, which ChatHomer cannot read: "
+                f"its model takes text only ({SUPPORTED_CONTENT})"
+            )
+    return "".join(texts)
 
 
 class ChatHomer(HomerSettings, BaseChatModel):

@@ -16,6 +16,7 @@ from llama_index.core.base.llms.types import (
     CompletionResponseGen,
     LLMMetadata,
     MessageRole,
+    TextBlock,
 )
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
@@ -38,6 +39,22 @@ from homer_integrations.prompt_split import (
 )
 
 _GENERATION_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+
+
+def message_text(message: ChatMessage, index: int = 0) -> str:
+    """The text of a chat message (its text blocks, joined as ``ChatMessage.content`` joins them).
+
+    Raises ``ValueError`` for any other block (an image, audio, a document, a tool call...): the
+    model reads text only, and a dropped block would be answered about unseen.
+    """
+    for block in message.blocks:
+        if not isinstance(block, TextBlock):
+            kind = getattr(block, "block_type", type(block).__name__)
+            raise ValueError(
+                f"message {index} ({message.role.value}) has a {kind!r} block, which HomerLLM cannot read: "
+                f"its model takes text only (TextBlock blocks or string content)"
+            )
+    return message.content or ""
 
 
 class HomerLLM(CustomLLM):
@@ -156,7 +173,7 @@ class HomerLLM(CustomLLM):
         return self._split(messages, render, kwargs)
 
     def _chat_split(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> PromptSplit:
-        dicts = [{"role": m.role.value, "content": m.content or ""} for m in messages]
+        dicts = [{"role": m.role.value, "content": message_text(m, i)} for i, m in enumerate(messages)]
         if not any(d["role"] == "system" for d in dicts):
             dicts = self._system() + dicts
         return self._split(dicts, None, kwargs)
