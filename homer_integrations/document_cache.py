@@ -1,16 +1,20 @@
 """The document cache: one compression per document, kept in memory and optionally on disk.
 
 Interface every caller relies on:
-- ``DocumentCache.get_or_compute(key, compute) -> (CompressedDocument, source)`` with source in
+- ``DocumentCache.get_or_compute(key, compute) -> (entry, source)`` with source in
   ``memory`` / ``disk`` / ``computed``; concurrent callers with one key cause one ``compute()``.
 - ``DocumentCache.stats() -> CacheStats`` (``computations`` counts calls to ``compute``).
 
 Memory: an LRU of documents bounded by bytes. Disk (opt-in): per key a safetensors file and a
-JSON manifest holding a format version, the key and the file's sha256; both written atomically
-(temporary file + ``os.replace``). Anything unusable on disk (truncated, corrupted, tampered,
-foreign, an old format version, another key's file) is removed and recomputed with a
-``DocumentCacheWarning``. A per-key file lock stops two processes from compressing one document
-at once: the second waits, then loads the first one's file. Nothing is ever pickled.
+JSON manifest holding a format version, the key and a sha256 over the key and the file (so an entry
+copied under another key fails it); both written atomically (temporary file + ``os.replace``).
+Anything unusable on disk (truncated, corrupted, tampered, foreign, an old format version, another
+key's file, or, given the model's ``CacheSpec``, tensors of the wrong shape, NaN/inf values or
+impossible positions) is removed and recomputed with a ``DocumentCacheWarning``; a directory in an
+entry's place is reported, never removed. ``clear``/``discard`` remove only files this cache wrote
+(homer manifests and their safetensors twins, its temporary and lock files). A per-key file lock
+stops two processes from compressing one document at once: the second waits, then loads the first
+one's file. Nothing is ever pickled.
 
 Labels: ``cache ls`` shows a human label per entry (e.g. the source file name). Pass
 ``label=`` to ``get_or_compute``, call ``set_label(key, label)``, or wrap calls that reach the
@@ -36,7 +40,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 from filelock import FileLock, Timeout
@@ -44,20 +48,29 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from homer_integrations.homer.compressed import CompressedDocument
+from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, check_consistent, validate
+from homer_integrations.homer.leaf_tier import SERIAL_FORMAT as LEAF_TIER_FORMAT
+from homer_integrations.homer.leaf_tier import LeafTier
 
 logger = logging.getLogger(__name__)
 
 CacheSource = Literal["memory", "disk", "computed"]
+Entry = CompressedDocument | LeafTier
+"""What the cache holds: a document's compressed root cache, or its leaf tier (``homer.leaf_tier``)."""
+_KINDS = {CompressedDocument: "root", LeafTier: "leaf_tier"}
+E = TypeVar("E", CompressedDocument, LeafTier)
 
 DEFAULT_MEMORY_BUDGET = 2 * 1024**3
 MANIFEST_FORMAT = "homer-document-cache-entry"
-FORMAT_VERSION = 1
-"""Version of the on-disk entry (manifest + safetensors layout); other versions are discarded."""
+FORMAT_VERSION = 2
+"""Version of the on-disk entry (manifest + safetensors layout); other versions are discarded.
+2: the manifest's sha256 covers the key as well as the tensors file (``entry_checksum``)."""
 
 _TENSORS = ".safetensors"
 _MANIFEST = ".json"
 _SAFE_NAME = re.compile(r"[0-9A-Za-z_-][0-9A-Za-z_.-]{0,127}")
+_TEMP_NAME = re.compile(r"\.[0-9A-Za-z_-][0-9A-Za-z_.-]{0,127}\.(json|safetensors)\.\d+\.[0-9a-f]{8}\.tmp")
+_MAX_MANIFEST_BYTES = 1 << 20
 _LABEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("homer_document_label", default=None)
 
 
@@ -98,7 +111,8 @@ class CacheStats:
 
 @dataclass(frozen=True)
 class CacheEntry:
-    """One cached document as ``cache ls`` shows it. ``created`` is a Unix time."""
+    """One cached entry as ``cache ls`` shows it. ``created`` is a Unix time; ``kind`` is ``root``
+    (a compressed cache) or ``leaf_tier`` (what a question replays from)."""
 
     key: str
     nbytes: int
@@ -109,14 +123,16 @@ class CacheEntry:
     in_memory: bool
     on_disk: bool
     disk_bytes: int = 0
+    kind: str = "root"
 
 
 @dataclass
 class _Slot:
-    doc: CompressedDocument
+    doc: Entry
     nbytes: int
     created: float
     label: str | None
+    unverified: bool = False  # read from disk without a CacheSpec: checked again when one is given
 
 
 @dataclass
@@ -124,16 +140,26 @@ class _Flight:
     """One in-progress lookup of a key; other callers wait on ``done``."""
 
     done: threading.Event = field(default_factory=threading.Event)
-    doc: CompressedDocument | None = None
+    doc: Entry | None = None
     error: BaseException | None = None
 
 
-def document_nbytes(doc: CompressedDocument) -> int:
-    """Bytes a document's tensors occupy (K/V, positions, origins, logits)."""
+def document_nbytes(doc: Entry) -> int:
+    """Bytes an entry's tensors occupy (K/V, positions, origins, logits; a leaf tier's all)."""
+    if isinstance(doc, LeafTier):
+        return doc.nbytes
     extra = [doc.position_ids, doc.origin]
     if doc.next_token_logits is not None:
         extra.append(doc.next_token_logits)
     return doc.nbytes + sum(t.numel() * t.element_size() for t in extra)
+
+
+def entry_checksum(key: str, data: bytes) -> str:
+    """The manifest's sha256: over ``key``, a NUL byte and the safetensors bytes, binding the file to its key."""
+    h = hashlib.sha256(key.encode("utf-8", "surrogatepass"))
+    h.update(b"\0")
+    h.update(data)
+    return h.hexdigest()
 
 
 class DocumentCache:
@@ -184,17 +210,27 @@ class DocumentCache:
 
     # ----------------------------------------------------------------------------- lookup
     def get_or_compute(
-        self, key: str, compute: Callable[[], CompressedDocument], *, label: str | None = None
-    ) -> tuple[CompressedDocument, CacheSource]:
+        self,
+        key: str,
+        compute: Callable[[], E],
+        *,
+        label: str | None = None,
+        spec: CacheSpec | None = None,
+    ) -> tuple[E, CacheSource]:
         """The document for ``key`` and where it came from; ``compute()`` runs only on a full miss.
 
         Threads asking for one key share one lookup: the first loads or computes, the rest wait
         and get the same object (reported as ``memory``). Different keys proceed in parallel.
         ``label`` (default: the one set by ``labelled``) names the entry in ``entries()``.
+        ``spec``: the model's cache layout; a disk entry that does not fit it is discarded and
+        recomputed (without one, only model-independent checks apply).
         """
         label = label if label is not None else _LABEL.get()
         with self._lock:
             slot = self._memory.get(key)
+            if slot is not None and spec is not None and slot.unverified:
+                self._forget(key)  # read from disk without a spec: read again, checked this time
+                slot = None
             if slot is not None:
                 self._memory.move_to_end(key)
                 self._counts["hits_memory"] += 1
@@ -220,7 +256,7 @@ class DocumentCache:
             self._count("hits_memory")
             return flight.doc, "memory"
         try:
-            doc, source = self._load_or_compute(key, compute, label)
+            doc, source = self._load_or_compute(key, compute, label, spec)
         except BaseException as exc:
             with self._lock:
                 del self._flights[key]
@@ -228,36 +264,41 @@ class DocumentCache:
             flight.done.set()
             raise
         with self._lock:
-            self._remember(key, doc, label)
+            self._remember(key, doc, label, unverified=source == "disk" and spec is None)
             del self._flights[key]
         flight.doc = doc
         flight.done.set()
         return doc, source
 
     async def aget_or_compute(
-        self, key: str, compute: Callable[[], CompressedDocument], *, label: str | None = None
-    ) -> tuple[CompressedDocument, CacheSource]:
+        self,
+        key: str,
+        compute: Callable[[], E],
+        *,
+        label: str | None = None,
+        spec: CacheSpec | None = None,
+    ) -> tuple[E, CacheSource]:
         """``get_or_compute`` in a worker thread, so the event loop keeps running."""
-        return await asyncio.to_thread(self.get_or_compute, key, compute, label=label)
+        return await asyncio.to_thread(self.get_or_compute, key, compute, label=label, spec=spec)
 
-    def get(self, key: str) -> CompressedDocument | None:
-        """The document for ``key`` from memory or disk, or None; never computes."""
+    def get(self, key: str, *, spec: CacheSpec | None = None) -> Entry | None:
+        """The document for ``key`` from memory or disk, or None; never computes (nor discards)."""
         with self._lock:
             slot = self._memory.get(key)
-            if slot is not None:
+            if slot is not None and not (spec is not None and slot.unverified):
                 self._memory.move_to_end(key)
                 return slot.doc
         if self.directory is None:
             return None
         try:
-            loaded = self._read(key)
+            loaded = self._read(key, spec)
         except _Unusable:
             return None
         if loaded is None:
             return None
         doc, manifest = loaded
         with self._lock:
-            self._remember(key, doc, manifest.get("label"))
+            self._remember(key, doc, manifest.get("label"), unverified=spec is None)
         return doc
 
     def __contains__(self, key: str) -> bool:
@@ -287,12 +328,8 @@ class DocumentCache:
     # ----------------------------------------------------------------------------- housekeeping
     def stats(self) -> CacheStats:
         """Counters and current sizes (disk sizes are read from the directory now)."""
-        disk_bytes, disk_entries = 0, 0
-        for manifest_path in self._manifest_paths():
-            disk_entries += 1
-            for path in (manifest_path, manifest_path.with_suffix(_TENSORS)):
-                with contextlib.suppress(OSError):
-                    disk_bytes += path.stat().st_size
+        on_disk = self._disk_entries()
+        disk_bytes, disk_entries = sum(e.disk_bytes for e in on_disk.values()), len(on_disk)
         with self._lock:
             return CacheStats(
                 **self._counts,
@@ -314,25 +351,7 @@ class DocumentCache:
 
     def entries(self) -> list[CacheEntry]:
         """Every cached document, in memory or on disk, newest first."""
-        found: dict[str, CacheEntry] = {}
-        for manifest_path in self._manifest_paths():
-            try:
-                manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-                key = str(manifest["key"])
-                tensors = manifest_path.with_suffix(_TENSORS)
-                found[key] = CacheEntry(
-                    key=key,
-                    nbytes=int(manifest["nbytes"]),
-                    tokens=int(manifest["tokens"]),
-                    document_tokens=int(manifest["document_tokens"]),
-                    created=float(manifest["created"]),
-                    label=manifest.get("label"),
-                    in_memory=False,
-                    on_disk=True,
-                    disk_bytes=manifest_path.stat().st_size + (tensors.stat().st_size if tensors.is_file() else 0),
-                )
-            except (OSError, ValueError, KeyError, TypeError):
-                continue  # unreadable manifests are dealt with when their key is next looked up
+        found = self._disk_entries()
         with self._lock:
             slots = list(self._memory.items())
         for key, slot in slots:
@@ -341,28 +360,36 @@ class DocumentCache:
                 key=key,
                 nbytes=slot.nbytes,
                 tokens=slot.doc.num_tokens,
-                document_tokens=slot.doc.stats.document_tokens,
+                document_tokens=slot.doc.document_tokens,
                 created=old.created if old else slot.created,
                 label=slot.label if slot.label is not None else (old.label if old else None),
                 in_memory=True,
                 on_disk=old is not None,
                 disk_bytes=old.disk_bytes if old else 0,
+                kind=_KINDS[type(slot.doc)],
             )
         return sorted(found.values(), key=lambda e: e.created, reverse=True)
 
     def discard(self, key: str) -> bool:
-        """Forget ``key`` in memory and on disk; True if anything was removed."""
+        """Forget ``key`` in memory and on disk; True if anything was removed.
+
+        On disk only an entry this cache wrote goes (a homer manifest and its safetensors twin).
+        """
         with self._lock:
-            slot = self._memory.pop(key, None)
-            if slot is not None:
-                self._memory_bytes -= slot.nbytes
+            slot = self._forget(key)
         removed = slot is not None
         if self.directory is not None:
-            removed = self._remove_files(key) or removed
+            manifest_path = self._paths(key)[1]
+            if _own_manifest(manifest_path) is not None:
+                removed = _remove_entry_files(manifest_path) or removed
         return removed
 
     def clear(self, *, memory: bool = True, disk: bool = True) -> int:
-        """Remove every entry (from memory and/or disk); returns how many distinct keys went."""
+        """Remove every entry (from memory and/or disk); returns how many distinct keys went.
+
+        On disk only what this cache wrote goes: homer manifests with their safetensors twins,
+        its temporary files and its unheld lock files; anything else in the directory stays.
+        """
         keys: set[str] = set()
         if memory:
             with self._lock:
@@ -370,21 +397,21 @@ class DocumentCache:
                 self._memory.clear()
                 self._memory_bytes = 0
         if disk and self.directory is not None and self.directory.is_dir():
-            for path in list(self.directory.iterdir()):
-                if not path.is_file():
-                    continue
-                if path.suffix == _MANIFEST and not path.name.startswith("."):
-                    try:
-                        keys.add(str(json.loads(path.read_text(encoding="utf-8"))["key"]))
-                    except (OSError, ValueError, KeyError, TypeError):
-                        keys.add(path.stem)
-                if path.suffix in (_MANIFEST, _TENSORS) or path.name.endswith(".tmp"):
-                    with contextlib.suppress(OSError):
-                        path.unlink()
+            for path, manifest in self._own_manifests():
+                keys.add(manifest["key"])
+                _remove_entry_files(path)
+            self._remove_leftovers()
         return len(keys)
 
     # ----------------------------------------------------------------------------- memory
-    def _remember(self, key: str, doc: CompressedDocument, label: str | None) -> None:
+    def _forget(self, key: str) -> _Slot | None:
+        """Drop ``key`` from memory (caller holds ``_lock``); its slot, if it had one."""
+        slot = self._memory.pop(key, None)
+        if slot is not None:
+            self._memory_bytes -= slot.nbytes
+        return slot
+
+    def _remember(self, key: str, doc: Entry, label: str | None, *, unverified: bool = False) -> None:
         """Insert ``doc`` as most recently used, evicting the least recently used over budget."""
         old = self._memory.pop(key, None)
         if old is not None:
@@ -398,7 +425,7 @@ class DocumentCache:
             _, evicted = self._memory.popitem(last=False)
             self._memory_bytes -= evicted.nbytes
             self._counts["evictions"] += 1
-        self._memory[key] = _Slot(doc, nbytes, old.created if old else time.time(), label)
+        self._memory[key] = _Slot(doc, nbytes, old.created if old else time.time(), label, unverified)
         self._memory_bytes += nbytes
 
     def _count(self, name: str) -> None:
@@ -407,12 +434,12 @@ class DocumentCache:
 
     # ----------------------------------------------------------------------------- disk
     def _load_or_compute(
-        self, key: str, compute: Callable[[], CompressedDocument], label: str | None
-    ) -> tuple[CompressedDocument, CacheSource]:
+        self, key: str, compute: Callable[[], E], label: str | None, spec: CacheSpec | None
+    ) -> tuple[E, CacheSource]:
         if self.directory is None:
             return self._compute(key, compute), "computed"
         with contextlib.suppress(_Unusable):  # anything odd is re-examined under the lock
-            loaded = self._read(key)
+            loaded = self._read(key, spec)
             if loaded is not None:
                 self._count("hits_disk")
                 return self._loaded(key, loaded, label), "disk"
@@ -437,7 +464,7 @@ class DocumentCache:
             return self._compute(key, compute), "computed"
         try:
             try:
-                loaded = self._read(key)
+                loaded = self._read(key, spec)
             except _Unusable as exc:
                 self._count("discarded")
                 warnings.warn(
@@ -457,21 +484,21 @@ class DocumentCache:
             if lock is not None:
                 lock.release()
 
-    def _compute(self, key: str, compute: Callable[[], CompressedDocument]) -> CompressedDocument:
+    def _compute(self, key: str, compute: Callable[[], Entry]) -> Entry:
         with self._lock:
             self._counts["misses"] += 1
             self._counts["computations"] += 1
         doc = compute()
-        if not isinstance(doc, CompressedDocument):
-            raise TypeError(f"compute() returned {type(doc).__name__}, not a CompressedDocument")
+        if not isinstance(doc, CompressedDocument | LeafTier):
+            raise TypeError(f"compute() returned {type(doc).__name__}, not a CompressedDocument or LeafTier")
         if doc.key != key:
             logger.debug("compute() returned a document keyed %s; storing it under %s", doc.key[:12], key[:12])
             doc = replace(doc, key=key)
         return doc
 
     def _loaded(
-        self, key: str, loaded: tuple[CompressedDocument, dict[str, Any]], label: str | None, *, locked: bool = False
-    ) -> CompressedDocument:
+        self, key: str, loaded: tuple[Entry, dict[str, Any]], label: str | None, *, locked: bool = False
+    ) -> Entry:
         doc, manifest = loaded
         if label is not None and manifest.get("label") != label:
             self._write_label(key, label, locked=locked)
@@ -489,13 +516,54 @@ class DocumentCache:
         locks.mkdir(parents=True, exist_ok=True)
         return locks / (self._paths(key)[0].stem + ".lock")
 
-    def _manifest_paths(self) -> list[Path]:
-        if self.directory is None or not self.directory.is_dir():
+    def _own_manifests(self) -> list[tuple[Path, dict[str, Any]]]:
+        """Every ``*.json`` in the directory that is a homer cache manifest (any version), with its content."""
+        if self.directory is None:
             return []
-        return [p for p in self.directory.iterdir() if p.suffix == _MANIFEST and not p.name.startswith(".")]
+        try:
+            paths = sorted(self.directory.iterdir())
+        except OSError:
+            return []
+        found = []
+        for path in paths:
+            if path.suffix == _MANIFEST and not path.name.startswith("."):
+                manifest = _own_manifest(path)
+                if manifest is not None:
+                    found.append((path, manifest))
+        return found
 
-    def _read(self, key: str) -> tuple[CompressedDocument, dict[str, Any]] | None:
-        """Load and verify ``key``'s entry: None if absent; raises ``_Unusable`` if it cannot be trusted."""
+    def _disk_entries(self) -> dict[str, CacheEntry]:
+        """The entries on disk by key, as ``entries()`` and ``stats()`` count them."""
+        found: dict[str, CacheEntry] = {}
+        for path, manifest in self._own_manifests():
+            try:
+                entry = _entry_from_manifest(path, manifest)
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # unreadable fields are dealt with when the key is next looked up
+            found[entry.key] = entry
+        return found
+
+    def _remove_leftovers(self) -> None:
+        """Remove this cache's temporary files and the lock files no process holds."""
+        assert self.directory is not None
+        with contextlib.suppress(OSError):
+            for path in self.directory.iterdir():
+                if _TEMP_NAME.fullmatch(path.name):
+                    _unlink_file(path)
+        locks = self.directory / "locks"
+        if not locks.is_dir() or locks.is_symlink():
+            return
+        with contextlib.suppress(OSError):
+            for path in locks.iterdir():
+                if path.suffix == ".lock" and _SAFE_NAME.fullmatch(path.stem):
+                    _remove_unheld_lock(path)
+
+    def _read(self, key: str, spec: CacheSpec | None = None) -> tuple[Entry, dict[str, Any]] | None:
+        """Load and verify ``key``'s entry: None if absent; raises ``_Unusable`` if it cannot be trusted.
+
+        With ``spec`` the document must also fit the model (``validate``); without one the
+        model-independent checks apply (``check_consistent``).
+        """
         tensors_path, manifest_path = self._paths(key)
         try:
             raw_manifest = manifest_path.read_bytes()
@@ -519,20 +587,32 @@ class DocumentCache:
             raise _Unusable("the safetensors file is missing") from exc
         except OSError as exc:
             raise _Unusable(f"cannot read the safetensors file: {exc}") from exc
-        if len(data) != manifest.get("size"):
-            raise _Unusable(f"the safetensors file has {len(data)} bytes, the manifest says {manifest.get('size')}")
-        if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
-            raise _Unusable("the safetensors file fails its sha256 checksum")
+        size = manifest.get("size")
+        if type(size) is not int:
+            raise _Unusable(f"the manifest's size {size!r} ({type(size).__name__}) is not a whole number of bytes")
+        if len(data) != size:
+            raise _Unusable(f"the safetensors file has {len(data)} bytes, the manifest says {size}")
+        if entry_checksum(key, data) != manifest.get("sha256"):
+            raise _Unusable("the safetensors file fails its sha256 checksum (for this key)")
         try:
             metadata = _safetensors_metadata(data)
-            doc = document_from_tensors(load_safetensors(data), metadata)
+            doc = entry_from_tensors(load_safetensors(data), metadata)
         except (SafetensorError, ValueError, KeyError, TypeError, RuntimeError) as exc:
             raise _Unusable(f"the safetensors file does not hold a compressed document ({exc})") from exc
         if doc.key != key:
             raise _Unusable("the safetensors file holds another document")
+        try:
+            if isinstance(doc, LeafTier):
+                doc.check() if spec is None else doc.validate(spec)
+            elif spec is None:
+                check_consistent(doc)
+            else:
+                validate(doc, spec)
+        except ValueError as exc:
+            raise _Unusable(f"the stored document fails validation: {exc}") from exc
         return self._to_device(doc, manifest.get("device")), manifest
 
-    def _to_device(self, doc: CompressedDocument, stored: str | None) -> CompressedDocument:
+    def _to_device(self, doc: Entry, stored: str | None) -> Entry:
         device = self.device
         if device is None and stored:
             with contextlib.suppress(RuntimeError, AssertionError, ValueError):
@@ -542,17 +622,9 @@ class DocumentCache:
                     device = candidate
         if device is None or device.type == "cpu":
             return doc
-        move = lambda t: t.to(device)  # noqa: E731
-        return replace(
-            doc,
-            keys=tuple(map(move, doc.keys)),
-            values=tuple(map(move, doc.values)),
-            position_ids=move(doc.position_ids),
-            origin=move(doc.origin),
-            next_token_logits=None if doc.next_token_logits is None else move(doc.next_token_logits),
-        )
+        return doc.to(device)
 
-    def _write(self, key: str, doc: CompressedDocument, label: str | None) -> None:
+    def _write(self, key: str, doc: Entry, label: str | None) -> None:
         """Write ``doc``'s entry atomically (tensors first, then the manifest that vouches for them)."""
         tensors_path, manifest_path = self._paths(key)
         try:
@@ -562,16 +634,17 @@ class DocumentCache:
                 "format": MANIFEST_FORMAT,
                 "version": FORMAT_VERSION,
                 "key": key,
-                "sha256": hashlib.sha256(data).hexdigest(),
+                "sha256": entry_checksum(key, data),
                 "size": len(data),
                 "created": time.time(),
                 "label": label,
                 "tokens": doc.num_tokens,
-                "document_tokens": doc.stats.document_tokens,
+                "document_tokens": doc.document_tokens,
+                "kind": _KINDS[type(doc)],
                 "nbytes": document_nbytes(doc),
                 "dtype": str(doc.keys[0].dtype).removeprefix("torch."),
                 "device": str(doc.keys[0].device),
-                "compress_seconds": doc.stats.seconds,
+                "compress_seconds": doc.stats.seconds if isinstance(doc, CompressedDocument) else doc.seconds,
             }
             _atomic_write(tensors_path, data)
             _atomic_write(manifest_path, json.dumps(manifest, indent=1).encode())
@@ -603,12 +676,71 @@ class DocumentCache:
             return False
 
     def _remove_files(self, key: str) -> bool:
-        removed = False
-        for path in self._paths(key):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-                removed = True
-        return removed
+        """Remove the files at ``key``'s entry paths (an unusable entry); never a directory."""
+        return _remove_entry_files(self._paths(key)[1])
+
+
+def _unlink_file(path: Path) -> bool:
+    """Remove ``path`` if it is a file or a link, never a directory; True if it went. Never raises."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            return False
+        path.unlink()
+        return True
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        logger.warning("cannot remove document cache file %s: %s", path, exc)
+        return False
+
+
+def _remove_entry_files(manifest_path: Path) -> bool:
+    """Remove an entry's manifest, then its safetensors twin (readers then never see a manifest alone)."""
+    removed = _unlink_file(manifest_path)
+    return _unlink_file(manifest_path.with_suffix(_TENSORS)) or removed
+
+
+def _remove_unheld_lock(path: Path) -> None:
+    """Remove a lock file unless a thread or process holds it now."""
+    lock = FileLock(path, timeout=0)
+    try:
+        lock.acquire()
+    except (Timeout, OSError):
+        return
+    try:
+        _unlink_file(path)
+    finally:
+        lock.release()
+
+
+def _own_manifest(path: Path) -> dict[str, Any] | None:
+    """The content of ``path`` if it is a homer document cache manifest (any version, a string key), else None."""
+    try:
+        if not path.is_file() or path.stat().st_size > _MAX_MANIFEST_BYTES:
+            return None
+        manifest = json.loads(path.read_bytes())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        return None
+    return manifest if isinstance(manifest.get("key"), str) else None
+
+
+def _entry_from_manifest(path: Path, manifest: dict[str, Any]) -> CacheEntry:
+    """The ``CacheEntry`` a manifest describes; raises ``OSError``/``ValueError``/``KeyError``/``TypeError``."""
+    tensors = path.with_suffix(_TENSORS)
+    return CacheEntry(
+        key=manifest["key"],
+        nbytes=int(manifest["nbytes"]),
+        tokens=int(manifest["tokens"]),
+        document_tokens=int(manifest["document_tokens"]),
+        created=float(manifest["created"]),
+        label=manifest.get("label"),
+        in_memory=False,
+        on_disk=True,
+        disk_bytes=path.stat().st_size + (tensors.stat().st_size if tensors.is_file() else 0),
+        kind=str(manifest.get("kind", "root")),
+    )
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -638,6 +770,13 @@ def _safetensors_metadata(data: bytes) -> dict[str, str]:
     if not isinstance(metadata, dict):
         raise ValueError("no metadata in the safetensors header")
     return {str(k): str(v) for k, v in metadata.items()}
+
+
+def entry_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> Entry:
+    """A leaf tier or a compressed document, by the format its metadata names."""
+    if meta.get("format") == LEAF_TIER_FORMAT:
+        return LeafTier.from_tensors(tensors, meta)
+    return document_from_tensors(tensors, meta)
 
 
 def document_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> CompressedDocument:

@@ -25,6 +25,7 @@ from homer_integrations.document_cache import (
     DocumentCache,
     DocumentCacheWarning,
     document_nbytes,
+    entry_checksum,
 )
 from tests.conftest import REPO, tiny_model
 
@@ -214,7 +215,8 @@ def test_disk_round_trip_is_bit_exact(
     manifest = json.loads((tmp_path / f"{doc.key}.json").read_text())
     data = (tmp_path / f"{doc.key}.safetensors").read_bytes()
     assert manifest["version"] == FORMAT_VERSION and manifest["key"] == doc.key
-    assert manifest["sha256"] == hashlib.sha256(data).hexdigest() and manifest["size"] == len(data)
+    assert manifest["sha256"] == entry_checksum(doc.key, data) and manifest["size"] == len(data)
+    assert manifest["sha256"] != hashlib.sha256(data).hexdigest()  # the checksum binds the key too
     assert manifest["tokens"] == doc.num_tokens
 
 
@@ -274,7 +276,7 @@ def _rewrite_manifest(directory: Path, key: str, **changes: object) -> None:
 def _restamp(directory: Path, key: str, data: bytes) -> None:
     """Replace the tensors file with ``data`` and make the manifest vouch for it (a consistent forgery)."""
     _paths(directory, key)[0].write_bytes(data)
-    _rewrite_manifest(directory, key, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+    _rewrite_manifest(directory, key, sha256=entry_checksum(key, data), size=len(data))
 
 
 def truncate(d: Path, doc: CompressedDocument, other: CompressedDocument) -> None:
@@ -546,9 +548,6 @@ def test_the_key_changes_with_every_component(tokenizer, calib_dir: Path, texts:
         "calibration": make_engine(tokenizer, calib_dir, CONFIG.model_copy(update={"max_chunk_len": 256})).cache_key(
             prefix, texts[0], suffix
         ),
-        "mode": make_engine(tokenizer, calib_dir, CONFIG.model_copy(update={"mode": "query_aware"})).cache_key(
-            prefix, texts[0], suffix
-        ),
         "dtype": make_engine(tokenizer, calib_dir, model=tiny_model("llama").to(torch.bfloat16)).cache_key(
             prefix, texts[0], suffix
         ),
@@ -561,6 +560,10 @@ def test_the_key_changes_with_every_component(tokenizer, calib_dir: Path, texts:
     }
     assert all(v != key for v in variants.values()), [k for k, v in variants.items() if v == key]
     assert len(set(variants.values())) == len(variants)
+    # the configured mode is only a default per call: a root is the same whichever mode the engine defaults to
+    other_mode = make_engine(tokenizer, calib_dir, CONFIG.model_copy(update={"mode": "query_aware"}))
+    assert other_mode.cache_key(prefix, texts[0], suffix) == key
+    assert other_mode.tier_key(prefix, texts[0]) != key and base.full_key(prefix, texts[0], suffix) != key
 
 
 def test_the_question_is_part_of_a_query_aware_key(tokenizer, calib_dir: Path, texts: list[str]) -> None:

@@ -14,11 +14,12 @@ plus a question reserve); every question reuses that split.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from homer_integrations.homer.chunking import ChunkPlan
+from homer_integrations.homer.compressed import CacheSpec
 from homer_integrations.homer.kv import tensors_nbytes
 
 SERIAL_FORMAT = "homer-leaf-tier"
@@ -70,6 +71,30 @@ class LeafTier:
     hidden: torch.Tensor
     word_ids: torch.Tensor | None
     seconds: float = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the tier holds K/V for: the prefix once and every document token."""
+        return self.plan.prefix_len + self.plan.document_len
+
+    @property
+    def document_tokens(self) -> int:
+        return self.plan.document_len
+
+    def to(self, device: torch.device) -> LeafTier:
+        """A copy on ``device`` (the same object when it is already there)."""
+        if self.hidden.device == device:
+            return self
+        move = lambda ts: tuple(t.to(device) for t in ts)  # noqa: E731
+        return replace(
+            self,
+            prefix_keys=move(self.prefix_keys),
+            prefix_values=move(self.prefix_values),
+            prefix_hidden=self.prefix_hidden.to(device),
+            keys=move(self.keys),
+            values=move(self.values),
+            hidden=self.hidden.to(device),
+        )
 
     @property
     def nbytes(self) -> int:
@@ -155,3 +180,18 @@ class LeafTier:
             raise ValueError(f"leaf tier prefix/hidden lengths do not match the plan ({P} + {L} tokens)")
         if self.word_ids is not None and self.word_ids.shape != (L,):
             raise ValueError("leaf tier word ids do not cover the document")
+        floats = [*kv, *pkv, self.hidden, self.prefix_hidden]
+        if not all(t.dtype.is_floating_point and bool(torch.isfinite(t).all()) for t in floats):
+            raise ValueError("leaf tier tensors hold NaN, infinite or non-float values")
+
+    def validate(self, spec: CacheSpec) -> None:
+        """Raise ``ValueError`` unless a model of ``spec`` can replay this tier (after ``check``)."""
+        self.check()
+        if self.leaf_layers >= spec.num_layers:
+            raise ValueError(f"a leaf tier of {self.leaf_layers} layers for a model of {spec.num_layers}")
+        want = (spec.num_kv_heads, spec.head_dim)
+        for t in self.keys + self.values + self.prefix_keys + self.prefix_values:
+            if (t.shape[1], t.shape[3]) != want or t.dtype != spec.dtype:
+                raise ValueError(f"leaf tier K/V are {t.dtype} {tuple(t.shape)}, the model needs {spec.dtype} {want}")
+        if self.plan.max_chunk_len != spec.max_positions:
+            raise ValueError(f"leaf tier planned for max_chunk_len {self.plan.max_chunk_len}, not {spec.max_positions}")
