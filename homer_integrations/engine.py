@@ -6,13 +6,14 @@ any framework.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,13 +23,22 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from homer_integrations.document_cache import CacheSource, DocumentCache
 from homer_integrations.homer.calibration import CalibrationKey, CalibrationStore
-from homer_integrations.homer.compressed import CompressedDocument, CompressionStats
-from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor, PruneObserver
-from homer_integrations.homer.config import HomerConfig, ModelDefaults
+from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, CompressionStats
+from homer_integrations.homer.compressor import CompressionResult, CompressorSettings, HomerCompressor, PruneObserver
+from homer_integrations.homer.config import HomerConfig, Mode, ModelDefaults
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_fingerprint
 from homer_integrations.homer.generation import DecodeState, FinishReason, GenerationOptions, decode
-from homer_integrations.homer.prompt import PromptTexts, encode, render_layout, unit_ids
+from homer_integrations.homer.leaf_tier import LeafTier
+from homer_integrations.homer.prompt import (
+    PromptText,
+    PromptTexts,
+    encode,
+    markup,
+    render_chat,
+    render_layout,
+    unit_ids,
+)
 from homer_integrations.models import DEFAULT_MODEL, embedded_defaults, load_model
 from homer_integrations.paths import PACKAGE_DATA, bundled_text, cache_root
 
@@ -44,7 +54,11 @@ class AnswerInfo:
 
     ``cache_source`` is ``memory``, ``disk`` or ``computed`` for answers over a document, None
     for plain prompts. ``input_tokens`` are the tokens fed after the cache (question, chat
-    turns); ``document_tokens`` the tokens the cache stands for.
+    turns); ``document_tokens`` the tokens the cache stands for. ``mode`` says which tier served:
+    ``shared`` (the one compressed root) or ``query_aware`` (pruning and the upper levels replayed
+    from the leaf tier with this question). ``compress_seconds`` is everything before the question
+    was fed (lookups, compression or replay); ``document_seconds`` the part of it spent computing
+    the cached entry (the shared root or the leaf tier), 0 when it came from the cache.
     """
 
     cache_source: CacheSource | None = None
@@ -57,6 +71,8 @@ class AnswerInfo:
     compress_seconds: float = 0.0
     time_to_first_token: float | None = None
     total_seconds: float = 0.0
+    mode: Mode | None = None
+    document_seconds: float = 0.0
 
 
 class AnswerStream(Iterator[str]):
@@ -156,16 +172,45 @@ class HomerModel:
 
     # ----------------------------------------------------------------------------- helpers
     def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        """Tokens of ``text`` as plain text (a ``PromptText`` keeps its markup's control tokens)."""
+        return len(self.token_ids(text))
 
     def token_ids(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        """Token ids of ``text`` as plain text (a ``PromptText`` keeps its markup's control tokens)."""
+        return encode(self.tokenizer, text).tolist()
 
-    def layout(self, question: str = "") -> PromptTexts:
-        """Prefix / suffix / continuation texts around the document for ``question`` in this mode."""
+    def max_document_tokens(self, prefix_tokens: int = 0, suffix_tokens: int = 0) -> int:
+        """Most document tokens the merge tree can hold: a tree of height h needs h + 1 layers, so at
+        most ``2**(num_layers - 1)`` leaves of ``max_chunk_len - prefix_tokens - suffix_tokens`` tokens."""
+        return max(0, self.config.max_chunk_len - prefix_tokens - suffix_tokens) * 2 ** (self.stack.num_layers - 1)
+
+    @functools.cached_property
+    def max_document_chars(self) -> int:
+        """A document longer than this many characters surely has more tokens than the merge tree holds.
+
+        The bound is ``max_document_tokens() * 4 * longest_token``: no token stands for more characters
+        than its vocabulary entry spells (``longest_token`` is the longest entry; byte-level and
+        sentencepiece spellings are never shorter than their text), and the factor 4 leaves room for
+        normalisers that compose characters. Texts over it are refused before they are tokenized.
+        """
+        longest = max(map(len, self.tokenizer.get_vocab()), default=1)
+        return self.max_document_tokens() * 4 * max(1, longest)
+
+    def _check_document_length(self, document: str) -> None:
+        if len(document) > self.max_document_chars:
+            raise ValueError(
+                f"the document has {len(document):,} characters, far more than this model's merge tree can "
+                f"hold ({self.max_document_tokens():,} tokens at max_chunk_len={self.config.max_chunk_len} over "
+                f"{self.stack.num_layers} layers); split it, or raise max_chunk_len"
+            )
+
+    def layout(self, question: str = "", mode: Mode | None = None) -> PromptTexts:
+        """Prefix / suffix / continuation texts around the document for ``question`` in ``mode``
+        (default: the configured one)."""
         c = self.config
+        query_aware = (mode or c.mode) == "query_aware"
         return render_layout(
-            self.tokenizer, question, c.document_suffix, c.mode == "query_aware", c.system_prompt, c.reask_question
+            self.tokenizer, question, c.document_suffix, query_aware, c.system_prompt, c.reask_question
         )
 
     def calibration_bias(self) -> torch.Tensor | None:
@@ -197,82 +242,229 @@ class HomerModel:
         return CalibrationKey.for_stack(self.stack, self.config.max_chunk_len).id
 
     def cache_key(self, prefix: str, document: str, suffix: str) -> str:
-        """Document-cache key: model identity, dtype, settings, calibration, mode, affixes and text."""
+        """Document-cache key of a compressed root: model identity, dtype, settings, calibration,
+        affixes and text."""
+        settings = self.config.model_dump(mode="json", exclude={"mode", "reask_question", "suffix_reserve"})
+        return self._key({"settings": settings, "calibration": self._calibration_id()}, prefix, document, suffix)
+
+    def full_key(self, prefix: str, document: str, suffix: str) -> str:
+        """Document-cache key of a ``full`` (uncompressed) entry: no HOMER setting changes it."""
+        return self._key({"settings": {"kind": "full"}}, prefix, document, suffix)
+
+    def tier_key(self, prefix: str, document: str) -> str:
+        """Document-cache key of a leaf tier: only what the leaves' layers depend on (no scorer, no suffix)."""
+        c = self.config
+        settings = {
+            "kind": "leaf_tier",
+            "max_chunk_len": c.max_chunk_len,
+            "warmup_layers": c.warmup_layers,
+            "suffix_reserve": c.suffix_reserve,
+            "pool_unit": c.pool_unit,
+        }
+        return self._key({"settings": settings}, prefix, document, "")
+
+    def _key(self, parts: dict[str, Any], prefix: str, document: str, suffix: str) -> str:
         parts = {
+            **parts,
             "algorithm": ALGORITHM_VERSION,
             "model": self._fingerprint,
             "tokenizer": self._tokenizer_id,
             "dtype": str(self.stack.dtype),
-            "settings": self.config.model_dump(mode="json"),
-            "calibration": self._calibration_id(),
-            "prefix": prefix,
-            "suffix": suffix,
+            "prefix": markup(prefix).segments,  # markup and content spelling the same text tokenize apart
+            "suffix": markup(suffix).segments,
         }
         h = hashlib.sha256(json.dumps(parts, sort_keys=True).encode())
         h.update(b"\0")
         h.update(document.encode("utf-8", "surrogatepass"))
         return h.hexdigest()
 
-    # ----------------------------------------------------------------------------- compression
-    def compress_span(
-        self, prefix: str, document: str, suffix: str, question: str | None = None
-    ) -> tuple[CompressedDocument, CacheSource]:
-        """Compress prefix + document + suffix texts (cached); returns the document and where it came from."""
-        if not document or not document.strip():
-            raise ValueError("the document is empty")
-        key = self.cache_key(prefix, document, suffix)
-        return self.document_cache.get_or_compute(
-            key, lambda: self._compress_now(key, prefix, document, suffix, question)
+    @property
+    def cache_spec(self) -> CacheSpec:
+        """What this model's compressed documents look like; disk cache entries are checked against it."""
+        head = self.model.get_output_embeddings()
+        return CacheSpec(
+            num_layers=self.stack.num_layers,
+            num_kv_heads=self.stack.num_kv_heads,
+            head_dim=self.stack.head_dim,
+            dtype=self.stack.dtype,
+            max_positions=self.config.max_chunk_len,
+            max_tokens=self.config.final_cache_len,
+            vocab_size=getattr(head, "out_features", None),
         )
 
-    def compress(self, text: str, *, question: str | None = None) -> CompressedDocument:
-        """Compress a whole document once (cached). ``question`` is required in query-aware mode."""
-        if self.config.mode == "query_aware" and question is None:
+    @property
+    def full_cache_spec(self) -> CacheSpec:
+        """``cache_spec`` for ``full`` entries: uncompressed, positions and length up to the model's window."""
+        return replace(self.cache_spec, max_positions=self.context_window, max_tokens=self.context_window)
+
+    # ----------------------------------------------------------------------------- compression
+    def compress_span(
+        self, prefix: str, document: str, suffix: str, question: str | None = None, *, mode: Mode | None = None
+    ) -> tuple[CompressedDocument, CacheSource]:
+        """Compress prefix + document + suffix texts; returns the document and where its cached part came from.
+
+        ``mode`` (default: ``query_aware`` when a ``question`` is given, else ``shared``):
+        ``shared`` is the compressed root, cached under its key; ``full`` the uncompressed cache of
+        the whole prompt (a plain prefill kept like a root; the prompt must fit the model's window);
+        ``query_aware`` (``suffix`` holds ``question``) looks up or builds the document's leaf tier
+        once and replays pruning and the upper levels with this suffix (the replayed root is not
+        cached; the source reported is the tier's).
+        """
+        doc, source, _ = self._compress(prefix, document, suffix, question, mode)
+        return doc, source
+
+    def _compress(
+        self, prefix: str, document: str, suffix: str, question: str | None, mode: Mode | None = None
+    ) -> tuple[CompressedDocument, CacheSource, float]:
+        """``compress_span``, plus the seconds spent computing the cached entry (0 when it was cached)."""
+        if not document or not document.strip():
+            raise ValueError("the document is empty")
+        self._check_document_length(document)
+        mode = mode or ("query_aware" if question is not None else "shared")
+        if mode == "query_aware":
+            if question is None:
+                raise ValueError("query_aware mode compresses the question with the document: pass question=")
+            tier, source = self.leaf_tier(prefix, document)
+            return self._replay(tier, suffix, question), source, tier.seconds if source == "computed" else 0.0
+        full = mode == "full"
+        key = self.cache_key(prefix, document, suffix) if not full else self.full_key(prefix, document, suffix)
+        doc, source = self.document_cache.get_or_compute(
+            key,
+            lambda: self._compress_now(key, prefix, document, suffix, full=full),
+            spec=self.full_cache_spec if full else self.cache_spec,
+        )
+        return doc, source, doc.stats.seconds if source == "computed" else 0.0
+
+    def compress(self, text: str, *, question: str | None = None, mode: Mode | None = None) -> CompressedDocument:
+        """Compress a whole document (the shared root is cached). ``question`` is required in query-aware mode."""
+        mode = mode or self.config.mode
+        if mode == "query_aware" and question is None:
             raise ValueError("query_aware mode compresses the question with the document: pass question=")
-        layout = self.layout(question or "")
-        doc, _ = self.compress_span(layout.prefix, text, layout.suffix, question if question is not None else None)
+        layout = self.layout(question or "", mode)
+        asked = question if mode == "query_aware" else None
+        doc, _ = self.compress_span(layout.prefix, text, layout.suffix, asked, mode=mode)
         return doc
 
-    def _compress_now(
-        self, key: str, prefix: str, document: str, suffix: str, question: str | None
-    ) -> CompressedDocument:
-        prefix_ids = encode(self.tokenizer, prefix, first=True)
+    def leaf_tier(self, prefix: str, document: str) -> tuple[LeafTier, CacheSource]:
+        """The document's leaf tier (cached like a root): what every query-aware question replays from."""
+        key = self.tier_key(prefix, document)
+        return self.document_cache.get_or_compute(
+            key, lambda: self._build_tier(key, prefix, document), spec=self.cache_spec
+        )
+
+    def _encode_span(
+        self, prefix: str, document: str, suffix: str, *, full: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Token ids of the three spans; a document the merge tree (or, ``full``, the window) cannot
+        hold is refused here, before calibration or any layer runs."""
+        prefix_ids = encode(self.tokenizer, prefix, first=True, formatted=True)
         document_ids = encode(self.tokenizer, document)
-        suffix_ids = encode(self.tokenizer, suffix)
+        suffix_ids = encode(self.tokenizer, suffix, formatted=True)
+        prompt_len = prefix_ids.numel() + document_ids.numel() + suffix_ids.numel()
+        if full and prompt_len >= self.context_window:
+            raise ValueError(
+                f"mode='full' keeps the whole prompt uncompressed, but it has {prompt_len:,} tokens, over the "
+                f"model's {self.context_window:,}-token window; use mode='shared' or 'query_aware'"
+            )
+        if full:
+            return prefix_ids, document_ids, suffix_ids
+        limit = self.max_document_tokens(prefix_ids.numel(), suffix_ids.numel())
+        if document_ids.numel() > limit:  # before calibration or any layer runs
+            raise ValueError(
+                f"the document has {document_ids.numel():,} tokens, more than this model's merge tree can hold "
+                f"({limit:,} at max_chunk_len={self.config.max_chunk_len} over {self.stack.num_layers} layers); "
+                f"split it, or raise max_chunk_len"
+            )
+        return prefix_ids, document_ids, suffix_ids
+
+    def _compressor(self, prunes: bool, *, query_aware: bool, full: bool = False) -> HomerCompressor:
+        """A compressor with this engine's settings; ``prunes``: the calibration bias is needed;
+        ``full``: one chunk as long as the model's window, nothing pruned (a plain prefill)."""
         c = self.config
         settings = CompressorSettings(
-            max_chunk_len=c.max_chunk_len,
+            max_chunk_len=self.context_window if full else c.max_chunk_len,
             warmup_layers=c.warmup_layers,
-            final_cache_len=c.final_cache_len,
+            final_cache_len=self.context_window if full else c.final_cache_len,
             scorer=c.scorer,
             observation_window=c.observation_window,
             score_pooling=c.score_pooling,
             score_memory=c.score_memory,
             score_layers=c.score_layers,
             contiguous_positions=c.contiguous_positions,
-            want_logits=c.mode == "query_aware" and not c.reask_question,
+            suffix_reserve=c.suffix_reserve if query_aware else 0,
+            want_logits=query_aware and not c.reask_question,
             seed=c.seed,
         )
-        prompt_len = prefix_ids.numel() + document_ids.numel() + suffix_ids.numel()
-        needs_pruning = prompt_len > c.final_cache_len
-        compressor = HomerCompressor(
-            self.stack, settings, self.calibration_bias() if needs_pruning else None, self.prune_observer
-        )
-        total = document_ids.numel()
-        with tqdm(
+        return HomerCompressor(self.stack, settings, self.calibration_bias() if prunes else None, self.prune_observer)
+
+    def _words(self, document: str, document_ids: torch.Tensor) -> torch.Tensor | None:
+        """Unit index of every document token for word/sentence pruning (None: score single tokens)."""
+        words = unit_ids(self.tokenizer, document, self.config.pool_unit)
+        if words is not None and words.numel() != document_ids.numel():
+            return None  # tokenizer without offsets that line up: fall back to token scores
+        return words
+
+    def _progress(self, total: int, desc: str) -> tqdm:
+        return tqdm(
             total=total,
-            desc="HOMER compress",
+            desc=desc,
             unit="tok",
             unit_scale=True,
             disable=True if self.progress is False else None,
             leave=False,
-        ) as bar:
-            words = unit_ids(self.tokenizer, document, c.pool_unit) if needs_pruning else None
-            if words is not None and words.numel() != document_ids.numel():
-                words = None  # tokenizer without offsets that line up: fall back to token scores
+        )
+
+    def _compress_now(
+        self, key: str, prefix: str, document: str, suffix: str, *, full: bool = False
+    ) -> CompressedDocument:
+        prefix_ids, document_ids, suffix_ids = self._encode_span(prefix, document, suffix, full=full)
+        prompt_len = prefix_ids.numel() + document_ids.numel() + suffix_ids.numel()
+        prunes = not full and prompt_len > self.config.final_cache_len
+        compressor = self._compressor(prunes, query_aware=False, full=full)
+        with self._progress(document_ids.numel(), "HOMER compress") as bar:
+            words = self._words(document, document_ids) if prunes else None
             result = compressor.compress(prefix_ids, document_ids, suffix_ids, progress=bar.update, word_ids=words)
+        doc = self._document(key, result, prompt_len, None)
+        logger.info(
+            "compressed %d document tokens into %d cache tokens in %.1fs (tree height %d)",
+            doc.stats.document_tokens,
+            doc.stats.cache_tokens,
+            doc.stats.seconds,
+            doc.stats.tree_height,
+        )
+        return doc
+
+    def _build_tier(self, key: str, prefix: str, document: str) -> LeafTier:
+        prefix_ids, document_ids, _ = self._encode_span(prefix, document, "")
+        compressor = self._compressor(False, query_aware=True)
+        with self._progress(document_ids.numel(), "HOMER leaf tier") as bar:
+            tier = compressor.build_leaf_tier(
+                prefix_ids, document_ids, self._words(document, document_ids), key=key, progress=bar.update
+            )
+        logger.info(
+            "leaf tier of %d document tokens: %d leaves x %d layers, %.1f MB, %.1fs",
+            tier.document_tokens,
+            tier.plan.num_leaves,
+            tier.leaf_layers,
+            tier.nbytes / 1e6,
+            tier.seconds,
+        )
+        return tier
+
+    def _replay(self, tier: LeafTier, suffix: str, question: str) -> CompressedDocument:
+        """The query-aware compression of the tier's document with ``suffix`` (which holds ``question``)."""
+        suffix_ids = encode(self.tokenizer, suffix, formatted=True)
+        prompt_len = tier.num_tokens + suffix_ids.numel()
+        compressor = self._compressor(prompt_len > self.config.final_cache_len, query_aware=True)
+        result = compressor.replay(tier.to(self.stack.device), suffix_ids)
+        key = hashlib.sha256(f"{tier.key}\0{json.dumps(markup(suffix).segments)}".encode()).hexdigest()
+        return self._document(key, result, prompt_len, question)
+
+    def _document(
+        self, key: str, result: CompressionResult, prompt_len: int, question: str | None
+    ) -> CompressedDocument:
         stats = CompressionStats(
-            document_tokens=total,
+            document_tokens=result.plan.document_len,
             prompt_tokens=prompt_len,
             cache_tokens=result.keys[0].shape[2],
             cache_bytes=sum(t.numel() * t.element_size() for t in result.keys + result.values),
@@ -280,14 +472,7 @@ class HomerModel:
             peak_kv_bytes=result.peak_kv_bytes,
             tree_height=result.plan.height,
             leaves=result.plan.num_leaves,
-            max_chunk_len=c.max_chunk_len,
-        )
-        logger.info(
-            "compressed %d document tokens into %d cache tokens in %.1fs (tree height %d)",
-            total,
-            stats.cache_tokens,
-            stats.seconds,
-            stats.tree_height,
+            max_chunk_len=result.plan.max_chunk_len,
         )
         return CompressedDocument(
             key=key,
@@ -314,7 +499,7 @@ class HomerModel:
         """Feed ``continuation`` after a compressed document and stream the answer."""
         started = time.perf_counter() - compress_seconds
         options = options or GenerationOptions()
-        ids = encode(self.tokenizer, continuation)
+        ids = encode(self.tokenizer, continuation, formatted=True)
         if ids.numel() == 0 and document.next_token_logits is None:
             raise ValueError("nothing follows the document: give a question or use query_aware mode")
         info = AnswerInfo(
@@ -338,12 +523,21 @@ class HomerModel:
         )
         return AnswerStream(pieces, info, state, started)
 
-    def run(self, document: str | CompressedDocument, question: str, **generation: Any) -> AnswerStream:
-        """Answer ``question`` about ``document`` (text or a ``CompressedDocument``), streaming."""
+    def run(
+        self, document: str | CompressedDocument, question: str, *, mode: Mode | None = None, **generation: Any
+    ) -> AnswerStream:
+        """Answer ``question`` about ``document`` (text or a ``CompressedDocument``), streaming.
+
+        ``mode`` picks the tier for this call (default: ``config.mode``): ``shared`` answers from
+        the document's one compressed root; ``query_aware`` replays pruning and the upper levels
+        from the document's leaf tier with the question in the suffix (the paper's question-aware
+        compression, without re-running the leaves over the document after the first question).
+        """
         options = GenerationOptions(**generation)
         if not question or not question.strip():
             raise ValueError("the question is empty")
-        layout = self.layout(question)
+        mode = mode or self.config.mode
+        layout = self.layout(question, mode)
         started = time.perf_counter()
         if isinstance(document, CompressedDocument):
             if document.question is not None and document.question != question:
@@ -351,28 +545,35 @@ class HomerModel:
                     "this document was compressed query-aware for another question; compress it again "
                     "with this question, or use shared mode to reuse one cache for every question"
                 )
-            doc, source = document, None
-            continuation = layout.continuation
+            doc, source, built = document, None, 0.0
+            full = document.stats.max_chunk_len == self.context_window and document.stats.tree_height == 0
+            mode = "query_aware" if document.question is not None else "full" if full else "shared"
         else:
-            query_aware = self.config.mode == "query_aware"
-            doc, source = self.compress_span(layout.prefix, document, layout.suffix, question if query_aware else None)
-            continuation = layout.continuation
-        return self.continue_from(
-            doc, continuation, options, cache_source=source, compress_seconds=time.perf_counter() - started
+            asked = question if mode == "query_aware" else None
+            doc, source, built = self._compress(layout.prefix, document, layout.suffix, asked, mode)
+        stream = self.continue_from(
+            doc, layout.continuation, options, cache_source=source, compress_seconds=time.perf_counter() - started
         )
+        stream.info.mode = mode
+        stream.info.document_seconds = built
+        return stream
 
-    def answer(self, document: str | CompressedDocument, question: str, **generation: Any) -> str:
-        """The whole answer to ``question`` about ``document``."""
-        return self.run(document, question, **generation).text()
+    def answer(
+        self, document: str | CompressedDocument, question: str, *, mode: Mode | None = None, **generation: Any
+    ) -> str:
+        """The whole answer to ``question`` about ``document`` (``mode``: see ``run``)."""
+        return self.run(document, question, mode=mode, **generation).text()
 
-    def stream(self, document: str | CompressedDocument, question: str, **generation: Any) -> Iterator[str]:
-        """Text pieces of the answer as they are generated."""
-        return self.run(document, question, **generation)
+    def stream(
+        self, document: str | CompressedDocument, question: str, *, mode: Mode | None = None, **generation: Any
+    ) -> Iterator[str]:
+        """Text pieces of the answer as they are generated (``mode``: see ``run``)."""
+        return self.run(document, question, mode=mode, **generation)
 
     def generate(self, prompt: str, **generation: Any) -> AnswerStream:
         """Plain generation for a prompt that needs no compression (already chat-formatted text)."""
         options = GenerationOptions(**generation)
-        ids = encode(self.tokenizer, prompt, first=True)
+        ids = encode(self.tokenizer, prompt, first=True, formatted=True)
         if ids.numel() == 0:
             raise ValueError("the prompt is empty")
         if ids.numel() >= self.context_window:
@@ -388,12 +589,12 @@ class HomerModel:
         pieces = decode(self.model, self.tokenizer, DynamicCache(), ids, 0, options, state)
         return AnswerStream(pieces, info, state, started)
 
-    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
-        """Render chat messages with the tokenizer's template (plain 'role: content' lines without one)."""
-        if self.tokenizer.chat_template:
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        lines = [f"{m['role']}: {m['content']}" for m in messages]
-        return "\n".join([*lines, "assistant:"])
+    def chat_prompt(self, messages: list[dict[str, str]]) -> PromptText:
+        """Render chat messages with the tokenizer's template (plain 'role: content' lines without one).
+
+        The contents stay plain text: a message that spells a control token does not become one.
+        """
+        return render_chat(self.tokenizer, messages)
 
 
 CacheSourceName = Literal["memory", "disk", "computed"]

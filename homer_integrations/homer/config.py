@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Mode = Literal["shared", "query_aware"]
+Mode = Literal["shared", "query_aware", "full"]
 Scorer = Literal["calibrated", "uncalibrated", "random"]
 PoolUnit = Literal["token", "word", "sentence"]
 ScoreLayers = Literal["last", "all"]
@@ -23,8 +23,11 @@ class HomerConfig(BaseModel):
         warmup_layers: W, extra layers the leaves run before merging starts.
             Default: per model.
         final_cache_len: tokens kept in the final cache (default: ``max_chunk_len``).
-        mode: ``shared`` compresses the document with a question-independent suffix, so one
-            cache serves every question; ``query_aware`` puts the question in the suffix (paper).
+        mode: which cache answers (every answering call can override it): ``shared`` compresses
+            the document once with a question-independent suffix, so one short cache serves every
+            question; ``query_aware`` puts the question in the suffix (paper), replaying pruning and
+            the upper levels per question from the document's leaf tier; ``full`` keeps the whole
+            prompt uncompressed (a plain prefill, exact; the document must fit the model's window).
         reask_question: ``query_aware`` only: the question steers pruning from the suffix and is
             asked again after the cache, so the answer starts from the exact question rather than
             from the merged suffix copies (default True; paper: False, the answer starts from the
@@ -45,6 +48,10 @@ class HomerConfig(BaseModel):
         score_layers: which of a node's layers score its pruning: ``last`` (paper: the layer it
             prunes in) or ``all`` (the mean of every layer's standardised score; a leaf runs many
             layers, and no single one of them need be the layer that notices a fact).
+        suffix_reserve: ``query_aware``: suffix tokens (document suffix + question) every leaf's split
+            is planned for, so one leaf tier serves every question; a longer question still works,
+            its merged nodes run that many tokens past ``max_chunk_len``. Default:
+            ``min(64, max_chunk_len // 16)``.
         calibration_segments: text segments of ``max_chunk_len`` tokens averaged by calibration.
         document_suffix: the fixed text after the document in ``shared`` mode.
         system_prompt: system message placed in the prefix (chat models).
@@ -65,6 +72,7 @@ class HomerConfig(BaseModel):
     score_memory: bool = True
     score_layers: ScoreLayers = "last"
     contiguous_positions: bool = False
+    suffix_reserve: int | None = Field(default=None, ge=0, le=4096)
     calibration_segments: int = Field(default=48, ge=1, le=10_000)
     document_suffix: str = Field(default=DEFAULT_DOCUMENT_SUFFIX, min_length=1)
     system_prompt: str | None = None
@@ -103,7 +111,11 @@ class HomerConfig(BaseModel):
             )
         if final > mcl:
             raise ValueError(f"final_cache_len ({final}) must not exceed max_chunk_len ({mcl})")
-        return self.model_copy(update={"max_chunk_len": mcl, "warmup_layers": warmup, "final_cache_len": final})
+        reserve = self.suffix_reserve if self.suffix_reserve is not None else min(64, mcl // 16)
+        if reserve >= mcl // 2:
+            raise ValueError(f"suffix_reserve={reserve} must stay below half of max_chunk_len ({mcl})")
+        update = {"max_chunk_len": mcl, "warmup_layers": warmup, "final_cache_len": final, "suffix_reserve": reserve}
+        return self.model_copy(update=update)
 
 
 class ModelDefaults(BaseModel):

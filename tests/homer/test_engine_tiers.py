@@ -1,0 +1,155 @@
+"""HomerModel's two tiers: the shared root and the per-question path replayed from the leaf tier."""
+
+import pytest
+import torch
+
+from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.document_cache import DocumentCache
+from homer_integrations.homer.leaf_tier import LeafTier
+from homer_integrations.homer.prompt import encode
+from tests.conftest import tiny_model
+
+CFG = dict(max_chunk_len=128, warmup_layers=3, calibration_segments=2)
+
+
+def make_engine(tokenizer, calib, cache=None, **overrides) -> HomerModel:
+    return HomerModel(
+        tiny_model("llama"),
+        tokenizer,
+        HomerConfig(**{**CFG, **overrides}),
+        calibration_dir=calib,
+        document_cache=cache,
+        progress=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def calib(tmp_path_factory):
+    return tmp_path_factory.mktemp("calib")
+
+
+@pytest.fixture(scope="module")
+def text(novel):
+    return novel[:6000]  # ~1.5k tokens: a tree of height 4 at max_chunk_len 128
+
+
+def test_second_question_replays_from_the_tier_without_rerunning_the_leaves(tokenizer, calib, text):
+    engine = make_engine(tokenizer, calib, mode="query_aware")
+    first = engine.run(text, "Who is Mr. Bingley?", max_new_tokens=4)
+    first.text()
+    assert first.info.mode == "query_aware" and first.info.cache_source == "computed"
+    assert first.info.document_seconds > 0
+    second = engine.run(text, "Where is Netherfield?", max_new_tokens=4)
+    second.text()
+    assert second.info.cache_source == "memory" and second.info.document_seconds == 0
+    stats = engine.document_cache.stats()
+    assert stats.computations == 1, "one leaf tier for both questions"
+    (entry,) = engine.document_cache.entries()
+    assert entry.kind == "leaf_tier" and entry.document_tokens == first.info.document_tokens
+
+
+def test_replayed_compression_equals_a_query_aware_compression_from_scratch(tokenizer, calib, text):
+    # the calibrated scorer, real word units and score memory, a real chat layout
+    engine = make_engine(tokenizer, calib, mode="query_aware", suffix_reserve=32)
+    question = "Who is Mr. Bingley?"
+    replayed = engine.compress(text[:4000], question=question)
+    layout = engine.layout(question)
+    prefix_ids, document_ids, suffix_ids = engine._encode_span(layout.prefix, text[:4000], layout.suffix)
+    assert suffix_ids.numel() <= 32, "within the reserve, the split is the one a scratch compression plans"
+    scratch = engine._compressor(True, query_aware=True).compress(
+        prefix_ids, document_ids, suffix_ids, word_ids=engine._words(text[:4000], document_ids)
+    )
+    assert scratch.plan.height >= 3
+    assert torch.equal(replayed.origin, scratch.origin), "the same tokens survive"
+    for a, b in zip(replayed.keys + replayed.values, scratch.keys + scratch.values, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
+def test_one_engine_serves_both_tiers_per_call(tokenizer, calib, text):
+    engine = make_engine(tokenizer, calib)  # shared by default
+    shared = engine.run(text, "Who?", max_new_tokens=4)
+    shared.text()
+    aware = engine.run(text, "Who?", mode="query_aware", max_new_tokens=4)
+    aware.text()
+    assert (shared.info.mode, aware.info.mode) == ("shared", "query_aware")
+    kinds = sorted(e.kind for e in engine.document_cache.entries())
+    assert kinds == ["leaf_tier", "root"]
+    assert engine.layout("Who?", "query_aware").suffix != engine.layout("Who?").suffix
+    # the root's key does not depend on the configured mode: one root serves both configurations
+    qa_engine = make_engine(tokenizer, calib, mode="query_aware")
+    assert qa_engine.cache_key("p", "doc", "s") == engine.cache_key("p", "doc", "s")
+
+
+def test_tier_is_kept_on_disk_and_served_to_a_fresh_process(tokenizer, calib, text, tmp_path):
+    question = "Who is Mr. Bingley?"
+    writer = make_engine(tokenizer, calib, DocumentCache(tmp_path), mode="query_aware")
+    expected = writer.answer(text, question, max_new_tokens=6)
+    reader = make_engine(tokenizer, calib, DocumentCache(tmp_path), mode="query_aware")
+    stream = reader.run(text, question, max_new_tokens=6)
+    assert stream.text() == expected
+    assert stream.info.cache_source == "disk"
+    assert reader.document_cache.stats().computations == 0
+    (entry,) = reader.document_cache.entries()
+    assert entry.kind == "leaf_tier" and entry.on_disk and entry.disk_bytes > 0
+
+
+def test_a_damaged_tier_on_disk_is_recomputed(tokenizer, calib, text, tmp_path):
+    writer = make_engine(tokenizer, calib, DocumentCache(tmp_path), mode="query_aware")
+    expected = writer.answer(text, "Who?", max_new_tokens=4)
+    layout = writer.layout("Who?")
+    key = writer.tier_key(layout.prefix, text)
+    tier = writer.document_cache.get(key)
+    assert isinstance(tier, LeafTier)
+    bad = LeafTier(**{**tier.__dict__, "hidden": torch.full_like(tier.hidden, float("nan"))})
+    writer.document_cache._write(key, bad, None)  # a well-formed entry whose checksum matches
+    reader = make_engine(tokenizer, calib, DocumentCache(tmp_path), mode="query_aware")
+    with pytest.warns(UserWarning, match="NaN"):
+        stream = reader.run(text, "Who?", max_new_tokens=4)
+        assert stream.text() == expected
+    assert stream.info.cache_source == "computed"
+
+
+def test_query_aware_single_chunk_document_is_the_plain_forward(tokenizer, calib):
+    engine = make_engine(tokenizer, calib, mode="query_aware")
+    doc, question = "Alice has a red bicycle. The meeting is in room 42.", "Which room?"
+    stream = engine.run(doc, question, max_new_tokens=5)
+    answer = stream.text()
+    assert stream.info.compression.tree_height == 0
+    lay = engine.layout(question)
+    tok = engine.tokenizer
+    ids = torch.cat(
+        [
+            encode(tok, lay.prefix, first=True, formatted=True),
+            encode(tok, doc),
+            encode(tok, lay.suffix, formatted=True),
+            encode(tok, lay.continuation, formatted=True),
+        ]
+    )[None]
+    out = engine.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False)
+    assert answer == tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+
+def test_full_mode_keeps_the_whole_prompt_and_answers_like_a_plain_prefill(tokenizer, calib, text, tmp_path):
+    engine = make_engine(tokenizer, calib, DocumentCache(tmp_path))
+    doc, question = text[:3000], "Who is Mr. Bingley?"
+    stream = engine.run(doc, question, mode="full", max_new_tokens=5)
+    answer = stream.text()
+    info = stream.info
+    assert info.mode == "full" and info.cache_tokens == info.compression.prompt_tokens > 128
+    assert info.compression.tree_height == 0
+    lay = engine.layout(question)
+    tok = engine.tokenizer
+    ids = torch.cat(
+        [
+            encode(tok, lay.prefix, first=True, formatted=True),
+            encode(tok, doc),
+            encode(tok, lay.suffix, formatted=True),
+            encode(tok, lay.continuation, formatted=True),
+        ]
+    )[None]
+    out = engine.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False)
+    assert answer == tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    again = make_engine(tokenizer, calib, DocumentCache(tmp_path)).run(doc, question, mode="full", max_new_tokens=5)
+    assert again.text() == answer and again.info.cache_source == "disk", "validated against the window, not MCL"
+    with pytest.raises(ValueError, match="window"):
+        engine.answer(text * 2, question, mode="full")
