@@ -244,7 +244,7 @@ class HomerModel:
     def cache_key(self, prefix: str, document: str, suffix: str) -> str:
         """Document-cache key of a compressed root: model identity, dtype, settings, calibration,
         affixes and text."""
-        settings = self.config.model_dump(mode="json", exclude={"mode", "reask_question", "suffix_reserve"})
+        settings = self.config.model_dump(mode="json", exclude={"mode", "reask_question", "suffix_reserve", "replay"})
         return self._key({"settings": settings, "calibration": self._calibration_id()}, prefix, document, suffix)
 
     def full_key(self, prefix: str, document: str, suffix: str) -> str:
@@ -456,7 +456,8 @@ class HomerModel:
         suffix_ids = encode(self.tokenizer, suffix, formatted=True)
         prompt_len = tier.num_tokens + suffix_ids.numel()
         compressor = self._compressor(prompt_len > self.config.final_cache_len, query_aware=True)
-        result = compressor.replay(tier.to(self.stack.device), suffix_ids)
+        replay = compressor.replay_flat if self.config.replay == "flat" else compressor.replay
+        result = replay(tier.to(self.stack.device), suffix_ids)
         key = hashlib.sha256(f"{tier.key}\0{json.dumps(markup(suffix).segments)}".encode()).hexdigest()
         return self._document(key, result, prompt_len, question)
 

@@ -213,6 +213,65 @@ class HomerCompressor:
         split), computed from the tier: only the suffix runs the leaf layers, then pruning and the upper levels.
         """
         start = time.perf_counter()
+        plan, schedule = self._replay_plan(tier, suffix_ids)
+
+        def leaf(index: int, target_len: int, is_root: bool) -> Chunk:
+            part = tier.leaf(index)
+            chunk, scores = self._replayed_leaf(part, suffix_ids, plan, schedule.layers_at(0), target_len)
+            if scores is not None:
+                self._prune(chunk, schedule.layers_at(0)[-1], scores, target_len)
+            return chunk
+
+        root = self._tree(leaf, plan, schedule, progress)
+        return self._result(root, plan, schedule, start)
+
+    @torch.inference_mode()
+    def replay_flat(
+        self, tier: LeafTier, suffix_ids: torch.Tensor, progress: ProgressFn | None = None
+    ) -> CompressionResult:
+        """Question-aware selection across all leaves at once, then the upper layers over one node.
+
+        Every leaf scores its tokens once, in its own context with the question in its suffix (the
+        tree's leaf scores, word units, standardised per leaf); the ``final_cache_len`` best document
+        tokens of the whole document survive (pairwise, in document order, affixes averaged as the
+        tree averages them), and every layer above the leaves runs once over that single node.
+        A fact is judged where it is clearest and never again by a merged node's noisier context.
+        """
+        start = time.perf_counter()
+        plan, schedule = self._replay_plan(tier, suffix_ids)
+        leaf_layers = schedule.layers_at(0)
+        self._alive, self._peak = [], 0
+        target = self.settings.final_cache_len
+        leaf_target = target if plan.height == 0 else 0  # with several leaves every one is scored
+
+        def select(first: int, height: int) -> Chunk:
+            if height == 0:
+                chunk, scores = self._replayed_leaf(tier.leaf(first), suffix_ids, plan, leaf_layers, leaf_target)
+                if scores is not None:
+                    chunk.memory = standardise(self._unit_scores(chunk, scores), chunk.reducible)
+                if progress is not None:
+                    progress(int(chunk.reducible.sum()))
+            else:
+                left = select(first, height - 1)
+                self._alive.append(left)
+                right = select(first + 2 ** (height - 1), height - 1)
+                self._alive.pop()
+                chunk = merge_siblings(left, right)
+            if chunk.length > target:
+                mask = keep_mask(chunk.memory, chunk.reducible, target)
+                if self.observer is not None:
+                    self.observer(PruneEvent(leaf_layers[-1], chunk.origin, chunk.reducible, chunk.memory, mask))
+                chunk.keep(mask)
+            return chunk
+
+        root = select(0, plan.height)
+        upper = range(leaf_layers.stop, self.stack.num_layers)
+        if upper:
+            self._run_layers(root, upper, target, is_root=True)
+        return self._result(root, plan, schedule, start)
+
+    def _replay_plan(self, tier: LeafTier, suffix_ids: torch.Tensor) -> tuple[ChunkPlan, LayerSchedule]:
+        """The tier's split with this suffix, and its schedule (which must run the tier's leaf layers)."""
         plan = tier.plan.with_suffix(suffix_ids.numel())
         schedule = self._schedule(plan)
         if len(schedule.layers_at(0)) != tier.leaf_layers:
@@ -220,12 +279,7 @@ class HomerCompressor:
                 f"the leaf tier ran {tier.leaf_layers} leaf layers, these settings run {len(schedule.layers_at(0))}"
             )
         self._word_ids = tier.word_ids
-
-        def leaf(index: int, target_len: int, is_root: bool) -> Chunk:
-            return self._replayed_leaf(tier.leaf(index), suffix_ids, plan, schedule.layers_at(0), target_len)
-
-        root = self._tree(leaf, plan, schedule, progress)
-        return self._result(root, plan, schedule, start)
+        return plan, schedule
 
     # ----------------------------------------------------------------------------- the tree
     def _schedule(self, plan: ChunkPlan) -> LayerSchedule:
@@ -318,8 +372,9 @@ class HomerCompressor:
 
     def _replayed_leaf(
         self, part: LeafSlice, suffix_ids: torch.Tensor, plan: ChunkPlan, layers: range, target_len: int
-    ) -> Chunk:
-        """A leaf from its stored prefix + piece: only the suffix [S] runs the leaf layers, then it prunes.
+    ) -> tuple[Chunk, torch.Tensor | None]:
+        """A leaf from its stored prefix + piece, and its pruning scores [T] (None when it fits ``target_len``):
+        only the suffix [S] runs the leaf layers.
 
         The stored hidden states are post-MLP; the suffix is never pruned and the MLP acts per token,
         so pruning after the last MLP keeps what pruning before it would.
@@ -339,14 +394,12 @@ class HomerCompressor:
             suffix_len=S,
             cache=cache_from_tensors(part.keys, part.values),
         )
-        shrinks = chunk.length > target_len
+        scored = chunk if chunk.length > target_len else None
         suffix_hidden, scores = self._extend(
-            self.stack.embed(suffix_ids), suffix_positions, chunk.cache, layers, chunk if shrinks else None
+            self.stack.embed(suffix_ids), suffix_positions, chunk.cache, layers, scored
         )
         chunk.hidden = torch.cat([part.hidden, suffix_hidden], dim=1)
-        if scores is not None:
-            self._prune(chunk, layers[-1], scores, target_len)
-        return chunk
+        return chunk, scores
 
     def _extend(
         self,
@@ -409,11 +462,16 @@ class HomerCompressor:
             else:
                 chunk.hidden = stack.mlp(layer_idx, chunk.hidden)
 
+    def _unit_scores(self, chunk: Chunk, scores: torch.Tensor) -> torch.Tensor:
+        """``scores`` [T] with every token given its word's (or sentence's) best score, when units are on."""
+        if self._word_ids is None:
+            return scores.cpu()
+        words = torch.where(chunk.origin >= 0, self._word_ids[chunk.origin.clamp(min=0)], -1)
+        return pool_words(scores.cpu(), chunk.reducible, words)
+
     def _prune(self, chunk: Chunk, layer_idx: int, scores: torch.Tensor, target_len: int) -> None:
         """Word units and score memory over ``scores`` [T], then keep the best ``target_len`` tokens."""
-        if self._word_ids is not None:
-            words = torch.where(chunk.origin >= 0, self._word_ids[chunk.origin.clamp(min=0)], -1)
-            scores = pool_words(scores.cpu(), chunk.reducible, words)
+        scores = self._unit_scores(chunk, scores)
         if self.settings.score_memory:
             scores = remember(scores.cpu(), chunk)
         mask = keep_mask(scores, chunk.reducible, target_len)

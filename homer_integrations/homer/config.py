@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Mode = Literal["shared", "query_aware", "full"]
+Replay = Literal["tree", "flat"]
 Scorer = Literal["calibrated", "uncalibrated", "random"]
 PoolUnit = Literal["token", "word", "sentence"]
 ScoreLayers = Literal["last", "all"]
@@ -52,6 +53,10 @@ class HomerConfig(BaseModel):
             is planned for, so one leaf tier serves every question; a longer question still works,
             its merged nodes run that many tokens past ``max_chunk_len``. Default:
             ``min(64, max_chunk_len // 16)``.
+        replay: how ``query_aware`` rebuilds the root from the leaf tier: ``tree`` replays the
+            paper's merge tree (each level prunes again with the question), ``flat`` keeps the
+            ``final_cache_len`` best tokens of all leaves by their leaf scores and runs the upper
+            layers once over that single node.
         calibration_segments: text segments of ``max_chunk_len`` tokens averaged by calibration.
         document_suffix: the fixed text after the document in ``shared`` mode.
         system_prompt: system message placed in the prefix (chat models).
@@ -73,6 +78,7 @@ class HomerConfig(BaseModel):
     score_layers: ScoreLayers = "last"
     contiguous_positions: bool = False
     suffix_reserve: int | None = Field(default=None, ge=0, le=4096)
+    replay: Replay = "tree"
     calibration_segments: int = Field(default=48, ge=1, le=10_000)
     document_suffix: str = Field(default=DEFAULT_DOCUMENT_SUFFIX, min_length=1)
     system_prompt: str | None = None

@@ -22,13 +22,15 @@ def ids(model, n: int, seed: int) -> torch.Tensor:
 
 def compressor(model, **kw) -> HomerCompressor:
     settings = CompressorSettings(
-        max_chunk_len=MCL,
-        warmup_layers=3,
-        final_cache_len=MCL,
-        scorer="uncalibrated",
-        want_logits=True,
-        suffix_reserve=RESERVE,
-        **kw,
+        **{
+            "max_chunk_len": MCL,
+            "warmup_layers": 3,
+            "final_cache_len": MCL,
+            "scorer": "uncalibrated",
+            "want_logits": True,
+            "suffix_reserve": RESERVE,
+            **kw,
+        }
     )
     return HomerCompressor(DecoderStack(model), settings, None)
 
@@ -124,3 +126,38 @@ def test_tier_built_with_other_settings_is_refused():
     )
     with pytest.raises(ValueError, match="leaf layers"):
         other.replay(tier, suffix)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_flat_replay_of_a_single_leaf_is_the_tree_replay(kind):
+    model = tiny_model(kind, vocab_size=256)
+    prefix, doc, suffix = ids(model, 5, 1), ids(model, 100, 2), ids(model, 4, 3)
+    comp = compressor(model, final_cache_len=64, score_memory=True)
+    tier = comp.build_leaf_tier(prefix, doc)
+    assert tier.plan.height == 0
+    assert_same_compression(comp.replay_flat(tier, suffix), comp.replay(tier, suffix))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("doc_len", [400, 800])
+def test_flat_replay_keeps_the_best_leaf_tokens_and_runs_the_upper_layers_once(kind, doc_len):
+    model = tiny_model(kind, vocab_size=256)
+    prefix, doc, suffix = ids(model, 5, 1), ids(model, doc_len, 2), ids(model, 4, 3)
+    comp = compressor(model, final_cache_len=96)
+    tier = comp.build_leaf_tier(prefix, doc, word_ids=torch.arange(doc_len) // 2)
+    events = []
+    comp.observer = events.append
+    result = comp.replay_flat(tier, suffix)
+    assert result.plan.height >= 2
+    assert {k.shape[2] for k in result.keys + result.values} == {96}
+    kept = result.origin[result.origin >= 0]
+    assert torch.equal(kept, kept.sort().values), "document order"
+    # every leaf was scored once, all in the last leaf layer; nothing above the leaves pruned
+    assert {e.layer for e in events} == {tier.leaf_layers - 1}
+    # below the merge, the kept tokens' K/V are the tier's own (prefix and suffix are averages)
+    doc_rows = (result.origin >= 0).nonzero().squeeze(1)
+    for layer in range(tier.leaf_layers):
+        torch.testing.assert_close(result.keys[layer][:, :, doc_rows], tier.keys[layer][:, :, kept], atol=0, rtol=0)
+    # words (units of two tokens) survive whole, but for a tie cut at the edge of each selection
+    split = [w for w in set((kept // 2).tolist()) if (kept // 2 == w).sum() == 1 and 2 * w + 1 < doc_len]
+    assert len(split) <= len(events)

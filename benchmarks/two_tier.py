@@ -1,0 +1,251 @@
+"""One document, several questions: plain prefill vs HOMER's shared root vs its per-question path.
+
+    .venv/bin/python benchmarks/two_tier.py run --tokens 8000 --samples 4     # appends samples
+    .venv/bin/python benchmarks/two_tier.py report                           # JSON + markdown table
+
+A sample is an excerpt of Pride and Prejudice (seeded random start) with three invented facts
+inserted at spread depths (a 5-digit code, a pet's name, a town), and three questions, one per
+fact, all asked of ONE document. Every method pays for the document once and then answers all
+three questions:
+
+- ``plain``: one prefill of prefix + document + suffix kept uncompressed; each question is fed
+  after it (a copy per question). The reference.
+- ``shared``: one HOMER compression with the question-independent suffix; each question after it.
+- ``per_question``: one leaf tier (the leaves' layers over the document, no pruning); each question
+  then replays pruning and the upper levels with itself in the suffix (``mode="query_aware"``,
+  ``replay="tree"``: the paper's question-aware tree).
+- ``per_question_flat``: the same tier; each question keeps the best tokens of all leaves by their
+  leaf scores and runs the upper layers once (``replay="flat"``).
+
+Recorded per method: seconds to prepare the document, and per question the time to first token
+and in total, and whether the answer contains the fact. Nothing here was tuned on these samples:
+seeds 2000+ are never used by any other benchmark or by the choice of a default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from passkey_lib import INSTRUCTION
+
+from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.homer.generation import DecodeState, GenerationOptions, decode
+from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
+from homer_integrations.homer.prompt import encode
+from homer_integrations.models import load_model
+from homer_integrations.paths import bundled_text
+
+RESULTS = Path(__file__).parent / "results"
+SAMPLES = RESULTS / "two_tier_samples.jsonl"
+METHODS = ("plain", "shared", "per_question", "per_question_flat")
+OPTIONS = GenerationOptions(max_new_tokens=12)
+
+CODES = [str(n) for n in range(10000, 99999, 7919)]
+PETS = ["Biscuit", "Marmaduke", "Pennywhistle", "Tobias", "Clementine", "Horatio", "Juniper", "Wellington"]
+TOWNS = ["Ashbourne", "Kettleby", "Thornbury", "Wexcombe", "Dunmere", "Pelham Cross", "Aldermoor", "Brightwell"]
+FACTS = [
+    (
+        "The code that opens the iron vault at Netherfield is {}.",
+        "What is the code that opens the iron vault? Answer with the number only.",
+        CODES,
+    ),
+    (
+        "Colonel Fitzhugh's old grey parrot is named {}.",
+        "What is the name of Colonel Fitzhugh's parrot? Answer with the name only.",
+        PETS,
+    ),
+    (
+        "The winter lantern fair is held every year in the village of {}.",
+        "In which village is the winter lantern fair held? Answer with the village name only.",
+        TOWNS,
+    ),
+]
+
+
+@dataclass
+class Sample:
+    document: str
+    questions: list[str]
+    answers: list[str]
+    tokens: int
+    seed: int
+
+
+def make_sample(tokenizer, tokens: int, seed: int) -> Sample:
+    rng = random.Random(seed)
+    text = bundled_text("prideprejudice")
+    values = [rng.choice(pool) for _, _, pool in FACTS]
+    facts = [" " + fact.format(v) + " " for (fact, _, _), v in zip(FACTS, values, strict=True)]
+    fact_tokens = sum(len(tokenizer(f, add_special_tokens=False)["input_ids"]) for f in facts)
+    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    body = tokens - fact_tokens
+    start_tok = rng.randint(0, len(offsets) - body - 1)
+    hay = text[offsets[start_tok][0] : offsets[start_tok + body][0]]
+    depths = sorted(rng.uniform(lo, lo + 0.25) for lo in (0.05, 0.375, 0.7))
+    order = rng.sample(range(3), 3)
+    pieces, last = [], 0
+    for depth, which in zip(depths, order, strict=True):
+        cut = int(len(hay) * depth)
+        boundary = hay.rfind(". ", last, cut)
+        cut = boundary + 1 if boundary > last else cut
+        pieces += [hay[last:cut], facts[which]]
+        last = cut
+    pieces.append(hay[last:])
+    return Sample("".join(pieces), [q for _, q, _ in FACTS], values, tokens, seed)
+
+
+def correct(answer: str, expected: str) -> bool:
+    return expected.lower() in answer.lower()
+
+
+@torch.inference_mode()
+def plain_answers(engine: HomerModel, sample: Sample) -> tuple[float, list[dict]]:
+    """One uncompressed prefill of the document, every question fed after a copy of it."""
+    tok = engine.tokenizer
+    lay = engine.layout("", mode="shared")
+    start = time.perf_counter()
+    ids = torch.cat([encode(tok, lay.prefix, first=True), encode(tok, sample.document), encode(tok, lay.suffix)])
+    out = engine.model(ids[None], use_cache=True, logits_to_keep=1)
+    keys, values = layer_tensors(out.past_key_values)
+    prepare = time.perf_counter() - start
+    rows = []
+    for question in sample.questions:
+        t0 = time.perf_counter()
+        state = DecodeState()
+        cont = encode(tok, engine.layout(question, mode="shared").continuation)
+        answer = "".join(decode(engine.model, tok, cache_from_tensors(keys, values), cont, ids.numel(), OPTIONS, state))
+        rows.append({"answer": answer, "ttft": state.first_token_seconds, "seconds": time.perf_counter() - t0})
+    return prepare, rows
+
+
+def homer_answers(engine: HomerModel, sample: Sample, mode: str) -> tuple[float, list[dict]]:
+    """The first question pays for the document; the prepare time is its cost beyond the later ones."""
+    rows = []
+    for question in sample.questions:
+        stream = engine.run(sample.document, question, mode=mode, **OPTIONS.model_dump())
+        answer = stream.text()
+        info = stream.info
+        rows.append(
+            {
+                "answer": answer,
+                "ttft": info.time_to_first_token,
+                "seconds": info.total_seconds,
+                "source": info.cache_source,
+                "cache_tokens": info.cache_tokens,
+                "document_seconds": info.document_seconds,
+            }
+        )
+    return rows[0]["document_seconds"], rows
+
+
+def run(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
+    RESULTS.mkdir(exist_ok=True)
+    done = set()
+    if SAMPLES.is_file():
+        for line in SAMPLES.read_text().splitlines():
+            r = json.loads(line)
+            done.add((r["model"], r["method"], r["tokens"], r["seed"]))
+    model, tok = load_model(args.model)
+    for tokens in args.tokens:
+        for i in range(args.samples):
+            seed = 2000 + args.seed_offset + i
+            sample = make_sample(tok, tokens, seed)
+            for method in args.methods:
+                if (args.model, method, tokens, seed) in done:
+                    continue
+                # a fresh engine per method and sample: nothing cached from another method
+                replay = "flat" if method == "per_question_flat" else "tree"
+                config = HomerConfig(system_prompt=INSTRUCTION, replay=replay)
+                engine = HomerModel(model, tok, config, model_name=args.model, progress=False)
+                if method == "plain":
+                    prepare, rows = plain_answers(engine, sample)
+                else:
+                    prepare, rows = homer_answers(engine, sample, "shared" if method == "shared" else "query_aware")
+                for row, expected in zip(rows, sample.answers, strict=True):
+                    row["correct"] = correct(row["answer"], expected)
+                    row["expected"] = expected
+                record = {
+                    "model": args.model,
+                    "method": method,
+                    "tokens": tokens,
+                    "seed": seed,
+                    "prepare_seconds": prepare,
+                    "questions": rows,
+                    "threads": args.threads,
+                }
+                with SAMPLES.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+                marks = " ".join("ok" if r["correct"] else "MISS" for r in rows)
+                print(f"{args.model} {method} {tokens} seed {seed}: {marks} (prepare {prepare:.0f}s)", flush=True)
+
+
+def report(_: argparse.Namespace) -> None:
+    records = [json.loads(line) for line in SAMPLES.read_text().splitlines() if line.strip()]
+    groups: dict[tuple, list] = defaultdict(list)
+    for r in records:
+        groups[(r["model"], r["tokens"], r["method"])].append(r)
+    summary = []
+    for (model, tokens, method), rs in sorted(groups.items()):
+        qs = [q for r in rs for q in r["questions"]]
+        later = [q for r in rs for q in r["questions"][1:]]
+        summary.append(
+            {
+                "model": model,
+                "tokens": tokens,
+                "method": method,
+                "documents": len(rs),
+                "questions": len(qs),
+                "accuracy": sum(q["correct"] for q in qs) / len(qs),
+                "prepare_seconds": sum(r["prepare_seconds"] for r in rs) / len(rs),
+                "later_question_ttft": sum(q["ttft"] for q in later) / max(1, len(later)),
+                "later_question_seconds": sum(q["seconds"] for q in later) / max(1, len(later)),
+            }
+        )
+    compression = {(e["model"], e["tokens"]): e["prepare_seconds"] for e in summary if e["method"] == "shared"}
+    for e in summary:
+        full = compression.get((e["model"], e["tokens"]))
+        e["ttft_over_compression"] = e["later_question_ttft"] / full if full else None
+    (RESULTS / "two_tier.json").write_text(json.dumps(summary, indent=1) + "\n")
+    lines = [
+        "| model | tokens | method | documents | questions | accuracy | document s | later question TTFT s | "
+        "TTFT / one compression |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in summary:
+        ratio = "-" if e["ttft_over_compression"] is None else f"{e['ttft_over_compression']:.2f}"
+        lines.append(
+            f"| {e['model']} | {e['tokens']} | {e['method']} | {e['documents']} | {e['questions']} | "
+            f"{e['accuracy']:.2f} | {e['prepare_seconds']:.1f} | {e['later_question_ttft']:.2f} | {ratio} |"
+        )
+    (RESULTS / "two_tier.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
+    r.add_argument("--tokens", type=int, nargs="+", default=[8000])
+    r.add_argument("--samples", type=int, default=4)
+    r.add_argument("--seed-offset", type=int, default=0)
+    r.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    r.add_argument("--threads", type=int, default=2)
+    sub.add_parser("report")
+    args = parser.parse_args()
+    run(args) if args.command == "run" else report(args)
+
+
+if __name__ == "__main__":
+    main()
