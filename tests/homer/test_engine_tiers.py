@@ -23,6 +23,15 @@ def make_engine(tokenizer, calib, cache=None, **overrides) -> HomerModel:
     )
 
 
+def plain_generate(engine: HomerModel, doc: str, question: str, new_tokens: int) -> str:
+    """transformers' own greedy ``generate`` over the engine's layout of ``doc`` and ``question``, uncompressed."""
+    lay, tok = engine.layout(question), engine.tokenizer
+    spans = [(lay.prefix, True), (doc, False), (lay.suffix, True), (lay.continuation, True)]
+    ids = torch.cat([encode(tok, text, first=i == 0, formatted=fmt) for i, (text, fmt) in enumerate(spans)])[None]
+    out = engine.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False)
+    return tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+
 @pytest.fixture(scope="module")
 def calib(tmp_path_factory):
     return tmp_path_factory.mktemp("calib")
@@ -115,18 +124,7 @@ def test_query_aware_single_chunk_document_is_the_plain_forward(tokenizer, calib
     stream = engine.run(doc, question, max_new_tokens=5)
     answer = stream.text()
     assert stream.info.compression.tree_height == 0
-    lay = engine.layout(question)
-    tok = engine.tokenizer
-    ids = torch.cat(
-        [
-            encode(tok, lay.prefix, first=True, formatted=True),
-            encode(tok, doc),
-            encode(tok, lay.suffix, formatted=True),
-            encode(tok, lay.continuation, formatted=True),
-        ]
-    )[None]
-    out = engine.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False)
-    assert answer == tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    assert answer == plain_generate(engine, doc, question, 5)
 
 
 def test_full_mode_keeps_the_whole_prompt_and_answers_like_a_plain_prefill(tokenizer, calib, text, tmp_path):
@@ -137,18 +135,7 @@ def test_full_mode_keeps_the_whole_prompt_and_answers_like_a_plain_prefill(token
     info = stream.info
     assert info.mode == "full" and info.cache_tokens == info.compression.prompt_tokens > 128
     assert info.compression.tree_height == 0
-    lay = engine.layout(question)
-    tok = engine.tokenizer
-    ids = torch.cat(
-        [
-            encode(tok, lay.prefix, first=True, formatted=True),
-            encode(tok, doc),
-            encode(tok, lay.suffix, formatted=True),
-            encode(tok, lay.continuation, formatted=True),
-        ]
-    )[None]
-    out = engine.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False)
-    assert answer == tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    assert answer == plain_generate(engine, doc, question, 5)
     again = make_engine(tokenizer, calib, DocumentCache(tmp_path)).run(doc, question, mode="full", max_new_tokens=5)
     assert again.text() == answer and again.info.cache_source == "disk", "validated against the window, not MCL"
     with pytest.raises(ValueError, match="window"):
