@@ -41,6 +41,8 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+MODES = ("shared", "query_aware", "full")
+"""``--mode`` choices: ``homer_integrations.homer.config.Mode`` (not imported here: it loads pydantic)."""
 
 DEFAULT_MAX_FILE_MB = 16
 """``--max-file-mb``: the default limit of ``homer_integrations.documents`` (16 MiB)."""
@@ -90,9 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     _cache_options(ask, allow_no_disk=True)
     ask.add_argument(
         "--mode",
-        choices=("shared", "query_aware"),
-        help="shared: one cache for every question "
-        "(default); query_aware: the question is compressed with the document (paper)",
+        choices=MODES,
+        help="how each question is answered: shared: one compressed cache for every question (default); "
+        "query_aware: the question is compressed with the document (paper), replayed from a cached leaf tier; "
+        "full: the document uncompressed (it must fit the model's window)",
     )
     ask.add_argument("--max-chunk-len", type=_positive_int, metavar="N", help="HOMER chunk length (tokens)")
     ask.add_argument("--warmup-layers", type=_non_negative_int, metavar="N", help="HOMER warm-up layers")
@@ -259,8 +262,7 @@ def _config(args: argparse.Namespace) -> HomerConfig:
 
     from homer_integrations.homer.config import HomerConfig
 
-    fields = {
-        "mode": getattr(args, "mode", None),
+    fields = {  # ``--mode`` is not a setting of the engine: it goes with each question (``_ask``)
         "max_chunk_len": getattr(args, "max_chunk_len", None),
         "warmup_layers": getattr(args, "warmup_layers", None),
     }
@@ -327,7 +329,8 @@ def _ask(args: argparse.Namespace) -> int:
             out.flush()
         with cache.labelled(label):
             try:
-                stream = engine.run(text, question, **options.model_dump())  # compresses (with its bar) if needed
+                # compresses (with its bar) if needed
+                stream = engine.run(text, question, mode=args.mode, **options.model_dump())
                 if not args.json:
                     out.write(f"A{i + 1}: ")
                     out.flush()
@@ -349,7 +352,7 @@ def _ask(args: argparse.Namespace) -> int:
     summary = {
         "file": str(args.file),
         "model": engine.model_name,
-        "mode": engine.config.mode,
+        "mode": args.mode or engine.config.mode,
         "characters": len(text),
         "model_load_seconds": round(load_seconds, 3),
         "cache_directory": str(cache.directory) if cache.directory else None,
@@ -377,16 +380,20 @@ def _read(path: Path, max_file_mb: int) -> ParsedDocument:
 
 
 def _answer_record(question: str, answer: str, info: AnswerInfo) -> dict[str, Any]:
-    """One answer and what it cost; ``setup_seconds`` is compressing or loading its cache."""
+    """One answer and what it cost: ``mode`` served it; ``setup_seconds`` is compressing or loading its
+    cache (query_aware: and replaying the question), ``document_seconds`` the part spent computing the
+    cached entry (the shared root, the full prefill or the leaf tier; 0 when it came from the cache)."""
     return {
         "question": question,
         "answer": answer.strip(),
+        "mode": info.mode,
         "cache_source": info.cache_source,
         "document_tokens": info.document_tokens,
         "cache_tokens": info.cache_tokens,
         "cache_bytes": info.compression.cache_bytes if info.compression else 0,
         "compression_seconds": info.compression.seconds if info.compression else None,
         "setup_seconds": round(info.compress_seconds, 4),
+        "document_seconds": round(info.document_seconds, 4),
         "time_to_first_token": None if info.time_to_first_token is None else round(info.time_to_first_token, 4),
         "total_seconds": round(info.total_seconds, 4),
         "output_tokens": info.output_tokens,
@@ -405,19 +412,27 @@ def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
         f"({ratio:.1f}x, {_human_bytes(first['cache_bytes'])})\n"
     )
     for i, a in enumerate(answers, 1):
-        if a["cache_source"] == "computed":
-            how = f"compressed in {_seconds(a['setup_seconds'])}"
-        elif a["cache_source"] == "disk":
-            how = f"loaded from disk cache in {_seconds(a['setup_seconds'])} (was compressed in "
-            how += f"{_seconds(a['compression_seconds'])})"
-        else:
-            how = "cache hit in memory"
         out.write(
-            f"Q{i}: {how}; first token {_seconds(a['time_to_first_token'])}, total {_seconds(a['total_seconds'])}, "
-            f"{a['output_tokens']} tokens\n"
+            f"Q{i}: {_setup(a)}; {a['mode']} mode; first token {_seconds(a['time_to_first_token'])}, "
+            f"total {_seconds(a['total_seconds'])}, {a['output_tokens']} tokens\n"
         )
     where = summary["cache_directory"] or "memory only (--no-disk-cache)"
     out.write(f"model load {_seconds(summary['model_load_seconds'])}; cache: {where}\n")
+
+
+def _setup(a: dict[str, Any]) -> str:
+    """How an answer's cache was had, in words."""
+    setup = _seconds(a["setup_seconds"])
+    if a["mode"] == "query_aware":  # the cache source is the leaf tier's; the question is replayed every time
+        where = {"computed": "built", "disk": "loaded from disk cache", "memory": "found in memory"}
+        built = f" in {_seconds(a['document_seconds'])}" if a["cache_source"] == "computed" else ""
+        return f"leaf tier {where.get(a['cache_source'], 'ready')}{built}, question replayed; setup {setup}"
+    verb = "prefilled" if a["mode"] == "full" else "compressed"
+    if a["cache_source"] == "computed":
+        return f"{verb} in {setup}"
+    if a["cache_source"] == "disk":
+        return f"loaded from disk cache in {setup} (was {verb} in {_seconds(a['compression_seconds'])})"
+    return "cache hit in memory"
 
 
 # ----------------------------------------------------------------------------- cache

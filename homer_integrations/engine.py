@@ -25,7 +25,7 @@ from homer_integrations.document_cache import CacheSource, DocumentCache
 from homer_integrations.homer.calibration import CalibrationKey, CalibrationStore
 from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, CompressionStats
 from homer_integrations.homer.compressor import CompressionResult, CompressorSettings, HomerCompressor, PruneObserver
-from homer_integrations.homer.config import HomerConfig, Mode, ModelDefaults
+from homer_integrations.homer.config import HomerConfig, Mode, ModelDefaults, check_mode
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_fingerprint
 from homer_integrations.homer.generation import DecodeState, FinishReason, GenerationOptions, decode
@@ -208,7 +208,7 @@ class HomerModel:
         """Prefix / suffix / continuation texts around the document for ``question`` in ``mode``
         (default: the configured one)."""
         c = self.config
-        query_aware = (mode or c.mode) == "query_aware"
+        query_aware = (check_mode(mode) or c.mode) == "query_aware"
         return render_layout(
             self.tokenizer, question, c.document_suffix, query_aware, c.system_prompt, c.reask_question
         )
@@ -320,7 +320,7 @@ class HomerModel:
         if not document or not document.strip():
             raise ValueError("the document is empty")
         self._check_document_length(document)
-        mode = mode or ("query_aware" if question is not None else "shared")
+        mode = check_mode(mode) or ("query_aware" if question is not None else "shared")
         if mode == "query_aware":
             if question is None:
                 raise ValueError("query_aware mode compresses the question with the document: pass question=")
@@ -537,23 +537,41 @@ class HomerModel:
         options = GenerationOptions(**generation)
         if not question or not question.strip():
             raise ValueError("the question is empty")
-        mode = mode or self.config.mode
+        mode = check_mode(mode) or self.config.mode
         layout = self.layout(question, mode)
-        started = time.perf_counter()
-        if isinstance(document, CompressedDocument):
-            if document.question is not None and document.question != question:
-                raise ValueError(
-                    "this document was compressed query-aware for another question; compress it again "
-                    "with this question, or use shared mode to reuse one cache for every question"
-                )
-            doc, source, built = document, None, 0.0
-            full = document.stats.max_chunk_len == self.context_window and document.stats.tree_height == 0
-            mode = "query_aware" if document.question is not None else "full" if full else "shared"
-        else:
+        if not isinstance(document, CompressedDocument):
             asked = question if mode == "query_aware" else None
-            doc, source, built = self._compress(layout.prefix, document, layout.suffix, asked, mode)
+            return self.answer_span(
+                layout.prefix, document, layout.suffix, layout.continuation, options, question=asked, mode=mode
+            )
+        if document.question is not None and document.question != question:
+            raise ValueError(
+                "this document was compressed query-aware for another question; compress it again "
+                "with this question, or use shared mode to reuse one cache for every question"
+            )
+        stream = self.continue_from(document, layout.continuation, options)
+        full = document.stats.max_chunk_len == self.context_window and document.stats.tree_height == 0
+        stream.info.mode = "query_aware" if document.question is not None else "full" if full else "shared"
+        return stream
+
+    def answer_span(
+        self,
+        prefix: str,
+        document: str,
+        suffix: str,
+        continuation: str,
+        options: GenerationOptions | None = None,
+        *,
+        question: str | None = None,
+        mode: Mode | None = None,
+    ) -> AnswerStream:
+        """Compress (or fetch) prefix + document + suffix in ``mode`` (see ``compress_span``) and stream
+        the answer to ``continuation``; ``info`` says which mode served and what the cached entry cost."""
+        started = time.perf_counter()
+        mode = check_mode(mode) or ("query_aware" if question is not None else "shared")
+        doc, source, built = self._compress(prefix, document, suffix, question, mode)
         stream = self.continue_from(
-            doc, layout.continuation, options, cache_source=source, compress_seconds=time.perf_counter() - started
+            doc, continuation, options, cache_source=source, compress_seconds=time.perf_counter() - started
         )
         stream.info.mode = mode
         stream.info.document_seconds = built

@@ -30,19 +30,24 @@ and cached; ``continuation`` (the head and tail of that message, and every later
 after the cache. So the instructions around the document and any conversation history after
 it never change the cache key, and the same document text shares one cache across templates,
 questions and the explicit path.
+
+The split depends on the HOMER mode of the call (``split_prompt(..., mode=)``, default the
+engine's configured mode), which the ``PromptSplit`` records and ``start_answer`` runs:
+``shared`` and ``full`` split as above (``full`` keeps that span uncompressed); ``query_aware``
+moves the question into the compressed suffix (see ``_split_at``).
 """
 
 from __future__ import annotations
 
 import re
 import threading
-import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from homer_integrations.homer.config import Mode, check_mode
 from homer_integrations.homer.prompt import PromptText, concat, markup, plain
 
 if TYPE_CHECKING:
@@ -71,7 +76,8 @@ class PromptSplit:
 
     ``prompt`` is the whole rendered prompt: what a plain call runs or, with a document,
     ``prefix + document + suffix + continuation``, of which the first three are compressed;
-    ``found_by`` says which rule found the document (``plain`` when there is none).
+    ``found_by`` says which rule found the document (``plain`` when there is none); ``mode`` is
+    the HOMER mode the texts were split for and the document is answered in (None when plain).
     The texts are ``PromptText``: only the template's markup becomes control tokens, never the
     document or a message's content.
     """
@@ -82,6 +88,12 @@ class PromptSplit:
     suffix: str = ""
     continuation: str = ""
     found_by: FoundBy = "plain"
+    mode: Mode | None = None
+
+
+def resolve_mode(engine: HomerModel, mode: Any = None) -> Mode:
+    """The mode a call runs in: ``mode`` (checked), else the engine's configured default."""
+    return check_mode(mode) or engine.config.mode
 
 
 def render_plain_text(messages: list[dict[str, str]]) -> str:
@@ -144,6 +156,7 @@ def split_prompt(
     document: str | None = None,
     render: Renderer | None = None,
     long_prompt_tokens: int | None = None,
+    mode: Mode | None = None,
 ) -> PromptSplit:
     """Find the long document in ``messages`` (``role``/``content`` dicts) for ``engine``.
 
@@ -154,7 +167,10 @@ def split_prompt(
             is already formatted; a renderer's plain ``str`` counts as formatted markup.
         long_prompt_tokens: prompts up to this many tokens with no known document run plainly;
             default ``engine.config.max_chunk_len``.
+        mode: the HOMER mode of this call (``shared``, ``query_aware``, ``full``); None: the
+            engine's configured mode. An unknown mode is a ``ValueError``.
     """
+    mode = resolve_mode(engine, mode)
     msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
     if not msgs:
         raise ValueError("no messages to answer")
@@ -165,9 +181,10 @@ def split_prompt(
         where = _locate(msgs, [document, document.strip()])
         if where is None:
             index = next((i for i, m in enumerate(msgs) if m["role"] == "user"), len(msgs) - 1)
-            return _split_at(engine, msgs, render, index, 0, 0, document, "explicit")
+            return _split_at(engine, msgs, render, index, 0, 0, document, "explicit", mode)
         index, start, end = where
-        return _split_at(engine, msgs, render, index, start, end, msgs[index]["content"][start:end], "explicit")
+        explicit = msgs[index]["content"][start:end]
+        return _split_at(engine, msgs, render, index, start, end, explicit, "explicit", mode)
 
     limit = long_prompt_tokens or engine.config.max_chunk_len
     where = _locate(msgs, known_documents(engine))
@@ -176,7 +193,7 @@ def split_prompt(
         content = msgs[index]["content"]
         # a known text inside a larger long context would leave that context to the continuation
         if engine.count_tokens(content[:start] + content[end:]) <= limit:
-            return _split_at(engine, msgs, render, index, start, end, content[start:end], "known")
+            return _split_at(engine, msgs, render, index, start, end, content[start:end], "known", mode)
 
     prompt = render(msgs)
     if engine.count_tokens(prompt) <= limit:
@@ -187,7 +204,7 @@ def split_prompt(
     if span is None:
         return PromptSplit(prompt=prompt)
     start, end = span
-    return _split_at(engine, msgs, render, index, start, end, content[start:end], "heuristic")
+    return _split_at(engine, msgs, render, index, start, end, content[start:end], "heuristic", mode)
 
 
 def find_document_span(text: str, is_short: Callable[[str], bool]) -> tuple[int, int] | None:
@@ -236,32 +253,35 @@ def _split_at(
     end: int,
     document: str,
     found_by: FoundBy,
+    mode: Mode,
 ) -> PromptSplit:
+    """The split with ``document`` cut out of message ``index`` at ``start:end``, laid out for ``mode``."""
     content = msgs[index]["content"]
     rest = _remaining(content[:start], content[end:])
     rewritten = [dict(m) for m in msgs]
     rewritten[index]["content"] = _SENTINEL + rest
     prefix, _, continuation = markup(render(rewritten)).partition(_SENTINEL)
     suffix = plain(engine.config.document_suffix)
-    if engine.config.mode == "query_aware" and engine.config.reask_question:
+    if mode == "query_aware" and engine.config.reask_question:
         # the message's own text steers pruning from the suffix and is asked again after the cache
         suffix = concat(suffix, rest, "\n\n") if rest else suffix
-    elif engine.config.mode == "query_aware":
+    elif mode == "query_aware":
         # the question is compressed with the document: everything after it joins the suffix
         suffix, continuation = concat(suffix, continuation), PromptText()
     prompt = concat(prefix, document, suffix, continuation)
-    return PromptSplit(prompt, document, prefix, suffix, continuation, found_by)
+    return PromptSplit(prompt, document, prefix, suffix, continuation, found_by, mode)
 
 
 # ------------------------------------------------------------------------------------- answering
 def start_answer(engine: HomerModel, split: PromptSplit, options: GenerationOptions) -> AnswerStream:
-    """Answer a split prompt: compress (or fetch) its document and continue, or run it plainly."""
+    """Answer a split prompt in the mode it was split for (``HomerModel.answer_span``), or run it
+    plainly when it has no document (``info.mode`` stays None then)."""
     if split.document is None:
         return engine.generate(split.prompt, **options.model_dump())
-    started = time.perf_counter()
-    question = split.suffix if engine.config.mode == "query_aware" else None
-    doc, source = engine.compress_span(split.prefix, split.document, split.suffix, question)
-    remember_document(engine, split.document)
-    return engine.continue_from(
-        doc, split.continuation, options, cache_source=source, compress_seconds=time.perf_counter() - started
+    mode = split.mode or engine.config.mode
+    question = split.suffix if mode == "query_aware" else None
+    stream = engine.answer_span(
+        split.prefix, split.document, split.suffix, split.continuation, options, question=question, mode=mode
     )
+    remember_document(engine, split.document)
+    return stream

@@ -43,14 +43,18 @@ def token_usage(info: AnswerInfo) -> TokenUsage:
 def answer_metadata(info: AnswerInfo) -> dict[str, Any]:
     """HOMER statistics of a finished answer as a flat, JSON-ready dict.
 
-    ``cache_source`` is ``computed`` / ``memory`` / ``disk`` (None for a plain prompt);
-    ``compress_seconds`` is the time spent getting the cache on this call.
+    ``mode`` is the HOMER mode that served (``shared``, ``query_aware``, ``full``; None for a
+    plain prompt); ``cache_source`` is ``computed`` / ``memory`` / ``disk`` (None for a plain
+    prompt); ``compress_seconds`` is the time spent getting the cache on this call, of which
+    ``document_seconds`` computing the cached entry (0 when it came from the cache).
     """
     data: dict[str, Any] = {
+        "mode": info.mode,
         "cache_source": info.cache_source,
         "document_tokens": info.document_tokens,
         "cache_tokens": info.cache_tokens,
         "compress_seconds": round(info.compress_seconds, 4),
+        "document_seconds": round(info.document_seconds, 4),
         "finish_reason": info.finish_reason,
         "time_to_first_token": None if info.time_to_first_token is None else round(info.time_to_first_token, 4),
         "total_seconds": round(info.total_seconds, 4),

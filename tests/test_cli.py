@@ -109,6 +109,59 @@ def test_cache_commands_on_an_empty_default_directory(
     assert code == 0 and out.startswith("removed 0 cached document(s)")
 
 
+# ----------------------------------------------------------------------------- modes (tiny model)
+@pytest.fixture
+def tiny_cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer) -> list[str]:
+    """``ask`` options for a tiny random-weight model (loaded in place of any named one) with the real
+    SmolLM2 tokenizer; its calibration is kept under ``tmp_path``."""
+    from tests.conftest import tiny_model
+
+    parts = (tiny_model(), tokenizer)
+    monkeypatch.setattr(cli, "_load_parts", lambda name, dtype, device: parts)
+    monkeypatch.setenv("HOMER_INTEGRATIONS_CACHE", str(tmp_path / "cache"))
+    return ["--model", "tiny", "--max-chunk-len", "128", "--warmup-layers", "3", "--no-disk-cache"]
+
+
+@pytest.mark.parametrize("mode", [None, "shared", "query_aware", "full"])
+def test_mode_goes_with_every_question_and_the_summary_says_which_served(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, passage: str, tiny_cli: list[str], mode: str | None
+) -> None:
+    book = tmp_path / "chapter1.txt"
+    book.write_text(passage, encoding="utf-8")
+    questions = ["-q", "Who has taken Netherfield Park?", "-q", "What is Mrs. Bennet's wish?"]
+    chosen = [] if mode is None else ["--mode", mode]
+    result = ask_json(capsys, str(book), *questions, *tiny_cli, *chosen, "--max-new-tokens", "2")
+    served = mode or "shared"  # the engine's configured default
+    assert result["mode"] == served
+    assert [a["mode"] for a in result["answers"]] == [served, served]
+    assert [a["cache_source"] for a in result["answers"]] == ["computed", "memory"]
+    first, second = result["answers"]
+    assert first["document_seconds"] > 0 and second["document_seconds"] == 0
+    assert result["cache"]["computations"] == 1, "one root, prefill or leaf tier for both questions"
+
+    code, out, err = run_cli(capsys, "ask", str(book), *questions, *tiny_cli, *chosen, "--max-new-tokens", "2")
+    assert code == 0, err
+    lines = out.split("--- summary ---")[1].splitlines()
+    assert f"{served} mode)" in lines[1]
+    q1, q2 = (line for line in lines if line.startswith(("Q1:", "Q2:")))
+    assert f"; {served} mode; " in q1 and f"; {served} mode; " in q2
+    if served == "query_aware":
+        assert q1.startswith("Q1: leaf tier built in") and q2.startswith("Q2: leaf tier found in memory")
+    else:
+        assert q1.startswith(f"Q1: {'prefilled' if served == 'full' else 'compressed'} in")
+        assert q2.startswith("Q2: cache hit in memory")
+
+
+def test_an_unknown_mode_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "doc.txt"
+    path.write_text("Some text.")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ask", str(path), "-q", "Why?", "--mode", "fast"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--mode: invalid choice: 'fast'" in err and "'shared', 'query_aware', 'full'" in err
+
+
 # ----------------------------------------------------------------------------- the real model
 @pytest.mark.real_model
 def test_ask_compresses_once_then_answers_from_disk(
@@ -196,3 +249,10 @@ def test_calibrate_reports_where_the_table_lives(capsys: pytest.CaptureFixture[s
     assert "smollm2-135m-instruct" in out and "max_chunk_len=1024" in out
     path = Path(out.rsplit(": ", 1)[1].strip())
     assert path.is_file() and path.parent == PACKAGE_DATA / "calibration"
+
+
+def test_the_cli_offers_every_engine_mode() -> None:
+    from homer_integrations.cli import MODES
+    from homer_integrations.homer.config import MODES as ENGINE_MODES
+
+    assert MODES == ENGINE_MODES  # kept as a literal so the CLI starts without pydantic

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.homer.generation import GenerationOptions
 from homer_integrations.prompt_split import (
     MIN_KNOWN_CHARS,
     find_document_span,
@@ -15,6 +16,7 @@ from homer_integrations.prompt_split import (
     remember_document,
     render_plain_text,
     split_prompt,
+    start_answer,
 )
 from tests.conftest import tiny_model
 
@@ -188,3 +190,52 @@ def test_find_document_span_levels(text, span):
 def test_find_document_span_gives_up_when_head_or_tail_is_long():
     text = "A long head " * 10 + "\n\nmiddle\n\nshort"
     assert find_document_span(text, lambda s: len(s) < 20) is None
+
+
+# ------------------------------------------------------------------------------------- modes
+def test_the_call_mode_decides_the_split_and_none_follows_the_engine(engine, book):
+    prompt = user(STUFF.format(context=book, question="Who?"))
+    default, shared, full = (split_prompt(engine, prompt, mode=m) for m in (None, "shared", "full"))
+    assert engine.config.mode == "shared" and default.mode == "shared" and full.mode == "full"
+    assert default == shared
+    # full keeps the same span, only uncompressed: the texts are those of shared
+    assert (full.prefix, full.document, full.suffix, full.continuation) == (
+        shared.prefix,
+        shared.document,
+        shared.suffix,
+        shared.continuation,
+    )
+    aware = split_prompt(engine, prompt, mode="query_aware")
+    assert aware.mode == "query_aware" and aware.document == shared.document
+    assert "Question: Who?" in aware.suffix and "Question: Who?" not in shared.suffix
+    assert split_prompt(engine, user("Hello")).mode is None, "a plain prompt has no mode"
+
+
+@pytest.mark.parametrize("mode", ["fast", "", "QUERY_AWARE", 3])
+def test_an_unknown_mode_is_refused_clearly(engine, mode):
+    with pytest.raises(ValueError, match=r"unknown HOMER mode .*'shared', 'query_aware', 'full'"):
+        split_prompt(engine, user("Hello"), mode=mode)
+
+
+def test_start_answer_runs_the_split_in_its_mode_like_engine_run(tokenizer, tmp_path, book):
+    cfg = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2)
+    engine = HomerModel(tiny_model(), tokenizer, cfg, calibration_dir=tmp_path, model_name="t", progress=False)
+    options = GenerationOptions(max_new_tokens=2)
+    text = book[:3000]
+    kinds = {}
+    for mode in ("query_aware", "query_aware", "full", None):
+        split = split_prompt(engine, user("Who is Mr. Bingley?"), document=text, mode=mode)
+        stream = start_answer(engine, split, options)
+        stream.text()
+        assert stream.info.mode == (mode or "shared")
+        kinds[mode] = {e.kind for e in engine.document_cache.entries()}
+        if stream.info.cache_source == "computed":
+            assert stream.info.document_seconds > 0
+        else:
+            assert stream.info.document_seconds == 0
+    assert kinds["query_aware"] == {"leaf_tier"}, "query_aware answers from the document's leaf tier"
+    assert kinds["full"] == {"leaf_tier", "root"} and kinds[None] == {"leaf_tier", "root"}
+    assert engine.document_cache.stats().computations == 3, "tier once, full prefill, shared root"
+    plain = start_answer(engine, split_prompt(engine, user("Hello")), options)
+    plain.text()
+    assert plain.info.mode is None and plain.info.cache_source is None

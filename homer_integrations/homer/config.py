@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Mode = Literal["shared", "query_aware", "full"]
 Replay = Literal["tree", "flat"]
+MODES: tuple[Mode, ...] = get_args(Mode)
+"""The modes a call can pick: ``shared``, ``query_aware``, ``full``."""
+
+
+def check_mode(mode: Any) -> Mode | None:
+    """``mode`` when it is one of ``MODES`` or None (the configured default); else a ``ValueError`` naming them."""
+    if mode is not None and (not isinstance(mode, str) or mode not in MODES):
+        choices = ", ".join(repr(m) for m in MODES)
+        raise ValueError(f"unknown HOMER mode {mode!r}: use one of {choices}, or None for the engine's default")
+    return mode
+
+
 Scorer = Literal["calibrated", "uncalibrated", "random"]
 PoolUnit = Literal["token", "word", "sentence"]
 ScoreLayers = Literal["last", "all"]

@@ -10,12 +10,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from homer_integrations.engine import AnswerInfo, AnswerStream, HomerModel
 from homer_integrations.engine_pool import default_model_name, shared_engine
+from homer_integrations.homer.config import Mode
 from homer_integrations.homer.generation import GenerationOptions
-from homer_integrations.prompt_split import PromptSplit, Renderer, split_prompt, start_answer
+from homer_integrations.prompt_split import PromptSplit, Renderer, check_mode, split_prompt, start_answer
 from homer_integrations.usage import answer_metadata, token_usage
 
-CALL_OPTIONS = frozenset({"document", "model", "max_tokens", "temperature", "top_p", "top_k", "seed"})
-"""Per-call keyword arguments (``invoke(..., document=...)``, ``bind(document=...)``)."""
+CALL_OPTIONS = frozenset({"document", "mode", "model", "max_tokens", "temperature", "top_p", "top_k", "seed"})
+"""Per-call keyword arguments (``invoke(..., document=...)``, ``bind(mode=...)``)."""
 
 
 @dataclass
@@ -73,6 +74,11 @@ class HomerSettings(BaseModel):
     long_prompt_tokens: int | None = Field(default=None, ge=1)
     """Prompts longer than this are searched for a document to compress (default: the
     engine's ``max_chunk_len``). See ``homer_integrations.prompt_split``."""
+    mode: Mode | None = None
+    """HOMER mode of a document's answers: ``shared`` (one compressed cache serves every question),
+    ``query_aware`` (the question is compressed with the document) or ``full`` (kept uncompressed;
+    must fit the window). None: the engine's configured mode; a call's ``mode=`` replaces it.
+    ``response_metadata["homer"]["mode"]`` says which mode served."""
 
     @field_validator("model_name", mode="before")
     @classmethod
@@ -122,6 +128,7 @@ class HomerSettings(BaseModel):
         unknown = set(kwargs) - CALL_OPTIONS
         if unknown:
             raise TypeError(f"unsupported call options: {sorted(unknown)}; supported: {sorted(CALL_OPTIONS)}")
+        mode = check_mode(kwargs.get("mode"))  # a bad mode fails before an engine loads
         engine = self.resolve_engine(kwargs.get("model"))
         split = split_prompt(
             engine,
@@ -129,6 +136,7 @@ class HomerSettings(BaseModel):
             document=kwargs.get("document", self.document),
             render=render,
             long_prompt_tokens=self.long_prompt_tokens,
+            mode=self.mode if mode is None else mode,
         )
         stream = start_answer(engine, split, self.generation_options(stop, kwargs))
         return HomerCall(engine, split, stream, kwargs.get("model") or self.model_name)
@@ -142,4 +150,5 @@ class HomerSettings(BaseModel):
             "top_p": self.top_p,
             "top_k": self.top_k,
             "seed": self.seed,
+            "mode": self.mode,
         }

@@ -21,7 +21,8 @@ class HomerLLM(HomerSettings, BaseLLM):
     Finds and compresses long documents in prompts exactly like ``ChatHomer`` (explicit
     ``document=``, a known document, or the long middle of a long prompt). Instruct models
     expect their chat format, so by default a prompt is sent as one user message through the
-    chat template; ``apply_chat_template=False`` sends prompts as raw text.
+    chat template; ``apply_chat_template=False`` sends prompts as raw text. ``mode`` (per model,
+    or per call: ``invoke(..., mode=...)``) picks the HOMER mode as in ``ChatHomer``.
 
     Each ``Generation.generation_info`` holds ``usage`` (input / output tokens with
     ``cache_creation`` and ``cache_read``), ``finish_reason`` and the HOMER statistics;

@@ -13,7 +13,9 @@ from langchain_core.runnables.config import patch_config
 from langchain_text_splitters import RecursiveCharacterTextSplitter
 
 from homer_integrations.engine import HomerModel
+from homer_integrations.homer.config import Mode
 from homer_integrations.langchain.chat_models import ChatHomer
+from homer_integrations.prompt_split import check_mode
 from homer_integrations.retrieval import BM25Index, Passage, retrieval_prompt
 from homer_integrations.routing import Route, RouteDecision, StrategyLike, aroute_answer, make_strategy, route_answer
 
@@ -31,6 +33,10 @@ class HomerRouter(Runnable[RouterInput, AIMessage]):
     ``homer_integrations.routing.RoutingStrategy`` or a function ``question -> route`` /
     ``(route, reason)``; see ``homer_integrations.routing``.
 
+    ``mode`` is the HOMER mode of the model's calls (None: the model's own); a call's
+    ``invoke(..., mode=...)`` (or ``bind(mode=...)``) replaces it, and the mode that served is in
+    ``response_metadata["homer"]["mode"]`` (None on the retrieval route's plain prompt).
+
     Input: a question, or a dict with ``question`` (or ``input`` / ``query``). Output: the
     model's ``AIMessage`` with ``route``, ``route_reason`` and ``route_strategy`` added to its
     ``response_metadata`` (and ``retrieved_chunks``, the chunk indices, on the retrieval route).
@@ -45,8 +51,10 @@ class HomerRouter(Runnable[RouterInput, AIMessage]):
         k: int = 3,
         chunk_size: int = 800,
         chunk_overlap: int = 100,
+        mode: Mode | None = None,
     ) -> None:
         self.model = model if isinstance(model, ChatHomer) else ChatHomer(engine=model)
+        self.mode = check_mode(mode)
         items = [documents] if isinstance(documents, str | Document) else list(documents)
         texts = [d.page_content if isinstance(d, Document) else d for d in items]
         if not texts or not any(t.strip() for t in texts):
@@ -66,6 +74,12 @@ class HomerRouter(Runnable[RouterInput, AIMessage]):
                 return value[key]
         raise ValueError(f"HomerRouter input must be a question or a dict with one of {_QUESTION_KEYS}")
 
+    def _options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The model's call options from a router call's kwargs: ``mode`` (the call's, else the router's)."""
+        mode = check_mode(kwargs.get("mode"))
+        mode = self.mode if mode is None else mode
+        return {} if mode is None else {"mode": mode}
+
     def _request(self, route: Route, question: str, instruction: str | None) -> tuple[list, dict, list[Passage]]:
         if route == "homer":
             return [HumanMessage(question)], {"document": self.document}, []
@@ -80,20 +94,30 @@ class HomerRouter(Runnable[RouterInput, AIMessage]):
             meta["retrieved_chunks"] = [p.index for p in passages]
         return message.model_copy(update={"response_metadata": meta})
 
-    def _route(self, value: RouterInput, run_manager: CallbackManagerForChainRun, config: RunnableConfig) -> AIMessage:
+    def _route(
+        self,
+        value: RouterInput,
+        run_manager: CallbackManagerForChainRun,
+        config: RunnableConfig,
+        options: dict[str, Any] | None = None,
+    ) -> AIMessage:
         question = self.question_of(value)
         used: dict[Route, list[Passage]] = {}
 
         def answer(route: Route, instruction: str | None) -> AIMessage:
             messages, kwargs, used[route] = self._request(route, question, instruction)
             child = patch_config(config, callbacks=run_manager.get_child(route))
-            return self.model.invoke(messages, child, **kwargs)
+            return self.model.invoke(messages, child, **kwargs, **(options or {}))
 
         message, decision = route_answer(self.strategy, question, answer, lambda m: m.text)
         return self._finish(message, decision, used.get(decision.route, []))
 
     async def _aroute(
-        self, value: RouterInput, run_manager: AsyncCallbackManagerForChainRun, config: RunnableConfig
+        self,
+        value: RouterInput,
+        run_manager: AsyncCallbackManagerForChainRun,
+        config: RunnableConfig,
+        options: dict[str, Any] | None = None,
     ) -> AIMessage:
         question = self.question_of(value)
         used: dict[Route, list[Passage]] = {}
@@ -101,13 +125,15 @@ class HomerRouter(Runnable[RouterInput, AIMessage]):
         async def answer(route: Route, instruction: str | None) -> AIMessage:
             messages, kwargs, used[route] = self._request(route, question, instruction)
             child = patch_config(config, callbacks=run_manager.get_child(route))
-            return await self.model.ainvoke(messages, child, **kwargs)
+            return await self.model.ainvoke(messages, child, **kwargs, **(options or {}))
 
         message, decision = await aroute_answer(self.strategy, question, answer, lambda m: m.text)
         return self._finish(message, decision, used.get(decision.route, []))
 
     def invoke(self, input: RouterInput, config: RunnableConfig | None = None, **kwargs: Any) -> AIMessage:
-        return self._call_with_config(self._route, input, config, run_type="chain")
+        options = self._options(kwargs)
+        return self._call_with_config(self._route, input, config, run_type="chain", options=options)
 
     async def ainvoke(self, input: RouterInput, config: RunnableConfig | None = None, **kwargs: Any) -> AIMessage:
-        return await self._acall_with_config(self._aroute, input, config, run_type="chain")
+        options = self._options(kwargs)
+        return await self._acall_with_config(self._aroute, input, config, run_type="chain", options=options)

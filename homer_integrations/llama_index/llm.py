@@ -27,13 +27,16 @@ from homer_integrations.aio import iterate_in_thread
 from homer_integrations.engine import AnswerStream, HomerModel
 from homer_integrations.engine_pool import shared_engine
 from homer_integrations.homer.compressed import CompressionStats
+from homer_integrations.homer.config import Mode
 from homer_integrations.homer.generation import GenerationOptions
 from homer_integrations.llama_index.info import answer_info_dict
 from homer_integrations.prompt_split import (
     PromptSplit,
     Renderer,
+    check_mode,
     remember_document,
     render_plain_text,
+    resolve_mode,
     split_prompt,
     start_answer,
 )
@@ -76,14 +79,18 @@ class HomerLLM(CustomLLM):
       ``{context_str}``), the rest as instructions and question.
 
     The document is compressed once (cached in the engine's document cache) and everything
-    else of the prompt is fed after the cache; other prompts run plainly.
+    else of the prompt is fed after the cache; other prompts run plainly. ``mode`` picks how:
+    ``shared`` (one compressed cache for every question), ``query_aware`` (the question is
+    compressed with the document, replayed from a cached leaf tier) or ``full`` (uncompressed,
+    must fit the window); None follows the engine's configuration, and a call's ``mode=``
+    (``complete(prompt, mode="query_aware")``, ``chat``, the streaming and async forms) replaces it.
 
     ``metadata.context_window`` is the model's own window by default: what a *plain* prompt
     may hold. A compressed document may be far longer (only its cache, at most the engine's
     ``max_chunk_len`` tokens, takes room in the window). Set a larger ``context_window`` to let
     LlamaIndex's synthesizers stuff a whole long document into one prompt; a prompt over the
     model's window in which no document is found is then refused with a clear error.
-    Responses carry the statistics (cache source, tokens, compression) in ``additional_kwargs``.
+    Responses carry the statistics (mode, cache source, tokens, compression) in ``additional_kwargs``.
     """
 
     model_name: str = Field(default="", description="Name reported in metadata and events.")
@@ -101,6 +108,11 @@ class HomerLLM(CustomLLM):
         ge=0,
         description="Prompts longer than this many tokens are searched for a document to compress; "
         "0 means the engine's max_chunk_len.",
+    )
+    mode: Mode | None = Field(
+        default=None,
+        description="HOMER mode of a document's answers: shared, query_aware or full; None means the "
+        "engine's configured mode. A call's mode= replaces it.",
     )
 
     _engine: HomerModel = PrivateAttr()
@@ -178,6 +190,11 @@ class HomerLLM(CustomLLM):
             dicts = self._system() + dicts
         return self._split(dicts, None, kwargs)
 
+    def call_mode(self, kwargs: dict[str, Any] | None = None) -> Mode:
+        """The HOMER mode of a call: its ``mode`` (checked), else this LLM's, else the engine's default."""
+        mode = check_mode((kwargs or {}).get("mode"))
+        return resolve_mode(self._engine, self.mode if mode is None else mode)
+
     def _split(self, messages: list[dict[str, str]], render: Renderer | None, kwargs: dict[str, Any]) -> PromptSplit:
         return split_prompt(
             self._engine,
@@ -185,6 +202,7 @@ class HomerLLM(CustomLLM):
             document=kwargs.get("document"),
             render=render,
             long_prompt_tokens=self.compress_threshold,
+            mode=self.call_mode(kwargs),
         )
 
     def _start(self, split: PromptSplit, kwargs: dict[str, Any]) -> AnswerStream:
@@ -198,15 +216,22 @@ class HomerLLM(CustomLLM):
 
     def answer_stream(self, question: str, document: str, **kwargs: Any) -> AnswerStream:
         """The engine's stream answering ``question`` about ``document`` (no LlamaIndex events);
-        its ``info`` holds the statistics once consumed. ``HomerQueryEngine`` answers through this."""
+        its ``info`` holds the statistics once consumed. ``HomerQueryEngine`` answers through this.
+        ``kwargs``: generation options and ``mode``."""
         return self._start_completion(question, False, {**kwargs, "document": document})
 
-    def precompress(self, document: str) -> CompressionStats:
-        """Compress ``document`` now (cached) exactly as ``answer_stream`` will need it. Shared mode only."""
-        if self._engine.config.mode != "shared":
-            raise ValueError("query_aware mode compresses each question with the document: nothing to do ahead")
-        split = self._completion_split("?", False, {"document": document})  # the question is not part of the key
-        compressed, _ = self._engine.compress_span(split.prefix, document, split.suffix)
+    def precompress(self, document: str, *, mode: Mode | None = None) -> CompressionStats:
+        """Compress ``document`` now (cached) exactly as ``answer_stream`` will need it in ``mode``
+        (default: this LLM's). ``shared`` and ``full`` only: their cache does not depend on the question."""
+        mode = self.call_mode({"mode": mode})
+        if mode == "query_aware":
+            raise ValueError(
+                "precompress needs a question-independent cache: query_aware mode compresses each question "
+                "with the document (its leaf tier is built at the first question); use mode='shared' or 'full'"
+            )
+        # the question is not part of the key in these modes
+        split = self._completion_split("?", False, {"document": document, "mode": mode})
+        compressed, _ = self._engine.compress_span(split.prefix, document, split.suffix, mode=mode)
         remember_document(self._engine, document)
         return compressed.stats
 

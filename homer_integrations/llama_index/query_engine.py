@@ -28,8 +28,10 @@ from llama_index.core.schema import Document, NodeWithScore, QueryBundle, TextNo
 from homer_integrations.aio import iterate_in_thread
 from homer_integrations.engine import AnswerStream, HomerModel
 from homer_integrations.homer.compressed import CompressionStats
+from homer_integrations.homer.config import Mode
 from homer_integrations.llama_index.info import answer_info_dict
 from homer_integrations.llama_index.llm import HomerLLM
+from homer_integrations.prompt_split import check_mode
 
 DEFAULT_COMBINE_TEMPLATE = PromptTemplate(
     "Several documents were asked the same question. Their answers:\n"
@@ -55,10 +57,13 @@ class HomerQueryEngine(BaseQueryEngine):
             None answers every document.
         combine_template: prompt of the final call that merges several answers
             (``{answers}``, ``{query_str}``).
+        mode: HOMER mode of every answer: ``shared`` (one compressed cache per document),
+            ``query_aware`` (each query compressed with the document) or ``full`` (uncompressed,
+            must fit the window); None: the LLM's ``mode``, else the engine's configured one.
 
     Responses carry one source node per answered document: its id, its text, and under
-    ``metadata["homer"]`` the cache source (``computed``, ``memory``, ``disk``), token counts and
-    compression statistics (complete once a streaming response is consumed).
+    ``metadata["homer"]`` the mode that served, the cache source (``computed``, ``memory``,
+    ``disk``), token counts and compression statistics (complete once a streaming response is consumed).
     ``response.metadata`` maps each document id to that node metadata.
     """
 
@@ -72,6 +77,7 @@ class HomerQueryEngine(BaseQueryEngine):
         max_documents: int | None = 2,
         combine_template: BasePromptTemplate | None = None,
         callback_manager: CallbackManager | None = None,
+        mode: Mode | None = None,
     ) -> None:
         if not documents:
             raise ValueError("HomerQueryEngine needs at least one document")
@@ -88,6 +94,7 @@ class HomerQueryEngine(BaseQueryEngine):
         self._max_documents = max_documents
         self._combine_template = combine_template or DEFAULT_COMBINE_TEMPLATE
         self._ranker: Any = None
+        self._mode = check_mode(mode)
         super().__init__(callback_manager=callback_manager)
 
     @classmethod
@@ -114,9 +121,14 @@ class HomerQueryEngine(BaseQueryEngine):
     def documents(self) -> list[Document]:
         return list(self._documents)
 
+    @property
+    def mode(self) -> Mode:
+        """The HOMER mode this engine answers in (its own, else the LLM's, else the engine's default)."""
+        return self._llm.call_mode({"mode": self._mode})
+
     def precompress(self) -> list[CompressionStats]:
-        """Compress every document now (cached), rather than at its first query. Shared mode only."""
-        return [self._llm.precompress(doc.text) for doc in self._documents]
+        """Compress every document now (cached), rather than at its first query. ``shared`` and ``full`` modes."""
+        return [self._llm.precompress(doc.text, mode=self._mode) for doc in self._documents]
 
     # ----------------------------------------------------------------------------- prompts
     def _get_prompts(self) -> PromptDictType:
@@ -166,12 +178,12 @@ class HomerQueryEngine(BaseQueryEngine):
         chosen = self.select(query)
         if len(chosen) == 1:
             doc, score = chosen[0]
-            stream = self._llm.answer_stream(query, doc.text)
+            stream = self._llm.answer_stream(query, doc.text, mode=self._mode)
             node = self._source_node(doc, score, stream)
             return self._finishing(stream, [(node, stream)]), [node]
         finished = []
         for doc, score in chosen:
-            stream = self._llm.answer_stream(query, doc.text)
+            stream = self._llm.answer_stream(query, doc.text, mode=self._mode)
             answer = stream.text().strip()
             node = self._source_node(doc, score, stream)
             node.node.metadata[STATS_KEY]["answer"] = answer

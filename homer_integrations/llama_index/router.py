@@ -25,6 +25,7 @@ from llama_index.core.schema import Document, QueryBundle
 from llama_index.core.tools import QueryEngineTool, ToolMetadata
 from llama_index.retrievers.bm25 import BM25Retriever
 
+from homer_integrations.homer.config import Mode
 from homer_integrations.llama_index.llm import HomerLLM
 from homer_integrations.llama_index.query_engine import HomerQueryEngine
 from homer_integrations.llama_index.retrieval import bm25_query_engine, chunk_nodes
@@ -133,10 +134,12 @@ class HomerRouterQueryEngine(RouterQueryEngine):
         max_documents: int | None = 2,
         chunk_size: int = 256,
         similarity_top_k: int = 3,
+        mode: Mode | None = None,
     ) -> HomerRouterQueryEngine:
-        """HOMER over ``documents`` whole, and BM25 over chunks of ``chunk_size`` model tokens."""
+        """HOMER over ``documents`` whole (in ``mode``, see ``HomerQueryEngine``), and BM25 over chunks
+        of ``chunk_size`` model tokens."""
         llm = llm if llm is not None else HomerLLM()
-        homer = HomerQueryEngine(documents, llm, streaming=streaming, max_documents=max_documents)
+        homer = HomerQueryEngine(documents, llm, streaming=streaming, max_documents=max_documents, mode=mode)
         nodes = chunk_nodes(documents, llm, chunk_size)
         retriever = BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=similarity_top_k)
 
