@@ -190,6 +190,50 @@ def run(args: argparse.Namespace) -> None:
                 print(f"{args.model} {method} {tokens} seed {seed}: {marks} (prepare {prepare:.0f}s)", flush=True)
 
 
+def value_tokens(tokenizer, document: str, value: str) -> list[int]:
+    """Document token indices covering the fact's value (its one occurrence in the sample)."""
+    offsets = tokenizer(document, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    start = document.index(value)
+    end = start + len(value)
+    return [i for i, (a, b) in enumerate(offsets) if a < end and b > start]
+
+
+def trace(args: argparse.Namespace) -> None:
+    """Where facts are lost: per question and HOMER method, did the value's tokens survive into the
+    cache, and does a plain prefill over exactly the surviving document tokens answer?"""
+    torch.set_num_threads(args.threads)
+    model, tok = load_model(args.model)
+    out = RESULTS / "two_tier_trace.jsonl"
+    for seed in args.seeds:
+        sample = make_sample(tok, args.tokens, seed)
+        ids = encode(tok, sample.document)
+        for method in ("shared", "per_question", "per_question_flat"):
+            config = HomerConfig(system_prompt=INSTRUCTION, replay="flat" if method.endswith("flat") else "tree")
+            engine = HomerModel(model, tok, config, model_name=args.model, progress=False)
+            mode = "shared" if method == "shared" else "query_aware"
+            for question, value in zip(sample.questions, sample.answers, strict=True):
+                doc = engine.compress(sample.document, question=question if mode == "query_aware" else None, mode=mode)
+                kept = set(doc.origin.tolist())
+                needed = value_tokens(tok, sample.document, value)
+                retained = ids[doc.origin[doc.origin >= 0].sort().values]
+                plain = Sample(tok.decode(retained), [question], [value], len(retained), seed)
+                answer = plain_answers(engine, plain)[1][0]["answer"]
+                row = {
+                    "model": args.model,
+                    "tokens": args.tokens,
+                    "seed": seed,
+                    "method": method,
+                    "expected": value,
+                    "value_survived": all(i in kept for i in needed),
+                    "value_tokens_kept": sum(i in kept for i in needed) / len(needed),
+                    "retained_plain_answer": answer,
+                    "retained_plain_correct": correct(answer, value),
+                }
+                with out.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(json.dumps(row), flush=True)
+
+
 def report(_: argparse.Namespace) -> None:
     records = [json.loads(line) for line in SAMPLES.read_text().splitlines() if line.strip()]
     groups: dict[tuple, list] = defaultdict(list)
@@ -242,9 +286,14 @@ def main() -> None:
     r.add_argument("--seed-offset", type=int, default=0)
     r.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     r.add_argument("--threads", type=int, default=2)
+    t = sub.add_parser("trace")
+    t.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
+    t.add_argument("--tokens", type=int, default=8000)
+    t.add_argument("--seeds", type=int, nargs="+", default=[2000])
+    t.add_argument("--threads", type=int, default=2)
     sub.add_parser("report")
     args = parser.parse_args()
-    run(args) if args.command == "run" else report(args)
+    {"run": run, "trace": trace, "report": report}[args.command](args)
 
 
 if __name__ == "__main__":
