@@ -259,6 +259,7 @@ class HomerModel:
             "max_chunk_len": c.max_chunk_len,
             "warmup_layers": c.warmup_layers,
             "suffix_reserve": c.suffix_reserve,
+            "document_suffix": c.document_suffix,  # the split is planned for the shared suffix's length
             "pool_unit": c.pool_unit,
         }
         return self._key({"settings": settings}, prefix, document, "")
@@ -391,11 +392,17 @@ class HomerModel:
             score_memory=c.score_memory,
             score_layers=c.score_layers,
             contiguous_positions=c.contiguous_positions,
-            suffix_reserve=c.suffix_reserve if query_aware else 0,
+            suffix_reserve=self._planned_suffix_len() if query_aware else 0,
             want_logits=query_aware and not c.reask_question,
             seed=c.seed,
         )
         return HomerCompressor(self.stack, settings, self.calibration_bias() if prunes else None, self.prune_observer)
+
+    def _planned_suffix_len(self) -> int:
+        """Suffix tokens a leaf tier's split is planned for: the shared suffix plus ``suffix_reserve``,
+        so the tier splits the document exactly as the shared root does (with the default reserve 0)."""
+        shared_suffix = encode(self.tokenizer, self.layout("", "shared").suffix, formatted=True)
+        return shared_suffix.numel() + self.config.suffix_reserve
 
     def _words(self, document: str, document_ids: torch.Tensor) -> torch.Tensor | None:
         """Unit index of every document token for word/sentence pruning (None: score single tokens)."""

@@ -61,10 +61,11 @@ class HomerConfig(BaseModel):
         score_layers: which of a node's layers score its pruning: ``last`` (paper: the layer it
             prunes in) or ``all`` (the mean of every layer's standardised score; a leaf runs many
             layers, and no single one of them need be the layer that notices a fact).
-        suffix_reserve: ``query_aware``: suffix tokens (document suffix + question) every leaf's split
-            is planned for, so one leaf tier serves every question; a longer question still works,
-            its merged nodes run that many tokens past ``max_chunk_len``. Default:
-            ``min(64, max_chunk_len // 16)``.
+        suffix_reserve: ``query_aware``: question tokens, beyond the shared document suffix, that
+            every leaf's split is planned for (default 0: the leaf tier is split exactly as the
+            shared root, so no question changes the tree's shape; a question's suffix then makes
+            merged nodes that many tokens longer than ``max_chunk_len``, still far inside the
+            model's window).
         replay: how ``query_aware`` rebuilds the root from the leaf tier: ``tree`` replays the
             paper's merge tree (each level prunes again with the question), ``flat`` keeps the
             ``final_cache_len`` best tokens of all leaves by their leaf scores and runs the upper
@@ -89,7 +90,7 @@ class HomerConfig(BaseModel):
     score_memory: bool = True
     score_layers: ScoreLayers = "last"
     contiguous_positions: bool = False
-    suffix_reserve: int | None = Field(default=None, ge=0, le=4096)
+    suffix_reserve: int = Field(default=0, ge=0, le=4096)
     replay: Replay = "tree"
     calibration_segments: int = Field(default=48, ge=1, le=10_000)
     document_suffix: str = Field(default=DEFAULT_DOCUMENT_SUFFIX, min_length=1)
@@ -129,11 +130,9 @@ class HomerConfig(BaseModel):
             )
         if final > mcl:
             raise ValueError(f"final_cache_len ({final}) must not exceed max_chunk_len ({mcl})")
-        reserve = self.suffix_reserve if self.suffix_reserve is not None else min(64, mcl // 16)
-        if reserve >= mcl // 2:
-            raise ValueError(f"suffix_reserve={reserve} must stay below half of max_chunk_len ({mcl})")
-        update = {"max_chunk_len": mcl, "warmup_layers": warmup, "final_cache_len": final, "suffix_reserve": reserve}
-        return self.model_copy(update=update)
+        if self.suffix_reserve >= mcl // 2:
+            raise ValueError(f"suffix_reserve={self.suffix_reserve} must stay below half of max_chunk_len ({mcl})")
+        return self.model_copy(update={"max_chunk_len": mcl, "warmup_layers": warmup, "final_cache_len": final})
 
 
 class ModelDefaults(BaseModel):

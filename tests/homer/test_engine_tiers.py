@@ -5,6 +5,7 @@ import torch
 
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.document_cache import DocumentCache
+from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.prompt import encode
 from tests.conftest import tiny_model
@@ -59,12 +60,12 @@ def test_second_question_replays_from_the_tier_without_rerunning_the_leaves(toke
 
 def test_replayed_compression_equals_a_query_aware_compression_from_scratch(tokenizer, calib, text):
     # the calibrated scorer, real word units and score memory, a real chat layout
-    engine = make_engine(tokenizer, calib, mode="query_aware", suffix_reserve=32)
+    engine = make_engine(tokenizer, calib, mode="query_aware", suffix_reserve=16)
     question = "Who is Mr. Bingley?"
     replayed = engine.compress(text[:4000], question=question)
     layout = engine.layout(question)
     prefix_ids, document_ids, suffix_ids = engine._encode_span(layout.prefix, text[:4000], layout.suffix)
-    assert suffix_ids.numel() <= 32, "within the reserve, the split is the one a scratch compression plans"
+    assert suffix_ids.numel() <= engine._planned_suffix_len(), "within the reserve: the split a scratch one plans"
     scratch = engine._compressor(True, query_aware=True).compress(
         prefix_ids, document_ids, suffix_ids, word_ids=engine._words(text[:4000], document_ids)
     )
@@ -140,3 +141,15 @@ def test_full_mode_keeps_the_whole_prompt_and_answers_like_a_plain_prefill(token
     assert again.text() == answer and again.info.cache_source == "disk", "validated against the window, not MCL"
     with pytest.raises(ValueError, match="window"):
         engine.answer(text * 2, question, mode="full")
+
+
+def test_the_leaf_tier_splits_the_document_as_the_shared_root_does(tokenizer, calib, text):
+    engine = make_engine(tokenizer, calib)
+    root = engine.compress(text)
+    layout = engine.layout("Who?", "query_aware")
+    tier, _ = engine.leaf_tier(layout.prefix, text)
+    shared = engine.layout("Who?", "shared")
+    prefix_ids, document_ids, suffix_ids = engine._encode_span(shared.prefix, text, shared.suffix)
+    plan = ChunkPlan.build(prefix_ids.numel(), document_ids.numel(), suffix_ids.numel(), engine.config.max_chunk_len)
+    assert tier.plan.height == root.stats.tree_height == plan.height
+    assert tier.plan.piece_len == plan.piece_len and tier.plan.effective_len == plan.effective_len
