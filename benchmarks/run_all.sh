@@ -22,6 +22,10 @@ $py benchmarks/passkey.py run --models $qwen --lengths 16000 --samples 4 --seed-
 $py benchmarks/passkey.py run --models $qwen --lengths 16000 --samples 4 --methods query_aware --no-ablations
 $py benchmarks/passkey.py run --models $qwen --lengths 32000 --samples 2 --no-ablations        # plain: ~20 min a sample
 $py benchmarks/passkey.py report
+$py benchmarks/two_tier.py run --tokens 8000 --samples 4                  # plain / shared / per-question tree / flat
+$py benchmarks/two_tier.py run --tokens 16000 --samples 2
+$py benchmarks/two_tier.py trace --tokens 8000 --seeds 2000 2001 2002 2003   # where the facts are lost
+$py benchmarks/two_tier.py report
 $py benchmarks/pruning_trace.py --model $smol --tokens 16000 --samples 4
 $py benchmarks/memory_speed.py --tokens 4000 8000 16000 32000
 $py benchmarks/memory_speed.py --tokens 64000 --methods homer
