@@ -23,8 +23,9 @@ $py benchmarks/passkey.py run --models $qwen --lengths 16000 --samples 4 --metho
 $py benchmarks/passkey.py run --models $qwen --lengths 32000 --samples 2 --no-ablations        # plain: ~20 min a sample
 $py benchmarks/passkey.py report
 $py benchmarks/two_tier.py run --tokens 8000 --samples 4                  # plain / shared / per-question tree / flat
-$py benchmarks/two_tier.py run --tokens 16000 --samples 2
-$py benchmarks/two_tier.py trace --tokens 8000 --seeds 2000 2001 2002 2003   # where the facts are lost
+$py benchmarks/two_tier.py run --tokens 16000 --samples 1                 # one document: ~25 min on 2 cores
+$py benchmarks/two_tier.py trace --tokens 8000 --seeds 2000 2001            # where the facts are lost
+# the *_reserve64 rows came from the first tier split (64 reserved suffix tokens) and are not rerun
 $py benchmarks/two_tier.py report
 $py benchmarks/pruning_trace.py --model $smol --tokens 16000 --samples 4
 $py benchmarks/memory_speed.py --tokens 4000 8000 16000 32000
