@@ -94,3 +94,24 @@ def novel() -> str:
     from homer_integrations.paths import bundled_text
 
     return bundled_text("prideprejudice")
+
+
+@pytest.fixture(scope="module")
+def calibration(tmp_path_factory: pytest.TempPathFactory):
+    """A calibration directory per test module, for engines built by ``mode_engine`` (modules may override)."""
+    return tmp_path_factory.mktemp("calibration")
+
+
+@pytest.fixture(scope="module")
+def text(novel: str) -> str:
+    """About 750 tokens of chapter 1: several leaves at max_chunk_len 128, within the tiny model's window."""
+    start = novel.index("It is a truth universally acknowledged")
+    return novel[start : start + 3000]
+
+
+def mode_engine(tokenizer, calibration, **config):
+    """A fresh ``HomerModel`` over a tiny Llama (max_chunk_len 128), so its document cache shows what calls built."""
+    from homer_integrations import HomerConfig, HomerModel
+
+    cfg = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2, **config)
+    return HomerModel(tiny_model(), tokenizer, cfg, model_name="tiny", calibration_dir=calibration, progress=False)

@@ -14,33 +14,16 @@ import pytest
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
 from pydantic import ValidationError
 
-from homer_integrations import HomerConfig, HomerModel
+from homer_integrations import HomerModel
 from homer_integrations.langchain import ChatHomer, HomerLLM, HomerRouter
-from tests.conftest import tiny_model
+from tests.conftest import mode_engine
 
 QUESTION = "Who is Mr. Bingley?"
 
 
-@pytest.fixture(scope="module")
-def calibration(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("calibration")
-
-
-@pytest.fixture(scope="module")
-def text(novel: str) -> str:
-    """About 750 tokens of chapter 1: several leaves at max_chunk_len 128, within the tiny model's window."""
-    start = novel.index("It is a truth universally acknowledged")
-    return novel[start : start + 3000]
-
-
-def make_engine(tokenizer: Any, calibration: Path, **config: Any) -> HomerModel:
-    cfg = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2, **config)
-    return HomerModel(tiny_model(), tokenizer, cfg, model_name="tiny", calibration_dir=calibration, progress=False)
-
-
 @pytest.fixture
 def engine(tokenizer: Any, calibration: Path) -> HomerModel:
-    return make_engine(tokenizer, calibration)
+    return mode_engine(tokenizer, calibration)
 
 
 def kinds(engine: HomerModel) -> set[str]:
@@ -52,10 +35,10 @@ def served(message: AIMessage) -> str | None:
 
 
 def test_the_default_follows_the_engine_config(tokenizer, calibration, text):
-    shared = make_engine(tokenizer, calibration)
+    shared = mode_engine(tokenizer, calibration)
     assert served(ChatHomer(engine=shared, max_tokens=2).invoke(QUESTION, document=text)) == "shared"
     assert kinds(shared) == {"root"}
-    aware = make_engine(tokenizer, calibration, mode="query_aware")
+    aware = mode_engine(tokenizer, calibration, mode="query_aware")
     message = ChatHomer(engine=aware, max_tokens=2).invoke(QUESTION, document=text)
     assert served(message) == "query_aware" and kinds(aware) == {"leaf_tier"}
     assert message.response_metadata["homer"]["document_seconds"] > 0

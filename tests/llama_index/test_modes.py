@@ -16,29 +16,14 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.bridge.pydantic import ValidationError
 from llama_index.core.schema import Document
 
-from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.llama_index import HomerLLM, HomerQueryEngine
-from tests.conftest import tiny_model
+from tests.conftest import mode_engine
 
 QUESTION = "Who is Mr. Bingley?"
 
 
-@pytest.fixture(scope="module")
-def calibration(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("calibration")
-
-
-@pytest.fixture(scope="module")
-def text(novel: str) -> str:
-    """About 750 tokens of chapter 1: several leaves at max_chunk_len 128, within the tiny model's window."""
-    start = novel.index("It is a truth universally acknowledged")
-    return novel[start : start + 3000]
-
-
 def make_llm(tokenizer: Any, calibration: Path, llm_mode: str | None = None, **config: Any) -> HomerLLM:
-    cfg = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2, **config)
-    engine = HomerModel(tiny_model(), tokenizer, cfg, model_name="tiny", calibration_dir=calibration, progress=False)
-    return HomerLLM(engine=engine, num_output=2, mode=llm_mode)
+    return HomerLLM(engine=mode_engine(tokenizer, calibration, **config), num_output=2, mode=llm_mode)
 
 
 @pytest.fixture
