@@ -234,6 +234,38 @@ def trace(args: argparse.Namespace) -> None:
                 print(json.dumps(row), flush=True)
 
 
+def plot(summary: list[dict]) -> None:
+    """Accuracy (bars) and later-question TTFT (labels) per method, one group per document length."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = sorted({e["tokens"] for e in summary})
+    methods = [
+        m for m in ("plain", "shared", "per_question", "per_question_flat") if any(e["method"] == m for e in summary)
+    ]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(methods)
+    for i, method in enumerate(methods):
+        for j, tokens in enumerate(lengths):
+            e = next((e for e in summary if e["method"] == method and e["tokens"] == tokens), None)
+            if e is None:
+                continue
+            x = j + i * width
+            ax.bar(x, e["accuracy"], width, color=f"C{i}", label=method if j == 0 else None)
+            ax.text(
+                x, e["accuracy"] + 0.02, f"{e['later_question_ttft']:.1f}s\nn={e['questions']}", ha="center", fontsize=7
+            )
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(lengths))], [f"{t // 1000}k tokens" for t in lengths])
+    ax.set_ylim(0, 1.25)
+    ax.set_ylabel("facts answered (labels: later-question TTFT)")
+    ax.set_title("One document, three questions (Qwen2.5-Coder-0.5B, 2k cache)")
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(RESULTS / "two_tier.png", dpi=120)
+
+
 def report(_: argparse.Namespace) -> None:
     records = [json.loads(line) for line in SAMPLES.read_text().splitlines() if line.strip()]
     groups: dict[tuple, list] = defaultdict(list)
@@ -262,6 +294,7 @@ def report(_: argparse.Namespace) -> None:
         e["ttft_over_compression"] = e["later_question_ttft"] / full if full else None
         e["ttft_over_own_document"] = e["later_question_ttft"] / e["prepare_seconds"]
     (RESULTS / "two_tier.json").write_text(json.dumps(summary, indent=1) + "\n")
+    plot(summary)
     lines = [
         "| model | tokens | method | documents | questions | accuracy | document s | later question TTFT s | "
         "TTFT / document s | TTFT / shared compression |",
