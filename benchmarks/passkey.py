@@ -34,23 +34,25 @@ PLAN = {
     "qwen2.5-coder-0.5b-instruct": ([8000, 16000, 32000], ["plain", "query_aware", "shared"]),
 }
 # Ablations run at the length where the default still finds keys, so a drop shows.
-# name -> (HomerConfig overrides, [(model, tokens)], method)
-PAPER_RECIPE = {"pool_unit": "token", "score_pooling": 1, "observation_window": 1, "score_memory": False}
+# name -> (HomerConfig overrides, scoring ablation in ablations.py or None, [(model, tokens)], method)
+PAPER_RECIPE = {"pool_unit": "token", "score_pooling": 1, "score_memory": False}
 ABLATIONS = {
-    "paper_recipe": (PAPER_RECIPE, [("smollm2-135m-instruct", 4000), ("qwen2.5-coder-0.5b-instruct", 8000)], "shared"),
-    "no_calibration": ({"scorer": "uncalibrated"}, [("smollm2-135m-instruct", 4000)], "shared"),
-    "random_pruning": ({"scorer": "random"}, [("smollm2-135m-instruct", 4000)], "shared"),
-    # explored this session (README "Design and measurements"), none adopted as a default
-    "sentence_units": ({"pool_unit": "sentence"}, [("smollm2-135m-instruct", t) for t in (8000, 16000)], "shared"),
-    "score_all_layers": (
-        {"score_layers": "all"},
-        [("smollm2-135m-instruct", t) for t in (4000, 8000, 16000)],
+    "paper_recipe": (
+        PAPER_RECIPE,
+        None,
+        [("smollm2-135m-instruct", 4000), ("qwen2.5-coder-0.5b-instruct", 8000)],
         "shared",
     ),
-    "chunk_2048": ({"max_chunk_len": 2048}, [("smollm2-135m-instruct", 16000)], "shared"),
+    "no_calibration": ({}, "no_calibration", [("smollm2-135m-instruct", 4000)], "shared"),
+    "random_pruning": ({}, "random_pruning", [("smollm2-135m-instruct", 4000)], "shared"),
+    # explored earlier (README "Design and measurements"), none adopted as a default
+    "sentence_units": ({}, "sentence_units", [("smollm2-135m-instruct", t) for t in (8000, 16000)], "shared"),
+    "score_all_layers": ({}, "score_all_layers", [("smollm2-135m-instruct", t) for t in (4000, 8000, 16000)], "shared"),
+    "chunk_2048": ({"max_chunk_len": 2048}, None, [("smollm2-135m-instruct", 16000)], "shared"),
     # the paper's query-aware answer: it starts from the root's last logits, the question is not asked again
     "paper_answer": (
         {"reask_question": False},
+        None,
         [(m, t) for m, (ts, _) in PLAN.items() for t in ts],
         "query_aware",
     ),
@@ -77,24 +79,24 @@ def run(args: argparse.Namespace) -> None:
                 continue
             for method in methods:
                 if not args.methods or method in args.methods:
-                    jobs.append((model_name, "default", {}, method, tokens))
+                    jobs.append((model_name, "default", {}, None, method, tokens))
     if not args.quick and not args.no_ablations:
-        for name, (overrides, points, method) in ABLATIONS.items():
+        for name, (overrides, scoring, points, method) in ABLATIONS.items():
             for model_name, tokens in points:
                 if (args.models and model_name not in args.models) or (args.lengths and tokens not in args.lengths):
                     continue
                 if args.methods and method not in args.methods:
                     continue
-                jobs.append((model_name, name, overrides, method, tokens))
+                jobs.append((model_name, name, overrides, scoring, method, tokens))
     loaded: dict[str, tuple] = {}
     n = 2 if args.quick else args.samples
-    for model_name, variant, overrides, method, tokens in jobs:
+    for model_name, variant, overrides, scoring, method, tokens in jobs:
         if model_name not in loaded:
             loaded.clear()
             loaded[model_name] = load_model(model_name)
         model, tok = loaded[model_name]
         mode = "shared" if method == "plain" else method
-        engine = engine_for(model, tok, model_name, mode, **overrides)
+        engine = engine_for(model, tok, model_name, mode, scoring, **overrides)
         for i in range(n):
             seed = 1000 + args.seed_offset + i
             if (model_name, variant, method, tokens, seed) in done:

@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
+from ablations import ablation
 from transformers import DynamicCache
 
 from homer_integrations import HomerConfig, HomerModel
@@ -117,9 +118,11 @@ def run_sample(engine: HomerModel, method: str, sample: Sample, diagnostics: boo
     return row
 
 
-def engine_for(model, tokenizer, name: str, mode: str, **config) -> HomerModel:
+def engine_for(model, tokenizer, name: str, mode: str, scoring: str | None = None, **config) -> HomerModel:
+    """An engine for one variant: ``HomerConfig`` overrides and, optionally, a named scoring ablation."""
     cfg = HomerConfig(mode=mode, system_prompt=INSTRUCTION, **config)
-    return HomerModel(model, tokenizer, cfg, model_name=name, progress=False)
+    ablated = None if scoring is None else ablation(scoring, cfg)
+    return HomerModel(model, tokenizer, cfg, model_name=name, progress=False, scoring=ablated)
 
 
 __all__ = ["Sample", "asdict", "engine_for", "make_sample", "run_sample"]

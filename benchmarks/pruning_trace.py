@@ -31,7 +31,8 @@ from homer_integrations import HomerModel
 from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.compressor import PruneEvent
 from homer_integrations.homer.prompt import encode, unit_ids
-from homer_integrations.homer.pruning import pool_words, significance
+from homer_integrations.homer.score_units import pool_words
+from homer_integrations.homer.scorers import LastTokenScorer, ScoreInput
 from homer_integrations.models import load_model
 
 RESULTS = Path(__file__).parent / "results"
@@ -68,7 +69,8 @@ def layer_ranks(engine: HomerModel, document: str, key: list[int]) -> list[float
     ranks = []
     for layer in range(stack.num_layers):
         hidden, query = stack.attention(layer, hidden, rope, cache, query_rows=1)
-        scores = significance(query, cache.layers[layer].keys, stack.scaling, positions, bias[layer]).cpu()
+        x = ScoreInput(query, cache.layers[layer].keys, positions, reducible, layer, stack.scaling, bias[layer])
+        scores = LastTokenScorer()(x).cpu()
         ranks.append(rank_fraction(pool_words(scores, reducible, word_of), first_tokens, key_pos))
         hidden = stack.mlp(layer, hidden)
     return ranks

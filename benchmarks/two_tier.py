@@ -42,12 +42,15 @@ from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.generation import DecodeState, GenerationOptions, decode
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.prompt import encode
+from homer_integrations.homer.scoring import REPEAT_PROMPT, Scoring
 from homer_integrations.models import load_model
 from homer_integrations.paths import bundled_text
 
 RESULTS = Path(__file__).parent / "results"
 SAMPLES = RESULTS / "two_tier_samples.jsonl"
-METHODS = ("plain", "shared", "per_question", "per_question_flat")
+METHODS = ("plain", "shared", "shared_recon", "shared_recon_flat", "per_question", "per_question_flat")
+"""``shared_recon*``: the shared root with leaves scored by context reconstruction (KVzip), rebuilt
+from the leaf tier by the tree or the flat selection."""
 OPTIONS = GenerationOptions(max_new_tokens=12)
 
 CODES = [str(n) for n in range(10000, 99999, 7919)]
@@ -148,6 +151,17 @@ def homer_answers(engine: HomerModel, sample: Sample, mode: str) -> tuple[float,
     return rows[0]["document_seconds"], rows
 
 
+def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
+    """A fresh engine for ``method`` (nothing cached from another method) and the mode it answers in."""
+    replay = "flat" if method.endswith("flat") else "tree"
+    config = HomerConfig(system_prompt=INSTRUCTION, replay=replay)
+    scoring = None
+    if method.startswith("shared_recon"):
+        scoring = Scoring.from_config(config).with_reconstruction(encode(tok, REPEAT_PROMPT))
+    engine = HomerModel(model, tok, config, model_name=name, progress=False, scoring=scoring)
+    return engine, "shared" if method.startswith("shared") else "query_aware"
+
+
 def run(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     RESULTS.mkdir(exist_ok=True)
@@ -164,14 +178,11 @@ def run(args: argparse.Namespace) -> None:
             for method in args.methods:
                 if (args.model, method, tokens, seed) in done:
                     continue
-                # a fresh engine per method and sample: nothing cached from another method
-                replay = "flat" if method == "per_question_flat" else "tree"
-                config = HomerConfig(system_prompt=INSTRUCTION, replay=replay)
-                engine = HomerModel(model, tok, config, model_name=args.model, progress=False)
+                engine, mode = engine_for(method, model, tok, args.model)
                 if method == "plain":
                     prepare, rows = plain_answers(engine, sample)
                 else:
-                    prepare, rows = homer_answers(engine, sample, "shared" if method == "shared" else "query_aware")
+                    prepare, rows = homer_answers(engine, sample, mode)
                 for row, expected in zip(rows, sample.answers, strict=True):
                     row["correct"] = correct(row["answer"], expected)
                     row["expected"] = expected
@@ -208,9 +219,7 @@ def trace(args: argparse.Namespace) -> None:
         sample = make_sample(tok, args.tokens, seed)
         ids = encode(tok, sample.document)
         for method in args.methods:
-            config = HomerConfig(system_prompt=INSTRUCTION, replay="flat" if method.endswith("flat") else "tree")
-            engine = HomerModel(model, tok, config, model_name=args.model, progress=False)
-            mode = "shared" if method == "shared" else "query_aware"
+            engine, mode = engine_for(method, model, tok, args.model)
             for question, value in zip(sample.questions, sample.answers, strict=True):
                 doc = engine.compress(sample.document, question=question if mode == "query_aware" else None, mode=mode)
                 kept = set(doc.origin.tolist())
@@ -242,9 +251,7 @@ def plot(summary: list[dict]) -> None:
     import matplotlib.pyplot as plt
 
     lengths = sorted({e["tokens"] for e in summary})
-    methods = [
-        m for m in ("plain", "shared", "per_question", "per_question_flat") if any(e["method"] == m for e in summary)
-    ]
+    methods = [m for m in METHODS if any(e["method"] == m for e in summary)]
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / len(methods)
     for i, method in enumerate(methods):

@@ -483,7 +483,7 @@ def _cache(args: argparse.Namespace) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     config = _config(args)
     engine = _engine(args, config, None, progress=None)
-    if engine.config.scorer != "calibrated":
+    if not engine.scoring.needs_calibration:
         sys.stdout.write("this configuration uses no calibration\n")
         return EXIT_OK
     started = time.perf_counter()

@@ -39,6 +39,7 @@ from homer_integrations.homer.prompt import (
     render_layout,
     unit_ids,
 )
+from homer_integrations.homer.scoring import Scoring
 from homer_integrations.models import DEFAULT_MODEL, embedded_defaults, load_model
 from homer_integrations.paths import PACKAGE_DATA, bundled_text, cache_root
 
@@ -109,6 +110,8 @@ class HomerModel:
         model_name: reported to frameworks (``response_metadata["model_name"]`` etc.).
         document_cache: where compressed documents live (default: in memory, 2 GiB).
         progress: show progress bars for compression and calibration.
+        scoring: what pruning ranks by (default: ``Scoring.from_config(config)``, the package's
+            recipe); for research and the ablations in ``benchmarks/``. It is part of every cache key.
     """
 
     def __init__(
@@ -122,6 +125,7 @@ class HomerModel:
         document_cache: DocumentCache | None = None,
         calibration_dir: Path | None = None,
         progress: bool | None = None,
+        scoring: Scoring | None = None,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -132,6 +136,7 @@ class HomerModel:
             defaults or embedded_defaults(model_name) or ModelDefaults.for_model(self.stack.num_layers, max_positions)
         )
         self.config = (config or HomerConfig()).resolve(self.stack.num_layers, max_positions, defaults)
+        self.scoring = scoring or Scoring.from_config(self.config)
         self.context_window = max_positions
         self.document_cache = DocumentCache() if document_cache is None else document_cache
         self.progress = progress
@@ -215,7 +220,7 @@ class HomerModel:
 
     def calibration_bias(self) -> torch.Tensor | None:
         """The pruning bias table for this model and settings; computed once, then cached on disk."""
-        if self.config.scorer != "calibrated":
+        if not self.scoring.needs_calibration:
             return None
         with self._bias_lock:
             if self._bias is None:
@@ -232,20 +237,21 @@ class HomerModel:
 
     def calibration_path(self) -> Path | None:
         """Where this model's calibration table is read from (bundled or user cache), None if not yet computed."""
-        if self.config.scorer != "calibrated":
+        if not self.scoring.needs_calibration:
             return None
         return self._calibration.locate(CalibrationKey.for_stack(self.stack, self.config.max_chunk_len))
 
     def _calibration_id(self) -> str:
-        if self.config.scorer != "calibrated":
-            return self.config.scorer
+        if not self.scoring.needs_calibration:
+            return "none"
         return CalibrationKey.for_stack(self.stack, self.config.max_chunk_len).id
 
     def cache_key(self, prefix: str, document: str, suffix: str) -> str:
         """Document-cache key of a compressed root: model identity, dtype, settings, calibration,
         affixes and text."""
-        settings = self.config.model_dump(mode="json", exclude={"mode", "reask_question", "suffix_reserve", "replay"})
-        return self._key({"settings": settings, "calibration": self._calibration_id()}, prefix, document, suffix)
+        settings = self.config.model_dump(mode="json", exclude={"mode", "reask_question", "replay"})
+        parts = {"settings": settings, "scoring": repr(self.scoring), "calibration": self._calibration_id()}
+        return self._key(parts, prefix, document, suffix)
 
     def full_key(self, prefix: str, document: str, suffix: str) -> str:
         """Document-cache key of a ``full`` (uncompressed) entry: no HOMER setting changes it."""
@@ -258,9 +264,8 @@ class HomerModel:
             "kind": "leaf_tier",
             "max_chunk_len": c.max_chunk_len,
             "warmup_layers": c.warmup_layers,
-            "suffix_reserve": c.suffix_reserve,
             "document_suffix": c.document_suffix,  # the split is planned for the shared suffix's length
-            "pool_unit": c.pool_unit,
+            "unit": self.scoring.unit,
         }
         return self._key({"settings": settings}, prefix, document, "")
 
@@ -378,35 +383,35 @@ class HomerModel:
             )
         return prefix_ids, document_ids, suffix_ids
 
-    def _compressor(self, prunes: bool, *, query_aware: bool, full: bool = False) -> HomerCompressor:
+    def _compressor(
+        self, prunes: bool, *, query_aware: bool, full: bool = False, probe: bool = False
+    ) -> HomerCompressor:
         """A compressor with this engine's settings; ``prunes``: the calibration bias is needed;
-        ``full``: one chunk as long as the model's window, nothing pruned (a plain prefill)."""
+        ``query_aware``: planned like a leaf tier, scoring with the question in the suffix; ``probe``:
+        keep a probing scorer (the shared root rebuilt from the tier); ``full``: one chunk as long as
+        the model's window, nothing pruned (a plain prefill)."""
         c = self.config
         settings = CompressorSettings(
             max_chunk_len=self.context_window if full else c.max_chunk_len,
             warmup_layers=c.warmup_layers,
             final_cache_len=self.context_window if full else c.final_cache_len,
-            scorer=c.scorer,
-            observation_window=c.observation_window,
-            score_pooling=c.score_pooling,
-            score_memory=c.score_memory,
-            score_layers=c.score_layers,
-            contiguous_positions=c.contiguous_positions,
+            scoring=self.scoring.with_question() if query_aware and not probe else self.scoring,
             suffix_reserve=self._planned_suffix_len() if query_aware else 0,
             want_logits=query_aware and not c.reask_question,
-            seed=c.seed,
         )
         return HomerCompressor(self.stack, settings, self.calibration_bias() if prunes else None, self.prune_observer)
 
     def _planned_suffix_len(self) -> int:
-        """Suffix tokens a leaf tier's split is planned for: the shared suffix plus ``suffix_reserve``,
-        so the tier splits the document exactly as the shared root does (with the default reserve 0)."""
-        shared_suffix = encode(self.tokenizer, self.layout("", "shared").suffix, formatted=True)
-        return shared_suffix.numel() + self.config.suffix_reserve
+        """Suffix tokens a leaf tier's split is planned for: the shared suffix's, so the tier splits the
+        document exactly as the shared root does and no question changes the tree's shape (a question's
+        longer suffix makes merged nodes that many tokens longer than ``max_chunk_len``, still far inside
+        the model's window; planning for a longer suffix made taller trees of half-empty leaves that
+        scored lower, see README)."""
+        return encode(self.tokenizer, self.layout("", "shared").suffix, formatted=True).numel()
 
     def _words(self, document: str, document_ids: torch.Tensor) -> torch.Tensor | None:
-        """Unit index of every document token for word/sentence pruning (None: score single tokens)."""
-        words = unit_ids(self.tokenizer, document, self.config.pool_unit)
+        """Unit index of every document token for ``WordUnits`` (None: score single tokens)."""
+        words = unit_ids(self.tokenizer, document, self.scoring.unit)
         if words is not None and words.numel() != document_ids.numel():
             return None  # tokenizer without offsets that line up: fall back to token scores
         return words
@@ -427,6 +432,8 @@ class HomerModel:
         prefix_ids, document_ids, suffix_ids = self._encode_span(prefix, document, suffix, full=full)
         prompt_len = prefix_ids.numel() + document_ids.numel() + suffix_ids.numel()
         prunes = not full and prompt_len > self.config.final_cache_len
+        if prunes and self.scoring.scorer.probes:
+            return self._root_from_tier(key, prefix, document, document_ids, suffix_ids)
         compressor = self._compressor(prunes, query_aware=False, full=full)
         with self._progress(document_ids.numel(), "HOMER compress") as bar:
             words = self._words(document, document_ids) if prunes else None
@@ -457,6 +464,20 @@ class HomerModel:
             tier.seconds,
         )
         return tier
+
+    def _root_from_tier(
+        self, key: str, prefix: str, document: str, document_ids: torch.Tensor, suffix_ids: torch.Tensor
+    ) -> CompressedDocument:
+        """The shared root rebuilt from the document's leaf tier (computed first if need be): for scorers
+        that probe each leaf after its suffix. The tier is split exactly as the shared root."""
+        tier, source = self.leaf_tier(prefix, document)
+        compressor = self._compressor(True, query_aware=True, probe=True)
+        replay = compressor.replay_flat if self.config.replay == "flat" else compressor.replay
+        with self._progress(document_ids.numel(), "HOMER shared root") as bar:
+            result = replay(tier.to(self.stack.device), suffix_ids, bar.update, document_ids)
+        if source == "computed":
+            result.seconds += tier.seconds
+        return self._document(key, result, tier.num_tokens + suffix_ids.numel(), None)
 
     def _replay(self, tier: LeafTier, suffix: str, question: str) -> CompressedDocument:
         """The query-aware compression of the tier's document with ``suffix`` (which holds ``question``)."""

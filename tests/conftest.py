@@ -115,3 +115,15 @@ def mode_engine(tokenizer, calibration, **config):
 
     cfg = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2, **config)
     return HomerModel(tiny_model(), tokenizer, cfg, model_name="tiny", calibration_dir=calibration, progress=False)
+
+
+def uncalibrated(pooling: int = 1, words: bool = False, memory: bool = False):
+    """The last-token scorer without calibration (tests build no bias table), with the chosen units."""
+    from homer_integrations.homer.score_units import MaxPool, ScoreMemory, WordUnits
+    from homer_integrations.homer.scorers import LastTokenScorer
+    from homer_integrations.homer.scoring import Scoring
+
+    units = [MaxPool(pooling)] if pooling > 1 else []
+    units += [WordUnits()] if words else []
+    units += [ScoreMemory()] if memory else []
+    return Scoring(LastTokenScorer(calibrated=False), tuple(units))

@@ -27,7 +27,7 @@ from homer_integrations.document_cache import (
     document_nbytes,
     entry_checksum,
 )
-from tests.conftest import REPO, tiny_model
+from tests.conftest import REPO, tiny_model, uncalibrated
 
 CONFIG = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2)
 
@@ -542,9 +542,7 @@ def test_the_key_changes_with_every_component(tokenizer, calib_dir: Path, texts:
         "settings": make_engine(tokenizer, calib_dir, CONFIG.model_copy(update={"warmup_layers": 2})).cache_key(
             prefix, texts[0], suffix
         ),
-        "scorer": make_engine(tokenizer, calib_dir, CONFIG.model_copy(update={"scorer": "uncalibrated"})).cache_key(
-            prefix, texts[0], suffix
-        ),
+        "scoring": make_engine(tokenizer, calib_dir, scoring=uncalibrated()).cache_key(prefix, texts[0], suffix),
         "calibration": make_engine(tokenizer, calib_dir, CONFIG.model_copy(update={"max_chunk_len": 256})).cache_key(
             prefix, texts[0], suffix
         ),

@@ -28,7 +28,7 @@ from transformers import DynamicCache
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.fingerprint import rope_settings, weights_fingerprint
 from homer_integrations.homer.prompt import encode
-from homer_integrations.homer.pruning import last_token_logits
+from homer_integrations.homer.scorers import attention_logits
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def compute_bias(
             hidden, queries = stack.attention(layer_idx, hidden, rope, cache, query_rows=rows)
             keys = cache.layers[layer_idx].keys
             logits = torch.stack(
-                [last_token_logits(queries[:, :, r : r + 1], keys, stack.scaling).amax(0) for r in range(rows)]
+                [attention_logits(queries[:, :, r : r + 1], keys, stack.scaling).amax(0) for r in range(rows)]
             )  # [rows, T]
             total[layer_idx].index_add_(0, flat_distance, logits[valid].double().cpu())
             hidden = stack.mlp(layer_idx, hidden)

@@ -5,39 +5,38 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
 from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.chunking import ChunkPlan, LeafInput, make_leaves
-from homer_integrations.homer.config import ScoreLayers
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.leaf_tier import LeafSlice, LeafTier
 from homer_integrations.homer.merging import merge_siblings
-from homer_integrations.homer.positions import contiguous_positions
-from homer_integrations.homer.pruning import Scorer, keep_mask, pool_words, remember, score_tokens, standardise
+from homer_integrations.homer.pruning import keep_mask, standardise
 from homer_integrations.homer.schedule import LayerSchedule
+from homer_integrations.homer.score_units import ScoreMemory
+from homer_integrations.homer.scorers import ScoreInput
+from homer_integrations.homer.scoring import Scoring
 
 
 @dataclass(frozen=True)
 class CompressorSettings:
-    """Resolved numeric settings of one compression (see ``HomerConfig`` for their meaning)."""
+    """Resolved settings of one compression (see ``HomerConfig`` for their meaning).
+
+    ``scoring`` is what pruning ranks by (default: the paper's calibrated last-token score);
+    ``suffix_reserve`` the suffix tokens a leaf tier's split is planned for.
+    """
 
     max_chunk_len: int
     warmup_layers: int
     final_cache_len: int
-    scorer: Scorer = "calibrated"
-    observation_window: int = 1
-    score_pooling: int = 1
-    score_memory: bool = False
-    score_layers: ScoreLayers = "last"
-    contiguous_positions: bool = False
+    scoring: Scoring = field(default_factory=Scoring)
     suffix_reserve: int = 0
     want_logits: bool = False
-    seed: int = 0
 
 
 @dataclass
@@ -102,8 +101,8 @@ logger = logging.getLogger(__name__)
 class HomerCompressor:
     """Runs the merge tree for one model: leaves -> prune -> merge -> ... -> root.
 
-    ``bias`` is the calibration table [num_layers, max_chunk_len] (None unless the scorer is
-    ``calibrated``). ``progress`` is called with the number of document tokens each finished
+    ``bias`` is the calibration table [num_layers, max_chunk_len] (None unless the scorer needs
+    calibration). ``progress`` is called with the number of document tokens each finished
     leaf consumed; ``observer``, if given, with every node's ``PruneEvent``.
     """
 
@@ -123,10 +122,11 @@ class HomerCompressor:
         self.settings = settings
         self.bias = bias
         self.observer = observer
-        self._generator = torch.Generator().manual_seed(settings.seed)
+        self.scoring = settings.scoring
         self._alive: list[Chunk] = []
         self._peak = 0
         self._word_ids: torch.Tensor | None = None
+        self._document_ids: torch.Tensor | None = None
 
     @torch.inference_mode()
     def compress(
@@ -136,17 +136,24 @@ class HomerCompressor:
         suffix_ids: torch.Tensor,
         progress: ProgressFn | None = None,
         word_ids: torch.Tensor | None = None,
+        plan: ChunkPlan | None = None,
     ) -> CompressionResult:
         """Compress prefix [P] + document [L] + suffix [S] token ids into one cache of <= final_cache_len.
 
-        ``word_ids`` [L] (document word or sentence index of each token) makes pruning keep or drop
-        whole units (see ``HomerConfig.pool_unit``).
+        ``word_ids`` [L] (document unit index of each token) is what ``WordUnits`` pools over; ``plan``
+        (default: planned for these lengths and ``suffix_reserve``) fixes the split, as a leaf tier's does.
         """
         start = time.perf_counter()
         s = self.settings
-        plan = ChunkPlan.build(
+        plan = plan or ChunkPlan.build(
             prefix_ids.numel(), document_ids.numel(), suffix_ids.numel(), s.max_chunk_len, s.suffix_reserve
         )
+        if (plan.prefix_len, plan.document_len, plan.suffix_len) != (
+            prefix_ids.numel(),
+            document_ids.numel(),
+            suffix_ids.numel(),
+        ):
+            raise ValueError(f"the plan {plan} does not split these token counts")
         schedule = self._schedule(plan)
         leaves = make_leaves(prefix_ids, document_ids, suffix_ids, plan)
         self._word_ids = word_ids
@@ -208,12 +215,19 @@ class HomerCompressor:
         )
 
     @torch.inference_mode()
-    def replay(self, tier: LeafTier, suffix_ids: torch.Tensor, progress: ProgressFn | None = None) -> CompressionResult:
+    def replay(
+        self,
+        tier: LeafTier,
+        suffix_ids: torch.Tensor,
+        progress: ProgressFn | None = None,
+        document_ids: torch.Tensor | None = None,
+    ) -> CompressionResult:
         """The compression ``compress`` would make of the tier's document with this suffix [S] (the same
         split), computed from the tier: only the suffix runs the leaf layers, then pruning and the upper levels.
+        ``document_ids`` [L] (the tier's document) is needed by scorers that probe leaves.
         """
         start = time.perf_counter()
-        plan, schedule = self._replay_plan(tier, suffix_ids)
+        plan, schedule = self._replay_plan(tier, suffix_ids, document_ids)
 
         def leaf(index: int, target_len: int, is_root: bool) -> Chunk:
             part = tier.leaf(index)
@@ -227,7 +241,11 @@ class HomerCompressor:
 
     @torch.inference_mode()
     def replay_flat(
-        self, tier: LeafTier, suffix_ids: torch.Tensor, progress: ProgressFn | None = None
+        self,
+        tier: LeafTier,
+        suffix_ids: torch.Tensor,
+        progress: ProgressFn | None = None,
+        document_ids: torch.Tensor | None = None,
     ) -> CompressionResult:
         """Question-aware selection across all leaves at once, then the upper layers over one node.
 
@@ -238,7 +256,7 @@ class HomerCompressor:
         A fact is judged where it is clearest and never again by a merged node's noisier context.
         """
         start = time.perf_counter()
-        plan, schedule = self._replay_plan(tier, suffix_ids)
+        plan, schedule = self._replay_plan(tier, suffix_ids, document_ids)
         leaf_layers = schedule.layers_at(0)
         self._alive, self._peak = [], 0
         target = self.settings.final_cache_len
@@ -248,7 +266,8 @@ class HomerCompressor:
             if height == 0:
                 chunk, scores = self._replayed_leaf(tier.leaf(first), suffix_ids, plan, leaf_layers, leaf_target)
                 if scores is not None:
-                    chunk.memory = standardise(self._unit_scores(chunk, scores), chunk.reducible)
+                    ranked = self.scoring.without(ScoreMemory).rank(scores, chunk, self._words(chunk))
+                    chunk.memory = standardise(ranked, chunk.reducible)
                 if progress is not None:
                     progress(int(chunk.reducible.sum()))
             else:
@@ -270,8 +289,13 @@ class HomerCompressor:
             self._run_layers(root, upper, target, is_root=True)
         return self._result(root, plan, schedule, start)
 
-    def _replay_plan(self, tier: LeafTier, suffix_ids: torch.Tensor) -> tuple[ChunkPlan, LayerSchedule]:
+    def _replay_plan(
+        self, tier: LeafTier, suffix_ids: torch.Tensor, document_ids: torch.Tensor | None
+    ) -> tuple[ChunkPlan, LayerSchedule]:
         """The tier's split with this suffix, and its schedule (which must run the tier's leaf layers)."""
+        if self.scoring.scorer.probes and (document_ids is None or document_ids.numel() != tier.document_tokens):
+            raise ValueError("this scorer repeats each leaf's tokens: pass the tier's document_ids")
+        self._document_ids = document_ids
         plan = tier.plan.with_suffix(suffix_ids.numel())
         schedule = self._schedule(plan)
         if len(schedule.layers_at(0)) != tier.leaf_layers:
@@ -308,8 +332,6 @@ class HomerCompressor:
 
     def _result(self, root: Chunk, plan: ChunkPlan, schedule: LayerSchedule, start: float) -> CompressionResult:
         logits = self.stack.logits(root.hidden[:, -1:]) if self.settings.want_logits else None
-        if self.settings.contiguous_positions and plan.height > 0:
-            self._compact(root)
         keys, values = layer_tensors(root.cache)
         return CompressionResult(
             keys=keys,
@@ -350,8 +372,6 @@ class HomerCompressor:
         self._alive.pop()
         merged = merge_siblings(left, right)
         del left, right
-        if self.settings.contiguous_positions:
-            self._compact(merged)
         self._run_layers(merged, schedule.layers_at(height), target_len, is_root)
         return merged
 
@@ -395,11 +415,41 @@ class HomerCompressor:
             cache=cache_from_tensors(part.keys, part.values),
         )
         scored = chunk if chunk.length > target_len else None
+        probe = scored is not None and self.scoring.scorer.probes
         suffix_hidden, scores = self._extend(
-            self.stack.embed(suffix_ids), suffix_positions, chunk.cache, layers, scored
+            self.stack.embed(suffix_ids), suffix_positions, chunk.cache, layers, None if probe else scored
         )
         chunk.hidden = torch.cat([part.hidden, suffix_hidden], dim=1)
+        if probe:
+            scores = self._probe(chunk, self._document_ids[part.origin[P:]], layers)
         return chunk, scores
+
+    def _probe(self, chunk: Chunk, piece_ids: torch.Tensor, layers: range) -> torch.Tensor:
+        """Scores [T] of a leaf from its scorer's probe rows (after the suffix, at the next positions),
+        run through the leaf layers against the leaf's cache and then dropped from it."""
+        stack, scorer, length = self.stack, self.scoring.scorer, chunk.length
+        probe_ids = scorer.probe_ids(piece_ids)
+        rows = probe_ids.numel()
+        start = int(chunk.position_ids.max()) + 1
+        hidden = stack.embed(probe_ids)
+        rope = stack.rotary(hidden, torch.arange(start, start + rows))
+        mask = stack.causal_mask_after(length, rows)
+        evidence: list[torch.Tensor] = []
+        for layer_idx in layers:
+            score_here = scorer.scores_at(layer_idx, layers)
+            hidden, query = stack.attention(
+                layer_idx, hidden, rope, chunk.cache, query_rows=rows if score_here else 0, mask=mask
+            )
+            if score_here:
+                self._record_peak(chunk)
+                keys = chunk.cache.layers[layer_idx].keys
+                x = ScoreInput(query, keys, chunk.position_ids, chunk.reducible, layer_idx, stack.scaling, None)
+                evidence.append(scorer.probe_scores(x, length))
+            if layer_idx != layers[-1]:
+                hidden = stack.mlp(layer_idx, hidden)
+        keys, values = layer_tensors(chunk.cache)
+        chunk.cache = cache_from_tensors([k[:, :, :length] for k in keys], [v[:, :, :length] for v in values])
+        return scorer.combine(evidence, chunk.reducible)
 
     def _extend(
         self,
@@ -418,21 +468,17 @@ class HomerCompressor:
         past = cache.layers[layers[0]].keys.shape[2] if len(cache.layers) > layers[0] else 0
         mask = self.stack.causal_mask_after(past, rows)
         rope = self.stack.rotary(hidden, positions)
-        every_layer = self.settings.score_layers == "all"
-        scores, evidence = None, []
+        scorer = self.scoring.scorer
+        evidence: list[torch.Tensor] = []
         for layer_idx in layers:
-            score_here = scored is not None and (layer_idx == layers[-1] or every_layer)
+            score_here = scored is not None and scorer.scores_at(layer_idx, layers)
             query_rows = self._rows(scored) if score_here else 0
             hidden, query = self.stack.attention(layer_idx, hidden, rope, cache, query_rows=query_rows, mask=mask)
             if score_here:
                 self._record_peak(scored)
-                scores = self._layer_scores(scored, layer_idx, query)
-                if every_layer:
-                    evidence.append(standardise(scores.cpu(), scored.reducible))
+                evidence.append(self._layer_scores(scored, layer_idx, query))
             hidden = self.stack.mlp(layer_idx, hidden)
-        if evidence:
-            scores = torch.stack(evidence).mean(0)
-        return hidden, scores
+        return hidden, scorer.combine(evidence, scored.reducible) if evidence else None
 
     # ----------------------------------------------------------------------------- one node
     def _run_layers(self, chunk: Chunk, layers: range, target_len: int, is_root: bool) -> None:
@@ -441,69 +487,48 @@ class HomerCompressor:
         rope = stack.rotary(chunk.hidden, chunk.position_ids)
         last = layers[-1]
         shrinks = chunk.length > target_len
-        every_layer = self.settings.score_layers == "all"
+        scorer = self.scoring.scorer
         evidence: list[torch.Tensor] = []
         for layer_idx in layers:
-            prune_here = layer_idx == last and shrinks
-            score_here = shrinks and (prune_here or every_layer)
+            score_here = shrinks and scorer.scores_at(layer_idx, layers)
             chunk.hidden, query = stack.attention(
                 layer_idx, chunk.hidden, rope, chunk.cache, query_rows=self._rows(chunk) if score_here else 0
             )
             self._record_peak(chunk)
             if score_here:
-                scores = self._layer_scores(chunk, layer_idx, query)
-                if every_layer:
-                    evidence.append(standardise(scores.cpu(), chunk.reducible))
-            if prune_here:
-                self._prune(chunk, layer_idx, torch.stack(evidence).mean(0) if every_layer else scores, target_len)
+                evidence.append(self._layer_scores(chunk, layer_idx, query))
+            if shrinks and layer_idx == last:
+                self._prune(chunk, layer_idx, scorer.combine(evidence, chunk.reducible), target_len)
             if is_root and layer_idx == stack.num_layers - 1:
                 # Only the last position's output is ever read (next-token logits): skip the rest.
                 chunk.hidden = stack.mlp(layer_idx, chunk.hidden[:, -1:])
             else:
                 chunk.hidden = stack.mlp(layer_idx, chunk.hidden)
 
-    def _unit_scores(self, chunk: Chunk, scores: torch.Tensor) -> torch.Tensor:
-        """``scores`` [T] with every token given its word's (or sentence's) best score, when units are on."""
+    def _words(self, chunk: Chunk) -> torch.Tensor | None:
+        """Document unit index [T] of each token of ``chunk`` (-1 on prefix/suffix), None without unit ids."""
         if self._word_ids is None:
-            return scores.cpu()
-        words = torch.where(chunk.origin >= 0, self._word_ids[chunk.origin.clamp(min=0)], -1)
-        return pool_words(scores.cpu(), chunk.reducible, words)
+            return None
+        return torch.where(chunk.origin >= 0, self._word_ids[chunk.origin.clamp(min=0)], -1)
 
     def _prune(self, chunk: Chunk, layer_idx: int, scores: torch.Tensor, target_len: int) -> None:
-        """Word units and score memory over ``scores`` [T], then keep the best ``target_len`` tokens."""
-        scores = self._unit_scores(chunk, scores)
-        if self.settings.score_memory:
-            scores = remember(scores.cpu(), chunk)
+        """The scoring's units over ``scores`` [T], then keep the best ``target_len`` tokens."""
+        scores = self.scoring.rank(scores, chunk, self._words(chunk))
         mask = keep_mask(scores, chunk.reducible, target_len)
         if self.observer is not None:
             self.observer(PruneEvent(layer_idx, chunk.origin, chunk.reducible, scores, mask))
         chunk.keep(mask)
 
     def _layer_scores(self, chunk: Chunk, layer_idx: int, query: torch.Tensor) -> torch.Tensor:
-        """This layer's significance [T] of every token of ``chunk`` (before word units and memory)."""
-        if self.settings.scorer == "calibrated" and self.bias is None:
-            raise ValueError("the calibrated scorer needs a calibration bias to prune")
-        return score_tokens(
-            self.settings.scorer,
-            query,
-            chunk.cache.layers[layer_idx].keys,
-            self.stack.scaling,
-            chunk.position_ids,
-            chunk.reducible,
-            None if self.bias is None else self.bias[layer_idx],
-            self.settings.score_pooling,
-            self._generator,
-        )
-
-    def _compact(self, chunk: Chunk) -> None:
-        """Move the chunk to positions 0..T-1 in sequence order, re-rotating every cached key."""
-        keys, values = layer_tensors(chunk.cache)
-        keys, chunk.position_ids = contiguous_positions(keys, chunk.position_ids, self.stack.backbone.rotary_emb)
-        chunk.cache = cache_from_tensors(keys, values)
+        """The scorer's rating [T] of every token of ``chunk`` in this layer."""
+        bias = None if self.bias is None else self.bias[layer_idx]
+        keys = chunk.cache.layers[layer_idx].keys
+        x = ScoreInput(query, keys, chunk.position_ids, chunk.reducible, layer_idx, self.stack.scaling, bias)
+        return self.scoring.scorer(x)
 
     def _rows(self, chunk: Chunk) -> int:
-        """Query rows that score pruning: the last ``observation_window`` tokens, all inside the suffix."""
-        return max(1, min(self.settings.observation_window, chunk.suffix_len))
+        """Query rows that score pruning: the scorer's last rows, all inside the suffix."""
+        return max(1, min(self.scoring.scorer.rows, chunk.suffix_len))
 
     def _record_peak(self, current: Chunk) -> None:
         live = current.kv_bytes + sum(c.kv_bytes for c in self._alive)

@@ -20,9 +20,7 @@ def check_mode(mode: Any) -> Mode | None:
     return mode
 
 
-Scorer = Literal["calibrated", "uncalibrated", "random"]
-PoolUnit = Literal["token", "word", "sentence"]
-ScoreLayers = Literal["last", "all"]
+PoolUnit = Literal["token", "word"]
 
 DEFAULT_DOCUMENT_SUFFIX = "\n\n(End of the document.)\n\n"
 
@@ -45,27 +43,13 @@ class HomerConfig(BaseModel):
             asked again after the cache, so the answer starts from the exact question rather than
             from the merged suffix copies (default True; paper: False, the answer starts from the
             root's last logits). See README "Design and measurements".
-        scorer: ``calibrated`` (paper), or the ablations ``uncalibrated`` and ``random``.
-        observation_window: how many of the last (suffix) tokens' queries score pruning
-            (paper: 1, the last token).
         score_pooling: max-pool width over neighbouring document scores (default 3; paper: 1,
             none). Default chosen on passkey data, see README "Design and measurements".
-        pool_unit: tokens of one ``word`` (numbers split into digits, names split into pieces) or
-            one ``sentence`` share their best score and survive or go together (default ``word``;
-            paper: ``token``, which shreds multi-token numbers on small models).
-        contiguous_positions: at every merge (and at the end) move the chunk to positions 0..T-1
-            in sequence order, re-rotating the cached keys, so no token ever sees another at a
-            repeated or "future" position (paper: False, siblings share positions).
+        pool_unit: tokens of one ``word`` (numbers split into digits, names split into pieces)
+            share their best score and survive or go together (default ``word``; paper: ``token``,
+            which shreds multi-token numbers on small models).
         score_memory: prune by the best standardised score a token got at any level so far
             (default True; paper: False, each node judges afresh).
-        score_layers: which of a node's layers score its pruning: ``last`` (paper: the layer it
-            prunes in) or ``all`` (the mean of every layer's standardised score; a leaf runs many
-            layers, and no single one of them need be the layer that notices a fact).
-        suffix_reserve: ``query_aware``: question tokens, beyond the shared document suffix, that
-            every leaf's split is planned for (default 0: the leaf tier is split exactly as the
-            shared root, so no question changes the tree's shape; a question's suffix then makes
-            merged nodes that many tokens longer than ``max_chunk_len``, still far inside the
-            model's window).
         replay: how ``query_aware`` rebuilds the root from the leaf tier: ``tree`` replays the
             paper's merge tree (each level prunes again with the question), ``flat`` keeps the
             ``final_cache_len`` best tokens of all leaves by their leaf scores and runs the upper
@@ -73,7 +57,10 @@ class HomerConfig(BaseModel):
         calibration_segments: text segments of ``max_chunk_len`` tokens averaged by calibration.
         document_suffix: the fixed text after the document in ``shared`` mode.
         system_prompt: system message placed in the prefix (chat models).
-        seed: seed of the ``random`` scorer.
+
+    The scorer itself and the variants that measured no gain (uncalibrated and random scorers,
+    more scoring rows, scoring every layer, sentence units) are ``homer.scoring.Scoring`` parts
+    that ``benchmarks/ablations.py`` assembles; see ``HomerModel(scoring=...)``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -83,19 +70,13 @@ class HomerConfig(BaseModel):
     final_cache_len: int | None = Field(default=None, ge=16)
     mode: Mode = "shared"
     reask_question: bool = True
-    scorer: Scorer = "calibrated"
-    observation_window: int = Field(default=1, ge=1, le=4096)
     score_pooling: int = Field(default=3, ge=1, le=63)
     pool_unit: PoolUnit = "word"
     score_memory: bool = True
-    score_layers: ScoreLayers = "last"
-    contiguous_positions: bool = False
-    suffix_reserve: int = Field(default=0, ge=0, le=4096)
     replay: Replay = "tree"
     calibration_segments: int = Field(default=48, ge=1, le=10_000)
     document_suffix: str = Field(default=DEFAULT_DOCUMENT_SUFFIX, min_length=1)
     system_prompt: str | None = None
-    seed: int = 0
 
     @model_validator(mode="after")
     def _cache_fits_chunk(self) -> HomerConfig:
@@ -130,8 +111,6 @@ class HomerConfig(BaseModel):
             )
         if final > mcl:
             raise ValueError(f"final_cache_len ({final}) must not exceed max_chunk_len ({mcl})")
-        if self.suffix_reserve >= mcl // 2:
-            raise ValueError(f"suffix_reserve={self.suffix_reserve} must stay below half of max_chunk_len ({mcl})")
         return self.model_copy(update={"max_chunk_len": mcl, "warmup_layers": warmup, "final_cache_len": final})
 
 

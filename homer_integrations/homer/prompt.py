@@ -22,8 +22,6 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from homer_integrations.homer.config import PoolUnit
-
 _DOC = "\u2063HOMERDOC\u2063"
 _QUESTION = "\u2063HOMERQ\u2063"
 _CONTENT = "\u2063HOMERMSG{}\u2063"
@@ -216,9 +214,9 @@ def _special_pieces(tokenizer: PreTrainedTokenizerBase, text: PromptText) -> lis
 _SENTENCE_END = ".!?;:\n"
 
 
-def unit_ids(tokenizer: PreTrainedTokenizerBase, text: str, unit: PoolUnit) -> torch.Tensor | None:
+def unit_ids(tokenizer: PreTrainedTokenizerBase, text: str, unit: str) -> torch.Tensor | None:
     """Unit index [n] of every token of ``text``: tokens of one word (no whitespace between them) or
-    one sentence (up to ``.!?;:`` or a line break) share an index. None for ``token``.
+    one ``sentence`` (up to ``.!?;:`` or a line break; an ablation) share an index. None for ``token``.
 
     Returns None as well when the tokenizer's offsets do not line up with ``encode`` (then
     pruning falls back to single tokens).

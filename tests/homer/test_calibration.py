@@ -22,13 +22,13 @@ def test_last_row_only_matches_a_manual_last_token_average():
     # one segment, last row only: bias[l, d] is the raw max-over-heads logit of token 63 to 63 - d
     from transformers import DynamicCache
 
-    from homer_integrations.homer.pruning import last_token_logits
+    from homer_integrations.homer.scorers import attention_logits
 
     hidden = stack.embed(ids)
     rope = stack.rotary(hidden, torch.arange(64))
     cache = DynamicCache()
     hidden, q = stack.attention(0, hidden, rope, cache, query_rows=1)
-    expected = last_token_logits(q, cache.layers[0].keys, stack.scaling).amax(0).flip(0)
+    expected = attention_logits(q, cache.layers[0].keys, stack.scaling).amax(0).flip(0)
     torch.testing.assert_close(bias[0], expected, atol=1e-5, rtol=0)
 
 

@@ -3,13 +3,12 @@
 import pytest
 import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel
-from transformers.models.llama.modeling_llama import repeat_kv
 
 from homer_integrations.homer.architectures import UnsupportedModelError
 from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
-from homer_integrations.homer.pruning import keep_mask, last_token_logits, pool_scores, significance
-from tests.conftest import tiny_model
+from homer_integrations.homer.pruning import keep_mask
+from tests.conftest import tiny_model, uncalibrated
 
 KINDS = ["llama", "mistral", "qwen2"]
 # fp32 on CPU: our layer loop calls the same modules as the model's forward, so only the
@@ -25,7 +24,7 @@ def compress(model, doc_len, mcl=128, warmup=3, final=None, seed=0, observer=Non
         max_chunk_len=mcl,
         warmup_layers=warmup,
         final_cache_len=final or mcl,
-        scorer="uncalibrated",
+        scoring=kw.pop("scoring", uncalibrated()),
         want_logits=True,
         **kw,
     )
@@ -104,37 +103,12 @@ def test_peak_kv_grows_with_tree_height_not_length():
     assert large.peak_kv_bytes < 2 * small.peak_kv_bytes
 
 
-def test_gqa_scores_read_the_right_key_head():
-    torch.manual_seed(0)
-    q = torch.randn(1, 8, 1, 16)
-    k = torch.randn(1, 2, 30, 16)
-    expected = torch.einsum("hd,htd->ht", q[0, :, 0], repeat_kv(k, 4)[0]) * 0.25
-    torch.testing.assert_close(last_token_logits(q, k, 0.25), expected)
-
-
-def test_calibration_bias_is_subtracted_by_distance():
-    torch.manual_seed(0)
-    q, k = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 6, 8)
-    positions = torch.tensor([0, 1, 2, 2, 3, 4])
-    bias = torch.arange(10, dtype=torch.float32)
-    raw = significance(q, k, 1.0, positions, None)
-    calibrated = significance(q, k, 1.0, positions, bias)
-    torch.testing.assert_close(raw - calibrated, (4 - positions).float())
-
-
 def test_keep_mask_protects_affixes_and_drops_lowest():
     scores = torch.tensor([-9.0, 5.0, 1.0, 3.0, 2.0, -9.0])
     reducible = torch.tensor([False, True, True, True, True, False])
     assert keep_mask(scores, reducible, 4).tolist() == [True, True, False, True, False, True]
     with pytest.raises(ValueError, match="reducible"):
         keep_mask(scores, reducible, 1)
-
-
-def test_pooling_keeps_neighbours_of_salient_tokens():
-    scores = torch.tensor([100.0, 0.0, 0.0, 9.0, 0.0, 0.0, 0.0])
-    reducible = torch.tensor([False, True, True, True, True, True, True])
-    pooled = pool_scores(scores, reducible, 3)
-    assert pooled[1:].tolist() == [0.0, 9.0, 9.0, 9.0, 0.0, 0.0], "the prefix score must not leak"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -8,6 +8,7 @@ from homer_integrations.document_cache import DocumentCache
 from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.prompt import encode
+from homer_integrations.homer.scoring import REPEAT_PROMPT
 from tests.conftest import tiny_model
 
 CFG = dict(max_chunk_len=128, warmup_layers=3, calibration_segments=2)
@@ -60,14 +61,19 @@ def test_second_question_replays_from_the_tier_without_rerunning_the_leaves(toke
 
 def test_replayed_compression_equals_a_query_aware_compression_from_scratch(tokenizer, calib, text):
     # the calibrated scorer, real word units and score memory, a real chat layout
-    engine = make_engine(tokenizer, calib, mode="query_aware", suffix_reserve=16)
+    engine = make_engine(tokenizer, calib, mode="query_aware")
     question = "Who is Mr. Bingley?"
     replayed = engine.compress(text[:4000], question=question)
     layout = engine.layout(question)
     prefix_ids, document_ids, suffix_ids = engine._encode_span(layout.prefix, text[:4000], layout.suffix)
-    assert suffix_ids.numel() <= engine._planned_suffix_len(), "within the reserve: the split a scratch one plans"
+    tier, _ = engine.leaf_tier(layout.prefix, text[:4000])
+    assert tier.plan.planned_suffix_len == engine._planned_suffix_len() < suffix_ids.numel()
     scratch = engine._compressor(True, query_aware=True).compress(
-        prefix_ids, document_ids, suffix_ids, word_ids=engine._words(text[:4000], document_ids)
+        prefix_ids,
+        document_ids,
+        suffix_ids,
+        word_ids=engine._words(text[:4000], document_ids),
+        plan=tier.plan.with_suffix(suffix_ids.numel()),
     )
     assert scratch.plan.height >= 3
     assert torch.equal(replayed.origin, scratch.origin), "the same tokens survive"
@@ -153,3 +159,25 @@ def test_the_leaf_tier_splits_the_document_as_the_shared_root_does(tokenizer, ca
     plan = ChunkPlan.build(prefix_ids.numel(), document_ids.numel(), suffix_ids.numel(), engine.config.max_chunk_len)
     assert tier.plan.height == root.stats.tree_height == plan.height
     assert tier.plan.piece_len == plan.piece_len and tier.plan.effective_len == plan.effective_len
+
+
+def test_reconstruction_root_is_rebuilt_from_the_tier_the_questions_share(tokenizer, calib, text):
+    base = make_engine(tokenizer, calib)
+    scoring = base.scoring.with_reconstruction(encode(tokenizer, REPEAT_PROMPT))
+    engine = HomerModel(
+        base.model, tokenizer, base.config, calibration_dir=calib, progress=False, document_cache=None, scoring=scoring
+    )
+    shared = engine.run(text, "Who?", max_new_tokens=3)
+    shared.text()
+    assert shared.info.mode == "shared" and shared.info.cache_source == "computed"
+    assert shared.info.cache_tokens <= engine.config.final_cache_len < shared.info.document_tokens
+    kinds = sorted(e.kind for e in engine.document_cache.entries())
+    assert kinds == ["leaf_tier", "root"], "the tier the root was rebuilt from is kept"
+    assert engine.cache_key("a", "b", "c") != base.cache_key("a", "b", "c")
+    # a query-aware question replays from that same tier: nothing more is computed but its own replay
+    asked = engine.run(text, "Who is Mr. Bingley?", mode="query_aware", max_new_tokens=3)
+    asked.text()
+    assert asked.info.cache_source == "memory" and engine.document_cache.stats().computations == 2
+    again = engine.run(text, "Where?", max_new_tokens=3)
+    again.text()
+    assert again.info.cache_source == "memory"

@@ -6,7 +6,7 @@ import torch
 from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.leaf_tier import LeafTier
-from tests.conftest import tiny_model
+from tests.conftest import tiny_model, uncalibrated
 
 KINDS = ["llama", "mistral", "qwen2"]
 MCL, RESERVE = 128, 12
@@ -26,7 +26,7 @@ def compressor(model, **kw) -> HomerCompressor:
             "max_chunk_len": MCL,
             "warmup_layers": 3,
             "final_cache_len": MCL,
-            "scorer": "uncalibrated",
+            "scoring": uncalibrated(),
             "want_logits": True,
             "suffix_reserve": RESERVE,
             **kw,
@@ -52,7 +52,7 @@ def test_replay_equals_compression_from_scratch(kind, doc_len, height, units_and
     model = tiny_model(kind, vocab_size=256)
     prefix, doc = ids(model, 5, 1), ids(model, doc_len, 2)
     words = torch.arange(doc_len) // 3 if units_and_memory else None
-    comp = compressor(model, score_memory=units_and_memory, score_pooling=3 if units_and_memory else 1)
+    comp = compressor(model, scoring=uncalibrated(3, words=True, memory=True) if units_and_memory else uncalibrated())
     tier = comp.build_leaf_tier(prefix, doc, word_ids=words)
     for seed, suffix_len in [(3, 4), (4, RESERVE)]:  # two questions asked of one tier
         suffix = ids(model, suffix_len, seed)
@@ -121,7 +121,7 @@ def test_tier_built_with_other_settings_is_refused():
     tier = compressor(model).build_leaf_tier(prefix, doc)
     other = HomerCompressor(
         DecoderStack(model),
-        CompressorSettings(max_chunk_len=MCL, warmup_layers=0, final_cache_len=MCL, scorer="uncalibrated"),
+        CompressorSettings(max_chunk_len=MCL, warmup_layers=0, final_cache_len=MCL, scoring=uncalibrated()),
         None,
     )
     with pytest.raises(ValueError, match="leaf layers"):
@@ -132,7 +132,7 @@ def test_tier_built_with_other_settings_is_refused():
 def test_flat_replay_of_a_single_leaf_is_the_tree_replay(kind):
     model = tiny_model(kind, vocab_size=256)
     prefix, doc, suffix = ids(model, 5, 1), ids(model, 100, 2), ids(model, 4, 3)
-    comp = compressor(model, final_cache_len=64, score_memory=True)
+    comp = compressor(model, final_cache_len=64, scoring=uncalibrated(memory=True))
     tier = comp.build_leaf_tier(prefix, doc)
     assert tier.plan.height == 0
     assert_same_compression(comp.replay_flat(tier, suffix), comp.replay(tier, suffix))
@@ -143,7 +143,7 @@ def test_flat_replay_of_a_single_leaf_is_the_tree_replay(kind):
 def test_flat_replay_keeps_the_best_leaf_tokens_and_runs_the_upper_layers_once(kind, doc_len):
     model = tiny_model(kind, vocab_size=256)
     prefix, doc, suffix = ids(model, 5, 1), ids(model, doc_len, 2), ids(model, 4, 3)
-    comp = compressor(model, final_cache_len=96)
+    comp = compressor(model, final_cache_len=96, scoring=uncalibrated(words=True))
     tier = comp.build_leaf_tier(prefix, doc, word_ids=torch.arange(doc_len) // 2)
     events = []
     comp.observer = events.append

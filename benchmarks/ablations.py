@@ -1,0 +1,39 @@
+"""Named ablations: the scoring variants that measured no gain, assembled from ``homer.scoring`` parts.
+
+They left ``HomerConfig`` (README "Design and measurements" has their numbers); a benchmark builds
+one with ``ablation(name, config)`` and hands it to ``HomerModel(scoring=...)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from homer_integrations import HomerConfig
+from homer_integrations.homer.score_units import WordUnits
+from homer_integrations.homer.scorers import EveryLayer, LastTokenScorer, RandomScorer
+from homer_integrations.homer.scoring import Scoring
+
+
+def _swap_units(scoring: Scoring, unit: str) -> Scoring:
+    return replace(scoring, units=tuple(WordUnits(unit) if isinstance(u, WordUnits) else u for u in scoring.units))
+
+
+ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
+    # the paper's uncalibrated ablation and its random-pruning baseline
+    "no_calibration": lambda s: replace(s, scorer=LastTokenScorer(calibrated=False)),
+    "random_pruning": lambda s: replace(s, scorer=RandomScorer(seed=0)),
+    # all tokens of one sentence share its best score
+    "sentence_units": lambda s: _swap_units(s, "sentence"),
+    # the mean standardised score over every layer a node runs
+    "score_all_layers": lambda s: replace(s, scorer=EveryLayer(s.scorer)),
+    # the mean score of the last 16 suffix rows instead of the last row
+    "observation_window_16": lambda s: replace(s, scorer=LastTokenScorer(rows=16)),
+}
+
+
+def ablation(name: str, config: HomerConfig) -> Scoring:
+    """The named ablation of ``config``'s scoring recipe."""
+    if name not in ABLATIONS:
+        raise KeyError(f"unknown ablation {name!r}: one of {', '.join(ABLATIONS)}")
+    return ABLATIONS[name](Scoring.from_config(config))

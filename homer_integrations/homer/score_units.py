@@ -1,0 +1,84 @@
+"""Score units: short steps that reshape a node's scores after its scorer, applied in order.
+
+Each unit maps scores [T] of one node to new scores [T]; ``Scoring`` chains them. They exist
+because a fact spans several tokens (a number written digit by digit, a name in pieces) and
+because a token that mattered in its leaf should not be lost to a noisier merged judgement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from homer_integrations.homer.chunk import Chunk
+from homer_integrations.homer.pruning import standardise
+
+
+class ScoreUnit:
+    """Base of every unit: ``unit(scores [T], chunk, words [T] | None) -> scores [T]``.
+
+    ``words`` holds the document unit index of each token of ``chunk`` (negative on prefix and
+    suffix tokens), None when the document has no unit ids.
+    """
+
+    def __call__(self, scores: torch.Tensor, chunk: Chunk, words: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class MaxPool(ScoreUnit):
+    """Max-pool document scores over ``width`` neighbours, so the tokens around a salient one survive
+    with it. Prefix and suffix scores are left out of the pool: they cannot lift their neighbours."""
+
+    width: int = 3
+
+    def __call__(self, scores: torch.Tensor, chunk: Chunk, words: torch.Tensor | None) -> torch.Tensor:
+        if self.width <= 1:
+            return scores
+        masked = scores.float().masked_fill(~chunk.reducible.to(scores.device), float("-inf"))
+        pooled = torch.nn.functional.max_pool1d(masked[None, None], self.width, stride=1, padding=self.width // 2)
+        return pooled[0, 0, : scores.numel()]
+
+
+@dataclass(frozen=True)
+class WordUnits(ScoreUnit):
+    """Give every document token the best score of its unit, so units survive or go whole.
+
+    ``unit`` names how the engine splits the document into units (``homer.prompt.unit_ids``):
+    ``word`` (no whitespace inside; numbers and names stay whole) or, as an ablation, ``sentence``.
+    """
+
+    unit: str = "word"
+
+    def __call__(self, scores: torch.Tensor, chunk: Chunk, words: torch.Tensor | None) -> torch.Tensor:
+        if words is None:
+            return scores
+        return pool_words(scores.cpu(), chunk.reducible, words)
+
+
+@dataclass(frozen=True)
+class ScoreMemory(ScoreUnit):
+    """Score a token by the best standardised score it got at any node so far (kept on the chunk).
+
+    Scores of different layers live on different scales, so each node's document scores are
+    standardised first (zero mean, unit variance).
+    """
+
+    def __call__(self, scores: torch.Tensor, chunk: Chunk, words: torch.Tensor | None) -> torch.Tensor:
+        chunk.memory = torch.maximum(chunk.memory, standardise(scores.cpu(), chunk.reducible))
+        return chunk.memory.clone()
+
+
+def pool_words(scores: torch.Tensor, reducible: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    """Each document token's unit's best score [T]; ``words`` [T] is negative on prefix/suffix tokens,
+    which keep their own scores."""
+    doc = reducible.to(scores.device) & (words >= 0).to(scores.device)
+    if not bool(doc.any()):
+        return scores
+    _, inverse = torch.unique(words.to(scores.device)[doc], return_inverse=True)
+    best = torch.full((int(inverse.max()) + 1,), float("-inf"), device=scores.device)
+    best = best.scatter_reduce(0, inverse, scores[doc].float(), reduce="amax")
+    pooled = scores.clone().float()
+    pooled[doc] = best[inverse]
+    return pooled

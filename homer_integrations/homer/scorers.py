@@ -1,0 +1,203 @@
+"""Scorers: how a node rates its tokens before pruning (one hook, called in the node's layers).
+
+A scorer sees the queries of the last rows of the node (its suffix) and the keys of one layer,
+and returns one score per token; higher survives. The compressor asks ``scores_at`` which of a
+node's layers to score, hands each such layer a ``ScoreInput`` and folds the per-layer scores
+with ``combine``. Post-processing (pooling, word units, memory) lives in ``score_units``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from homer_integrations.homer.pruning import standardise
+
+
+@dataclass(frozen=True)
+class ScoreInput:
+    """What one layer of a node shows its scorer.
+
+    Attributes:
+        queries: [1, H, R, d] rotated queries of the node's last R rows (R = ``Scorer.rows``).
+        keys: [1, Hkv, T, d] rotated keys of every token of the node in this layer.
+        position_ids: [T] positions of the node's tokens.
+        reducible: [T] True on document tokens.
+        layer: the decoder layer.
+        scaling: the attention's logit scale (1/sqrt(d) for most models).
+        bias: [max_chunk_len] this layer's calibration row, or None when there is none.
+    """
+
+    queries: torch.Tensor
+    keys: torch.Tensor
+    position_ids: torch.Tensor
+    reducible: torch.Tensor
+    layer: int
+    scaling: float
+    bias: torch.Tensor | None
+
+
+class Scorer:
+    """Base of every scorer: scores the node's last layer from its last row."""
+
+    rows: int = 1
+    """Query rows (from the end of the node, all inside its suffix) the scorer reads."""
+
+    needs_calibration: bool = False
+
+    probes: bool = False
+    """Whether leaves are scored by probe rows (``probe_ids``) instead of their own last rows."""
+
+    def scores_at(self, layer: int, layers: range) -> bool:
+        """Whether ``layer`` of a node that runs ``layers`` is scored (default: only the last)."""
+        return layer == layers[-1]
+
+    def combine(self, per_layer: list[torch.Tensor], reducible: torch.Tensor) -> torch.Tensor:
+        """One score [T] from the scores of every scored layer (default: the last one)."""
+        return per_layer[-1]
+
+    def with_question(self) -> Scorer:
+        """The scorer a node uses when its suffix holds a question (default: this one)."""
+        return self
+
+    def probe_ids(self, piece_ids: torch.Tensor) -> torch.Tensor | None:
+        """Token ids [R] a leaf of document tokens ``piece_ids`` appends after its suffix to be scored by
+        (their queries score it, then they are dropped); None (default): the node's own rows score it."""
+        return None
+
+    def probe_scores(self, x: ScoreInput, length: int) -> torch.Tensor:
+        """Scores [length] of a leaf's tokens from its probe rows (``x.keys`` holds leaf and probe keys)."""
+        raise NotImplementedError
+
+    def __call__(self, x: ScoreInput) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def attention_logits(query: torch.Tensor, keys: torch.Tensor, scaling: float) -> torch.Tensor:
+    """Raw attention logits of one row: query [1, H, 1, d], keys [1, Hkv, T, d] -> [H, T].
+
+    Grouped-query attention: query head ``h`` reads key head ``h // (H // Hkv)``, the layout
+    of transformers' ``repeat_kv``.
+    """
+    heads, kv_heads = query.shape[1], keys.shape[1]
+    group = heads // kv_heads
+    q = query[0, :, 0].float().view(kv_heads, group, -1)  # [Hkv, G, d]
+    k = keys[0].float()  # [Hkv, T, d]
+    return torch.einsum("hgd,htd->hgt", q, k).reshape(heads, -1) * scaling
+
+
+@dataclass(frozen=True)
+class LastTokenScorer(Scorer):
+    """The paper's significance: the raw attention logit of the last row to each token, maxed over
+    heads, minus the calibration bias of their distance (which removes last-token attention's pull
+    toward nearby positions). With ``rows`` > 1 the rows' scores are averaged, each key counting only
+    the rows after it; ``calibrated=False`` is the paper's uncalibrated ablation."""
+
+    calibrated: bool = True
+    rows: int = 1
+
+    @property
+    def needs_calibration(self) -> bool:  # type: ignore[override]
+        return self.calibrated
+
+    def __call__(self, x: ScoreInput) -> torch.Tensor:
+        rows, length = x.queries.shape[2], x.keys.shape[2]
+        per_row = torch.stack(
+            [attention_logits(x.queries[:, :, r : r + 1], x.keys, x.scaling).amax(dim=0) for r in range(rows)]
+        )  # [R, T]
+        query_index = torch.arange(length - rows, length)
+        if self.calibrated:
+            if x.bias is None:
+                raise ValueError("the calibrated scorer needs a calibration bias to prune")
+            distance = (x.position_ids[query_index][:, None] - x.position_ids[None, :]).clamp(0, x.bias.numel() - 1)
+            per_row = per_row - x.bias.to(per_row.device)[distance.to(per_row.device)]
+        visible = (query_index[:, None] >= torch.arange(length)[None, :]).to(per_row.device)
+        return (per_row * visible).sum(0) / visible.sum(0).clamp(min=1)
+
+
+@dataclass(frozen=True)
+class RandomScorer(Scorer):
+    """The paper's ablation baseline: uniform random scores, reproducible per (seed, layer, length)."""
+
+    seed: int = 0
+
+    def __call__(self, x: ScoreInput) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + x.layer * 10_007 + x.keys.shape[2])
+        return torch.rand(x.keys.shape[2], generator=g)
+
+
+@dataclass(frozen=True)
+class EveryLayer(Scorer):
+    """Wraps a scorer to score every layer a node runs and average the standardised scores (a leaf
+    runs many layers, and no single one of them need be the layer that notices a fact)."""
+
+    inner: Scorer
+
+    @property
+    def rows(self) -> int:  # type: ignore[override]
+        return self.inner.rows
+
+    @property
+    def needs_calibration(self) -> bool:  # type: ignore[override]
+        return self.inner.needs_calibration
+
+    def scores_at(self, layer: int, layers: range) -> bool:
+        return True
+
+    def combine(self, per_layer: list[torch.Tensor], reducible: torch.Tensor) -> torch.Tensor:
+        return torch.stack([standardise(s.cpu(), reducible) for s in per_layer]).mean(0)
+
+    def __call__(self, x: ScoreInput) -> torch.Tensor:
+        return self.inner(x)
+
+
+@dataclass(frozen=True)
+class ReconstructionScorer(Scorer):
+    """Question-agnostic context-reconstruction score (KVzip, Kim et al. 2025), for leaves.
+
+    After a leaf's suffix the model is asked to repeat the leaf's document piece, teacher-forced:
+    probe rows ``prompt_ids`` + the piece's own ids run through the leaf layers against the leaf's
+    K/V. A token's score is the log of the most attention (softmax probability, max over probe rows
+    and heads) it receives while being reconstructed. Merged nodes have no single piece to repeat;
+    they are scored by ``merged`` (with score memory, the leaves' judgement carries up).
+    """
+
+    prompt_ids: tuple[int, ...] = ()
+    merged: Scorer = field(default_factory=LastTokenScorer)
+    probes: bool = field(default=True, init=False, repr=False)
+    block: int = field(default=256, compare=False, repr=False)
+    """Probe rows per softmax block (memory: H x block x keys floats)."""
+
+    @property
+    def rows(self) -> int:  # type: ignore[override]
+        return self.merged.rows
+
+    @property
+    def needs_calibration(self) -> bool:  # type: ignore[override]
+        return self.merged.needs_calibration
+
+    def with_question(self) -> Scorer:
+        """A question in the suffix scores better than a question-agnostic repeat: ``merged`` scores."""
+        return self.merged
+
+    def probe_ids(self, piece_ids: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.tensor(self.prompt_ids, dtype=torch.long), piece_ids.cpu()])
+
+    def probe_scores(self, x: ScoreInput, length: int) -> torch.Tensor:
+        rows, keys = x.queries.shape[2], x.keys.shape[2]
+        heads, kv_heads = x.queries.shape[1], x.keys.shape[1]
+        k = x.keys[0].float()  # [Hkv, K, d]
+        best = torch.full((length,), float("-inf"), device=k.device)
+        for start in range(0, rows, self.block):
+            stop = min(rows, start + self.block)
+            q = x.queries[0, :, start:stop].float().view(kv_heads, heads // kv_heads, stop - start, -1)
+            logits = torch.einsum("hgrd,hkd->hgrk", q, k) * x.scaling  # [Hkv, G, b, K]
+            row_pos = torch.arange(keys - rows + start, keys - rows + stop, device=k.device)
+            future = torch.arange(keys, device=k.device)[None, :] > row_pos[:, None]  # [b, K]
+            probs = logits.masked_fill(future, float("-inf")).softmax(-1)[..., :length]
+            best = torch.maximum(best, probs.amax(dim=(0, 1, 2)))
+        return best.clamp(min=1e-12).log().cpu()
+
+    def __call__(self, x: ScoreInput) -> torch.Tensor:
+        return self.merged(x)

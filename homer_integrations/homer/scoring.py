@@ -1,0 +1,69 @@
+"""``Scoring``: one scorer and the score units after it; what a compression prunes by.
+
+The package's recipe comes from ``HomerConfig`` (``Scoring.from_config``); ablations and research
+variants build their own ``Scoring`` and hand it to ``HomerModel(scoring=...)``. Its ``repr`` names
+every part and parameter, so it is part of the document-cache key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from homer_integrations.homer.chunk import Chunk
+from homer_integrations.homer.config import HomerConfig
+from homer_integrations.homer.score_units import MaxPool, ScoreMemory, ScoreUnit, WordUnits
+from homer_integrations.homer.scorers import LastTokenScorer, ReconstructionScorer, Scorer
+
+REPEAT_PROMPT = "\n\nRepeat the previous context exactly.\n\n"
+"""What a reconstruction probe says before it repeats a leaf's piece (KVzip's instruction)."""
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """A scorer and the units that reshape its scores, in order (default: the paper's recipe)."""
+
+    scorer: Scorer = field(default_factory=LastTokenScorer)
+    units: tuple[ScoreUnit, ...] = ()
+
+    @classmethod
+    def from_config(cls, config: HomerConfig) -> Scoring:
+        """The package's recipe: calibrated last-token scores, max-pooled over ``score_pooling``
+        neighbours, word units (``pool_unit="word"``), score memory (``score_memory``)."""
+        units: list[ScoreUnit] = []
+        if config.score_pooling > 1:
+            units.append(MaxPool(config.score_pooling))
+        if config.pool_unit != "token":
+            units.append(WordUnits(config.pool_unit))
+        if config.score_memory:
+            units.append(ScoreMemory())
+        return cls(LastTokenScorer(), tuple(units))
+
+    @property
+    def unit(self) -> str:
+        """How the document is split into units for ``WordUnits`` (``token``: it is not)."""
+        return next((u.unit for u in self.units if isinstance(u, WordUnits)), "token")
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.scorer.needs_calibration
+
+    def without(self, kind: type[ScoreUnit]) -> Scoring:
+        """This scoring without its units of type ``kind``."""
+        return Scoring(self.scorer, tuple(u for u in self.units if not isinstance(u, kind)))
+
+    def with_question(self) -> Scoring:
+        """The scoring of a compression whose suffix holds the question (see ``Scorer.with_question``)."""
+        return replace(self, scorer=self.scorer.with_question())
+
+    def rank(self, scores: torch.Tensor, chunk: Chunk, words: torch.Tensor | None) -> torch.Tensor:
+        """The scores [T] pruning ranks: ``scores`` [T] through every unit in order."""
+        for unit in self.units:
+            scores = unit(scores, chunk, words)
+        return scores.cpu()
+
+    def with_reconstruction(self, prompt_ids: torch.Tensor) -> Scoring:
+        """Leaves scored by reconstruction (``ReconstructionScorer`` with ``prompt_ids`` [R] before the
+        repeated piece), merged nodes by this scoring's scorer; the units stay."""
+        return replace(self, scorer=ReconstructionScorer(tuple(prompt_ids.tolist()), merged=self.scorer))

@@ -1,0 +1,70 @@
+"""Score units: max-pooling, word units (and the sentence ablation's unit ids), score memory."""
+
+import torch
+
+from homer_integrations.homer.chunk import Chunk
+from homer_integrations.homer.prompt import unit_ids
+from homer_integrations.homer.score_units import MaxPool, ScoreMemory, WordUnits, pool_words
+
+TEXT = "He said so. The pass key is 66226. Remember it; yes\nChapter 10\n\nElizabeth Bennet smiled"
+
+
+def chunk(reducible: list[bool]) -> Chunk:
+    n = len(reducible)
+    flags = torch.tensor(reducible)
+    return Chunk(
+        hidden=torch.zeros(1, n, 2),
+        position_ids=torch.arange(n),
+        reducible=flags,
+        origin=torch.where(flags, torch.arange(n), -1),
+        memory=torch.full((n,), float("-inf")),
+        prefix_len=0 if reducible[0] else 1,
+        suffix_len=0 if reducible[-1] else 1,
+    )
+
+
+def units(tokenizer, unit):
+    ids = tokenizer(TEXT, add_special_tokens=False)["input_ids"]
+    return [(tokenizer.decode([i]), int(u)) for i, u in zip(ids, unit_ids(tokenizer, TEXT, unit), strict=True)]
+
+
+def test_word_units_keep_numbers_and_names_whole(tokenizer):
+    pairs = units(tokenizer, "word")
+    digit_units = [u for t, u in pairs if t.isdigit()]
+    assert digit_units == [digit_units[0]] * 5 + [digit_units[5]] * 2, "the key and the chapter number: one unit each"
+    assert digit_units[0] != digit_units[5]
+    bennet = {u for t, u in pairs if t in (" Benn", "et")}
+    assert len(bennet) == 1
+    assert unit_ids(tokenizer, TEXT, "token") is None
+
+
+def test_sentence_units_end_at_punctuation_and_line_breaks(tokenizer):
+    pairs = units(tokenizer, "sentence")
+    unit_of = {t.strip(): u for t, u in pairs}
+    assert unit_of["pass"] == unit_of["key"] == unit_of["6"]
+    assert unit_of["He"] != unit_of["pass"] != unit_of["Remember"]
+    assert unit_of["Chapter"] != unit_of["yes"] and unit_of["Chapter"] != unit_of["Elizabeth"]
+
+
+def test_word_units_give_each_token_its_units_best_score():
+    scores = torch.tensor([50.0, 1.0, 7.0, 2.0, 3.0, 0.5, 9.0])
+    node = chunk([False, True, True, True, True, True, False])
+    words = torch.tensor([-1, 0, 0, 1, 1, 2, -1])
+    assert pool_words(scores, node.reducible, words).tolist() == [50.0, 7.0, 7.0, 3.0, 3.0, 0.5, 9.0]
+    assert WordUnits()(scores, node, words).tolist() == [50.0, 7.0, 7.0, 3.0, 3.0, 0.5, 9.0]
+    assert torch.equal(WordUnits()(scores, node, None), scores), "no unit ids: single tokens"
+
+
+def test_max_pool_keeps_neighbours_of_salient_tokens_and_ignores_affixes():
+    scores = torch.tensor([100.0, 0.0, 0.0, 9.0, 0.0, 0.0, 0.0])
+    pooled = MaxPool(3)(scores, chunk([False] + [True] * 6), None)
+    assert pooled[1:].tolist() == [0.0, 9.0, 9.0, 9.0, 0.0, 0.0], "the prefix score must not leak"
+    assert torch.equal(MaxPool(1)(scores, chunk([False] + [True] * 6), None), scores)
+
+
+def test_score_memory_keeps_the_best_standardised_score():
+    node = chunk([False, True, True, True])
+    first = ScoreMemory()(torch.tensor([0.0, 3.0, 0.0, -3.0]), node, None)  # standardised: [1, 0, -1]
+    second = ScoreMemory()(torch.tensor([0.0, -3.0, 0.0, 3.0]), node, None)  # standardised: [-1, 0, 1]
+    torch.testing.assert_close(first[1:], torch.tensor([1.0, 0.0, -1.0]))
+    torch.testing.assert_close(second[1:], torch.tensor([1.0, 0.0, 1.0]))

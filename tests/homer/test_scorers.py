@@ -1,0 +1,121 @@
+"""Scorers: the paper's calibrated last-token score, its ablations, and the every-layer wrapper."""
+
+import pytest
+import torch
+from transformers.models.llama.modeling_llama import repeat_kv
+
+from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
+from homer_integrations.homer.decoder import DecoderStack
+from homer_integrations.homer.scorers import (
+    EveryLayer,
+    LastTokenScorer,
+    RandomScorer,
+    ReconstructionScorer,
+    ScoreInput,
+    attention_logits,
+)
+from homer_integrations.homer.scoring import Scoring
+from tests.conftest import tiny_model
+
+
+def score_input(q, k, positions, bias=None, layer=0) -> ScoreInput:
+    return ScoreInput(q, k, positions, torch.ones(k.shape[2], dtype=torch.bool), layer, 1.0, bias)
+
+
+def test_gqa_logits_read_the_right_key_head():
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 8, 1, 16), torch.randn(1, 2, 30, 16)
+    expected = torch.einsum("hd,htd->ht", q[0, :, 0], repeat_kv(k, 4)[0]) * 0.25
+    torch.testing.assert_close(attention_logits(q, k, 0.25), expected)
+
+
+def test_calibration_bias_is_subtracted_by_distance():
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 6, 8)
+    positions = torch.tensor([0, 1, 2, 2, 3, 4])
+    bias = torch.arange(10, dtype=torch.float32)
+    raw = LastTokenScorer(calibrated=False)(score_input(q, k, positions))
+    calibrated = LastTokenScorer()(score_input(q, k, positions, bias))
+    torch.testing.assert_close(raw - calibrated, (4 - positions).float())
+    assert torch.equal(raw, attention_logits(q, k, 1.0).amax(0))
+
+
+def test_calibrated_scorer_refuses_to_run_without_a_bias():
+    q, k = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 6, 8)
+    with pytest.raises(ValueError, match="calibration bias"):
+        LastTokenScorer()(score_input(q, k, torch.arange(6)))
+
+
+def test_several_rows_average_only_the_rows_after_each_key():
+    torch.manual_seed(1)
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 6, 8)
+    scores = LastTokenScorer(calibrated=False, rows=3)(score_input(q, k, torch.arange(6)))
+    rows = [attention_logits(q[:, :, r : r + 1], k, 1.0).amax(0) for r in range(3)]
+    torch.testing.assert_close(scores[:3], (rows[0][:3] + rows[1][:3] + rows[2][:3]) / 3)
+    torch.testing.assert_close(scores[4], (rows[1][4] + rows[2][4]) / 2)
+    torch.testing.assert_close(scores[5], rows[2][5])
+
+
+def test_random_scores_are_reproducible_and_differ_by_layer():
+    x = score_input(torch.randn(1, 2, 1, 8), torch.randn(1, 2, 40, 8), torch.arange(40))
+    assert torch.equal(RandomScorer(3)(x), RandomScorer(3)(x))
+    assert not torch.equal(RandomScorer(3)(x), RandomScorer(4)(x))
+    assert not torch.equal(RandomScorer(3)(x), RandomScorer(3)(score_input(x.queries, x.keys, x.position_ids, layer=1)))
+
+
+def _kept(model, warmup: int, scorer) -> tuple[list[int], list[int]]:
+    ids = torch.randint(0, 256, (700,), generator=torch.Generator().manual_seed(1))
+    settings = CompressorSettings(max_chunk_len=128, warmup_layers=warmup, final_cache_len=96, scoring=Scoring(scorer))
+    layers: list[int] = []
+    result = HomerCompressor(DecoderStack(model), settings, None, lambda e: layers.append(e.layer)).compress(
+        ids[:5], ids[5:696], ids[696:]
+    )
+    return result.origin.tolist(), layers
+
+
+def test_every_layer_averages_every_layer_a_node_runs():
+    last = LastTokenScorer(calibrated=False)
+    # 8 leaves, 4 levels: with 4 layers and no warm-up every node runs one layer, so "every" is "last"
+    one_each = tiny_model("llama", vocab_size=256, num_hidden_layers=4)
+    assert _kept(one_each, 0, EveryLayer(last)) == _kept(one_each, 0, last)
+    # with warm-up the leaves run several layers and their average picks other tokens
+    deep = tiny_model("llama", vocab_size=256, num_hidden_layers=8)
+    kept_all, layers_all = _kept(deep, 3, EveryLayer(last))
+    kept_last, layers_last = _kept(deep, 3, last)
+    assert layers_all == layers_last, "pruning still happens in each node's last layer"
+    assert kept_all != kept_last
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_reconstruction_scores_are_the_repeat_rows_best_attention(kind):
+    model = tiny_model(kind, vocab_size=256)
+    g = torch.Generator().manual_seed(0)
+    prefix, doc, suffix = (torch.randint(0, 256, (n,), generator=g) for n in (5, 200, 4))
+    scorer = ReconstructionScorer(prompt_ids=(7, 8, 9), merged=LastTokenScorer(calibrated=False))
+    settings = CompressorSettings(
+        max_chunk_len=128, warmup_layers=3, final_cache_len=64, scoring=Scoring(scorer), suffix_reserve=4
+    )
+    events = []
+    comp = HomerCompressor(DecoderStack(model), settings, None, events.append)
+    tier = comp.build_leaf_tier(prefix, doc)
+    with pytest.raises(ValueError, match="document_ids"):
+        comp.replay(tier, suffix)
+    result = comp.replay(tier, suffix, document_ids=doc)
+    assert result.keys[0].shape[2] == 64 and tier.plan.height == 1
+    # leaf 0 (a full piece: positions are contiguous) against one eager forward with the probe appended
+    piece = doc[tier.plan.piece(0)]
+    ids = torch.cat([prefix, piece, suffix, torch.tensor([7, 8, 9]), piece])
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        attn = model(ids[None], output_attentions=True).attentions[tier.leaf_layers - 1][0]  # [H, N, N]
+    length = 5 + piece.numel() + 4
+    expected = attn[:, length:, :length].amax(dim=(0, 1)).clamp(min=1e-12).log()
+    leaf0 = events[0]
+    assert leaf0.layer == tier.leaf_layers - 1 and leaf0.scores.numel() == length
+    doc_tokens = leaf0.reducible
+    torch.testing.assert_close(leaf0.scores[doc_tokens], expected[doc_tokens], atol=1e-4, rtol=1e-4)
+    # the probe rows leave nothing behind: the kept tokens' leaf-layer K/V are the tier's own
+    doc_rows = (result.origin >= 0).nonzero().squeeze(1)
+    kept = result.origin[doc_rows]
+    for layer in range(tier.leaf_layers):
+        torch.testing.assert_close(result.keys[layer][:, :, doc_rows], tier.keys[layer][:, :, kept], atol=0, rtol=0)

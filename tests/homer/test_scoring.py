@@ -1,0 +1,44 @@
+"""``Scoring``: the package recipe from ``HomerConfig``, unit order, and the engine's use of it."""
+
+import torch
+
+from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.homer.score_units import MaxPool, ScoreMemory, WordUnits
+from homer_integrations.homer.scorers import LastTokenScorer, RandomScorer
+from homer_integrations.homer.scoring import Scoring
+from tests.conftest import tiny_model
+from tests.homer.test_score_units import chunk
+
+
+def test_config_recipe_and_the_papers():
+    assert Scoring.from_config(HomerConfig()) == Scoring(LastTokenScorer(), (MaxPool(3), WordUnits(), ScoreMemory()))
+    paper = HomerConfig(pool_unit="token", score_pooling=1, score_memory=False)
+    assert Scoring.from_config(paper) == Scoring() == Scoring(LastTokenScorer(calibrated=True), ())
+    assert Scoring.from_config(HomerConfig()).unit == "word" and Scoring().unit == "token"
+    assert Scoring().needs_calibration and not Scoring(RandomScorer()).needs_calibration
+
+
+def test_units_apply_in_order():
+    scores = torch.tensor([0.0, 5.0, 0.0, 0.0, 1.0, 0.0])
+    node = chunk([True] * 6)
+    words = torch.tensor([0, 0, 1, 1, 2, 2])
+    # pooling first spreads 5 to token 2, then word units spread it to token 3
+    assert Scoring(units=(MaxPool(3), WordUnits())).rank(scores, node, words).tolist() == [5, 5, 5, 5, 1, 1]
+    # word units first keep 5 inside word 0, then pooling reaches token 2 only
+    assert Scoring(units=(WordUnits(), MaxPool(3))).rank(scores, node, words).tolist() == [5, 5, 5, 1, 1, 1]
+    assert Scoring(units=(WordUnits(), MaxPool(3))).without(MaxPool).units == (WordUnits(),)
+
+
+def test_engine_scoring_skips_calibration_and_enters_the_cache_key(tokenizer, tmp_path):
+    config = HomerConfig(max_chunk_len=128, warmup_layers=3)
+    model = tiny_model("llama")
+    random = HomerModel(
+        model, tokenizer, config, calibration_dir=tmp_path, progress=False, scoring=Scoring(RandomScorer())
+    )
+    assert random.calibration_bias() is None and not list(tmp_path.iterdir()), "no calibration computed"
+    other = HomerModel(
+        model, tokenizer, config, calibration_dir=tmp_path, progress=False, scoring=Scoring(RandomScorer(seed=1))
+    )
+    assert random.cache_key("p", "doc", "s") != other.cache_key("p", "doc", "s")
+    doc = random.compress("word " * 400, question="")
+    assert doc.stats.cache_tokens <= 128 and doc.stats.document_tokens > 128
