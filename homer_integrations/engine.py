@@ -266,6 +266,7 @@ class HomerModel:
             "warmup_layers": c.warmup_layers,
             "document_suffix": c.document_suffix,  # the split is planned for the shared suffix's length
             "unit": self.scoring.unit,
+            "probe": repr(self.scoring.scorer) if self.scoring.scorer.probes else None,
         }
         return self._key({"settings": settings}, prefix, document, "")
 
@@ -433,7 +434,7 @@ class HomerModel:
         prompt_len = prefix_ids.numel() + document_ids.numel() + suffix_ids.numel()
         prunes = not full and prompt_len > self.config.final_cache_len
         if prunes and self.scoring.scorer.probes:
-            return self._root_from_tier(key, prefix, document, document_ids, suffix_ids)
+            return self._root_from_tier(key, prefix, document, suffix_ids)
         compressor = self._compressor(prunes, query_aware=False, full=full)
         with self._progress(document_ids.numel(), "HOMER compress") as bar:
             words = self._words(document, document_ids) if prunes else None
@@ -450,7 +451,7 @@ class HomerModel:
 
     def _build_tier(self, key: str, prefix: str, document: str) -> LeafTier:
         prefix_ids, document_ids, _ = self._encode_span(prefix, document, "")
-        compressor = self._compressor(False, query_aware=True)
+        compressor = self._compressor(False, query_aware=True, probe=True)
         with self._progress(document_ids.numel(), "HOMER leaf tier") as bar:
             tier = compressor.build_leaf_tier(
                 prefix_ids, document_ids, self._words(document, document_ids), key=key, progress=bar.update
@@ -465,16 +466,14 @@ class HomerModel:
         )
         return tier
 
-    def _root_from_tier(
-        self, key: str, prefix: str, document: str, document_ids: torch.Tensor, suffix_ids: torch.Tensor
-    ) -> CompressedDocument:
+    def _root_from_tier(self, key: str, prefix: str, document: str, suffix_ids: torch.Tensor) -> CompressedDocument:
         """The shared root rebuilt from the document's leaf tier (computed first if need be): for scorers
-        that probe each leaf after its suffix. The tier is split exactly as the shared root."""
+        that probe each leaf (the tier holds the probe scores). The tier is split exactly as the shared root."""
         tier, source = self.leaf_tier(prefix, document)
         compressor = self._compressor(True, query_aware=True, probe=True)
         replay = compressor.replay_flat if self.config.replay == "flat" else compressor.replay
-        with self._progress(document_ids.numel(), "HOMER shared root") as bar:
-            result = replay(tier.to(self.stack.device), suffix_ids, bar.update, document_ids)
+        with self._progress(tier.document_tokens, "HOMER shared root") as bar:
+            result = replay(tier.to(self.stack.device), suffix_ids, bar.update)
         if source == "computed":
             result.seconds += tier.seconds
         return self._document(key, result, tier.num_tokens + suffix_ids.numel(), None)

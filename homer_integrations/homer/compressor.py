@@ -126,7 +126,6 @@ class HomerCompressor:
         self._alive: list[Chunk] = []
         self._peak = 0
         self._word_ids: torch.Tensor | None = None
-        self._document_ids: torch.Tensor | None = None
 
     @torch.inference_mode()
     def compress(
@@ -175,6 +174,7 @@ class HomerCompressor:
     ) -> LeafTier:
         """Run every leaf's prefix [P] + piece through the leaf layers once, without a suffix, and keep
         what a question needs (see ``LeafTier``). The split is planned for ``suffix_reserve`` suffix tokens.
+        A probing scorer (``Scorer.probes``) also scores every leaf from its probe rows, once.
         """
         start = time.perf_counter()
         stack, s = self.stack, self.settings
@@ -189,11 +189,17 @@ class HomerCompressor:
         keys = [stack.empty(doc_shape) for _ in layers]
         values = [stack.empty(doc_shape) for _ in layers]
         hidden = stack.empty((1, L, prefix_hidden.shape[2]))
+        probes = self.scoring.scorer.probes
+        probe_scores = torch.zeros(L) if probes else None
         for index in range(plan.num_leaves):
             span = plan.piece(index)
             cache = cache_from_tensors(prefix_keys, prefix_values)
             positions = torch.arange(P, P + span.stop - span.start)
             hidden[:, span] = self._extend(stack.embed(document_ids[span]), positions, cache, layers)[0]
+            if probe_scores is not None:
+                probe_scores[span] = self._probe(
+                    cache, torch.arange(P + span.stop - span.start), document_ids[span], layers
+                )[P:]
             for k, v, (ck, cv) in zip(keys, values, zip(*layer_tensors(cache), strict=True), strict=True):
                 k[:, :, span] = ck[:, :, P:]
                 v[:, :, span] = cv[:, :, P:]
@@ -211,23 +217,18 @@ class HomerCompressor:
             values=tuple(values),
             hidden=hidden,
             word_ids=word_ids,
+            probe_scores=probe_scores,
             seconds=time.perf_counter() - start,
         )
 
     @torch.inference_mode()
-    def replay(
-        self,
-        tier: LeafTier,
-        suffix_ids: torch.Tensor,
-        progress: ProgressFn | None = None,
-        document_ids: torch.Tensor | None = None,
-    ) -> CompressionResult:
+    def replay(self, tier: LeafTier, suffix_ids: torch.Tensor, progress: ProgressFn | None = None) -> CompressionResult:
         """The compression ``compress`` would make of the tier's document with this suffix [S] (the same
         split), computed from the tier: only the suffix runs the leaf layers, then pruning and the upper levels.
-        ``document_ids`` [L] (the tier's document) is needed by scorers that probe leaves.
+        A probing scorer prunes the leaves by the probe scores the tier holds.
         """
         start = time.perf_counter()
-        plan, schedule = self._replay_plan(tier, suffix_ids, document_ids)
+        plan, schedule = self._replay_plan(tier, suffix_ids)
 
         def leaf(index: int, target_len: int, is_root: bool) -> Chunk:
             part = tier.leaf(index)
@@ -241,11 +242,7 @@ class HomerCompressor:
 
     @torch.inference_mode()
     def replay_flat(
-        self,
-        tier: LeafTier,
-        suffix_ids: torch.Tensor,
-        progress: ProgressFn | None = None,
-        document_ids: torch.Tensor | None = None,
+        self, tier: LeafTier, suffix_ids: torch.Tensor, progress: ProgressFn | None = None
     ) -> CompressionResult:
         """Question-aware selection across all leaves at once, then the upper layers over one node.
 
@@ -256,7 +253,7 @@ class HomerCompressor:
         A fact is judged where it is clearest and never again by a merged node's noisier context.
         """
         start = time.perf_counter()
-        plan, schedule = self._replay_plan(tier, suffix_ids, document_ids)
+        plan, schedule = self._replay_plan(tier, suffix_ids)
         leaf_layers = schedule.layers_at(0)
         self._alive, self._peak = [], 0
         target = self.settings.final_cache_len
@@ -289,13 +286,10 @@ class HomerCompressor:
             self._run_layers(root, upper, target, is_root=True)
         return self._result(root, plan, schedule, start)
 
-    def _replay_plan(
-        self, tier: LeafTier, suffix_ids: torch.Tensor, document_ids: torch.Tensor | None
-    ) -> tuple[ChunkPlan, LayerSchedule]:
+    def _replay_plan(self, tier: LeafTier, suffix_ids: torch.Tensor) -> tuple[ChunkPlan, LayerSchedule]:
         """The tier's split with this suffix, and its schedule (which must run the tier's leaf layers)."""
-        if self.scoring.scorer.probes and (document_ids is None or document_ids.numel() != tier.document_tokens):
-            raise ValueError("this scorer repeats each leaf's tokens: pass the tier's document_ids")
-        self._document_ids = document_ids
+        if self.scoring.scorer.probes and tier.probe_scores is None:
+            raise ValueError("this scorer prunes leaves by probe scores: build the leaf tier with it")
         plan = tier.plan.with_suffix(suffix_ids.numel())
         schedule = self._schedule(plan)
         if len(schedule.layers_at(0)) != tier.leaf_layers:
@@ -421,35 +415,38 @@ class HomerCompressor:
         )
         chunk.hidden = torch.cat([part.hidden, suffix_hidden], dim=1)
         if probe:
-            scores = self._probe(chunk, self._document_ids[part.origin[P:]], layers)
+            scores = torch.cat([part.probe_scores, torch.zeros(S)])
         return chunk, scores
 
-    def _probe(self, chunk: Chunk, piece_ids: torch.Tensor, layers: range) -> torch.Tensor:
-        """Scores [T] of a leaf from its scorer's probe rows (after the suffix, at the next positions),
-        run through the leaf layers against the leaf's cache and then dropped from it."""
-        stack, scorer, length = self.stack, self.scoring.scorer, chunk.length
+    def _probe(
+        self, cache: DynamicCache, positions: torch.Tensor, piece_ids: torch.Tensor, layers: range
+    ) -> torch.Tensor:
+        """Scores [T] of a leaf's T cached tokens at ``positions`` [T] from its scorer's probe rows (at the
+        next positions), run through ``layers`` against ``cache`` and then dropped from it."""
+        stack, scorer, length = self.stack, self.scoring.scorer, positions.numel()
         probe_ids = scorer.probe_ids(piece_ids)
         rows = probe_ids.numel()
-        start = int(chunk.position_ids.max()) + 1
+        start = int(positions.max()) + 1
         hidden = stack.embed(probe_ids)
         rope = stack.rotary(hidden, torch.arange(start, start + rows))
         mask = stack.causal_mask_after(length, rows)
+        reducible = torch.ones(length, dtype=torch.bool)
         evidence: list[torch.Tensor] = []
         for layer_idx in layers:
             score_here = scorer.scores_at(layer_idx, layers)
             hidden, query = stack.attention(
-                layer_idx, hidden, rope, chunk.cache, query_rows=rows if score_here else 0, mask=mask
+                layer_idx, hidden, rope, cache, query_rows=rows if score_here else 0, mask=mask
             )
             if score_here:
-                self._record_peak(chunk)
-                keys = chunk.cache.layers[layer_idx].keys
-                x = ScoreInput(query, keys, chunk.position_ids, chunk.reducible, layer_idx, stack.scaling, None)
+                x = ScoreInput(
+                    query, cache.layers[layer_idx].keys, positions, reducible, layer_idx, stack.scaling, None
+                )
                 evidence.append(scorer.probe_scores(x, length))
             if layer_idx != layers[-1]:
                 hidden = stack.mlp(layer_idx, hidden)
-        keys, values = layer_tensors(chunk.cache)
-        chunk.cache = cache_from_tensors([k[:, :, :length] for k in keys], [v[:, :, :length] for v in values])
-        return scorer.combine(evidence, chunk.reducible)
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
+        return scorer.combine(evidence, reducible)
 
     def _extend(
         self,

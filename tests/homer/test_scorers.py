@@ -1,5 +1,7 @@
 """Scorers: the paper's calibrated last-token score, its ablations, and the every-layer wrapper."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from transformers.models.llama.modeling_llama import repeat_kv
@@ -97,23 +99,24 @@ def test_reconstruction_scores_are_the_repeat_rows_best_attention(kind):
     )
     events = []
     comp = HomerCompressor(DecoderStack(model), settings, None, events.append)
+    plain = HomerCompressor(DecoderStack(model), replace(settings, scoring=Scoring()), None)
+    with pytest.raises(ValueError, match="probe scores"):
+        comp.replay(plain.build_leaf_tier(prefix, doc), suffix)
     tier = comp.build_leaf_tier(prefix, doc)
-    with pytest.raises(ValueError, match="document_ids"):
-        comp.replay(tier, suffix)
-    result = comp.replay(tier, suffix, document_ids=doc)
+    result = comp.replay(tier, suffix)
     assert result.keys[0].shape[2] == 64 and tier.plan.height == 1
-    # leaf 0 (a full piece: positions are contiguous) against one eager forward with the probe appended
+    # leaf 0 against one eager forward of its prefix + piece with the probe appended
     piece = doc[tier.plan.piece(0)]
-    ids = torch.cat([prefix, piece, suffix, torch.tensor([7, 8, 9]), piece])
+    ids = torch.cat([prefix, piece, torch.tensor([7, 8, 9]), piece])
     model.set_attn_implementation("eager")
     with torch.no_grad():
         attn = model(ids[None], output_attentions=True).attentions[tier.leaf_layers - 1][0]  # [H, N, N]
-    length = 5 + piece.numel() + 4
+    length = 5 + piece.numel()
     expected = attn[:, length:, :length].amax(dim=(0, 1)).clamp(min=1e-12).log()
+    torch.testing.assert_close(tier.probe_scores[: piece.numel()], expected[5:], atol=1e-4, rtol=1e-4)
     leaf0 = events[0]
-    assert leaf0.layer == tier.leaf_layers - 1 and leaf0.scores.numel() == length
-    doc_tokens = leaf0.reducible
-    torch.testing.assert_close(leaf0.scores[doc_tokens], expected[doc_tokens], atol=1e-4, rtol=1e-4)
+    assert leaf0.layer == tier.leaf_layers - 1
+    assert torch.equal(leaf0.scores[leaf0.reducible], tier.probe_scores[: piece.numel()]), "leaves prune by them"
     # the probe rows leave nothing behind: the kept tokens' leaf-layer K/V are the tier's own
     doc_rows = (result.origin >= 0).nonzero().squeeze(1)
     kept = result.origin[doc_rows]
