@@ -433,8 +433,6 @@ class HomerModel:
         prefix_ids, document_ids, suffix_ids = self._encode_span(prefix, document, suffix, full=full)
         prompt_len = prefix_ids.numel() + document_ids.numel() + suffix_ids.numel()
         prunes = not full and prompt_len > self.config.final_cache_len
-        if prunes and self.scoring.scorer.probes:
-            return self._root_from_tier(key, prefix, document, suffix_ids)
         compressor = self._compressor(prunes, query_aware=False, full=full)
         with self._progress(document_ids.numel(), "HOMER compress") as bar:
             words = self._words(document, document_ids) if prunes else None
@@ -465,18 +463,6 @@ class HomerModel:
             tier.seconds,
         )
         return tier
-
-    def _root_from_tier(self, key: str, prefix: str, document: str, suffix_ids: torch.Tensor) -> CompressedDocument:
-        """The shared root rebuilt from the document's leaf tier (computed first if need be): for scorers
-        that probe each leaf (the tier holds the probe scores). The tier is split exactly as the shared root."""
-        tier, source = self.leaf_tier(prefix, document)
-        compressor = self._compressor(True, query_aware=True, probe=True)
-        replay = compressor.replay_flat if self.config.replay == "flat" else compressor.replay
-        with self._progress(tier.document_tokens, "HOMER shared root") as bar:
-            result = replay(tier.to(self.stack.device), suffix_ids, bar.update)
-        if source == "computed":
-            result.seconds += tier.seconds
-        return self._document(key, result, tier.num_tokens + suffix_ids.numel(), None)
 
     def _replay(self, tier: LeafTier, suffix: str, question: str) -> CompressedDocument:
         """The query-aware compression of the tier's document with ``suffix`` (which holds ``question``)."""

@@ -381,7 +381,17 @@ class HomerCompressor:
             prefix_len=leaf.prefix_len,
             suffix_len=leaf.suffix_len,
         )
-        self._run_layers(chunk, layers, target_len, is_root)
+        if not (self.scoring.scorer.probes and chunk.length > target_len and not is_root):
+            self._run_layers(chunk, layers, target_len, is_root)
+            return chunk
+        # a probing scorer: run the leaf whole, probe its prefix + piece as the leaf tier does, prune
+        self._run_layers(chunk, layers, chunk.length, is_root=False)
+        kept = chunk.length - chunk.suffix_len
+        keys, values = layer_tensors(chunk.cache)
+        probe_cache = cache_from_tensors([k[:, :, :kept] for k in keys], [v[:, :, :kept] for v in values])
+        piece_ids = leaf.input_ids[chunk.document]
+        scores = self._probe(probe_cache, chunk.position_ids[:kept], piece_ids, layers)
+        self._prune(chunk, layers[-1], torch.cat([scores, torch.zeros(chunk.suffix_len)]), target_len)
         return chunk
 
     def _replayed_leaf(

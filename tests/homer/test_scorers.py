@@ -117,6 +117,11 @@ def test_reconstruction_scores_are_the_repeat_rows_best_attention(kind):
     leaf0 = events[0]
     assert leaf0.layer == tier.leaf_layers - 1
     assert torch.equal(leaf0.scores[leaf0.reducible], tier.probe_scores[: piece.numel()]), "leaves prune by them"
+    # one depth-first compression from scratch probes and prunes its leaves the same way
+    scratch = comp.compress(prefix, doc, suffix, plan=tier.plan.with_suffix(4))
+    assert torch.equal(scratch.origin, result.origin)
+    for a, b in zip(scratch.keys + scratch.values, result.keys + result.values, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
     # the probe rows leave nothing behind: the kept tokens' leaf-layer K/V are the tier's own
     doc_rows = (result.origin >= 0).nonzero().squeeze(1)
     kept = result.origin[doc_rows]
