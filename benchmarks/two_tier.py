@@ -48,9 +48,8 @@ from homer_integrations.paths import bundled_text
 
 RESULTS = Path(__file__).parent / "results"
 SAMPLES = RESULTS / "two_tier_samples.jsonl"
-METHODS = ("plain", "shared", "shared_recon", "shared_recon_flat", "per_question", "per_question_flat")
-"""``shared_recon*``: the shared root with leaves scored by context reconstruction (KVzip), rebuilt
-from the leaf tier by the tree or the flat selection."""
+METHODS = ("plain", "shared", "shared_recon", "per_question", "per_question_flat")
+"""``shared_recon``: the shared root with its leaves scored by context reconstruction (KVzip)."""
 OPTIONS = GenerationOptions(max_new_tokens=12)
 
 CODES = [str(n) for n in range(10000, 99999, 7919)]

@@ -24,7 +24,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from homer_integrations.document_cache import CacheSource, DocumentCache
 from homer_integrations.homer.calibration import CalibrationKey, CalibrationStore
 from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, CompressionStats
-from homer_integrations.homer.compressor import CompressionResult, CompressorSettings, HomerCompressor, PruneObserver
+from homer_integrations.homer.compressor import CompressionResult, CompressorSettings, PruneObserver
 from homer_integrations.homer.config import HomerConfig, Mode, ModelDefaults, check_mode
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_fingerprint
@@ -39,6 +39,7 @@ from homer_integrations.homer.prompt import (
     render_layout,
     unit_ids,
 )
+from homer_integrations.homer.replay import TierCompressor
 from homer_integrations.homer.scoring import Scoring
 from homer_integrations.models import DEFAULT_MODEL, embedded_defaults, load_model
 from homer_integrations.paths import PACKAGE_DATA, bundled_text, cache_root
@@ -386,7 +387,7 @@ class HomerModel:
 
     def _compressor(
         self, prunes: bool, *, query_aware: bool, full: bool = False, probe: bool = False
-    ) -> HomerCompressor:
+    ) -> TierCompressor:
         """A compressor with this engine's settings; ``prunes``: the calibration bias is needed;
         ``query_aware``: planned like a leaf tier, scoring with the question in the suffix; ``probe``:
         keep a probing scorer (the shared root rebuilt from the tier); ``full``: one chunk as long as
@@ -400,7 +401,7 @@ class HomerModel:
             suffix_reserve=self._planned_suffix_len() if query_aware else 0,
             want_logits=query_aware and not c.reask_question,
         )
-        return HomerCompressor(self.stack, settings, self.calibration_bias() if prunes else None, self.prune_observer)
+        return TierCompressor(self.stack, settings, self.calibration_bias() if prunes else None, self.prune_observer)
 
     def _planned_suffix_len(self) -> int:
         """Suffix tokens a leaf tier's split is planned for: the shared suffix's, so the tier splits the

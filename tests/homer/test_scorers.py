@@ -8,6 +8,7 @@ from transformers.models.llama.modeling_llama import repeat_kv
 
 from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
+from homer_integrations.homer.replay import TierCompressor
 from homer_integrations.homer.scorers import (
     EveryLayer,
     LastTokenScorer,
@@ -98,8 +99,8 @@ def test_reconstruction_scores_are_the_repeat_rows_best_attention(kind):
         max_chunk_len=128, warmup_layers=3, final_cache_len=64, scoring=Scoring(scorer), suffix_reserve=4
     )
     events = []
-    comp = HomerCompressor(DecoderStack(model), settings, None, events.append)
-    plain = HomerCompressor(DecoderStack(model), replace(settings, scoring=Scoring()), None)
+    comp = TierCompressor(DecoderStack(model), settings, None, events.append)
+    plain = TierCompressor(DecoderStack(model), replace(settings, scoring=Scoring()), None)
     with pytest.raises(ValueError, match="probe scores"):
         comp.replay(plain.build_leaf_tier(prefix, doc), suffix)
     tier = comp.build_leaf_tier(prefix, doc)

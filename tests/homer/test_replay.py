@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
+from homer_integrations.homer.compressor import CompressorSettings
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.leaf_tier import LeafTier
+from homer_integrations.homer.replay import TierCompressor
 from tests.conftest import tiny_model, uncalibrated
 
 KINDS = ["llama", "mistral", "qwen2"]
@@ -20,7 +21,7 @@ def ids(model, n: int, seed: int) -> torch.Tensor:
     return torch.randint(0, model.config.vocab_size, (n,), generator=g)
 
 
-def compressor(model, **kw) -> HomerCompressor:
+def compressor(model, **kw) -> TierCompressor:
     settings = CompressorSettings(
         **{
             "max_chunk_len": MCL,
@@ -32,7 +33,7 @@ def compressor(model, **kw) -> HomerCompressor:
             **kw,
         }
     )
-    return HomerCompressor(DecoderStack(model), settings, None)
+    return TierCompressor(DecoderStack(model), settings, None)
 
 
 def assert_same_compression(replayed, scratch) -> None:
@@ -119,7 +120,7 @@ def test_tier_built_with_other_settings_is_refused():
     model = tiny_model("llama", vocab_size=256)
     prefix, doc, suffix = ids(model, 5, 1), ids(model, 200, 2), ids(model, 4, 3)
     tier = compressor(model).build_leaf_tier(prefix, doc)
-    other = HomerCompressor(
+    other = TierCompressor(
         DecoderStack(model),
         CompressorSettings(max_chunk_len=MCL, warmup_layers=0, final_cache_len=MCL, scoring=uncalibrated()),
         None,

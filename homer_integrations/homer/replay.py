@@ -1,0 +1,197 @@
+"""``TierCompressor``: a compressor that also builds a document's leaf tier and replays questions from it.
+
+The leaf layers over the document are the same whatever the question (see ``leaf_tier``), so they run
+once (``build_leaf_tier``); a question then runs only its suffix rows through the leaf layers against
+the stored K/V and redoes pruning and the upper levels: the paper's tree (``replay``, equal to a
+query-aware ``compress`` from scratch) or one flat selection across all leaves (``replay_flat``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from homer_integrations.homer.chunk import Chunk
+from homer_integrations.homer.chunking import ChunkPlan
+from homer_integrations.homer.compressor import CompressionResult, HomerCompressor, ProgressFn, PruneEvent
+from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
+from homer_integrations.homer.leaf_tier import LeafSlice, LeafTier
+from homer_integrations.homer.merging import merge_siblings
+from homer_integrations.homer.pruning import keep_mask, standardise
+from homer_integrations.homer.schedule import LayerSchedule
+from homer_integrations.homer.score_units import ScoreMemory
+
+
+class TierCompressor(HomerCompressor):
+    """``HomerCompressor`` plus the leaf tier: build it once per document, replay every question from it."""
+
+    @torch.inference_mode()
+    def build_leaf_tier(
+        self,
+        prefix_ids: torch.Tensor,
+        document_ids: torch.Tensor,
+        word_ids: torch.Tensor | None = None,
+        key: str = "",
+        progress: ProgressFn | None = None,
+    ) -> LeafTier:
+        """Run every leaf's prefix [P] + piece through the leaf layers once, without a suffix, and keep
+        what a question needs (see ``LeafTier``). The split is planned for ``suffix_reserve`` suffix tokens.
+        A probing scorer (``Scorer.probes``) also scores every leaf from its probe rows, once.
+        """
+        start = time.perf_counter()
+        stack, s = self.stack, self.settings
+        plan = ChunkPlan.build(prefix_ids.numel(), document_ids.numel(), 0, s.max_chunk_len, s.suffix_reserve)
+        layers = self._schedule(plan).layers_at(0)
+        P, L = plan.prefix_len, plan.document_len
+        kv_shape = (1, stack.num_kv_heads, 0, stack.head_dim)
+        prefix_cache = cache_from_tensors(*[[stack.empty(kv_shape) for _ in layers] for _ in "kv"])
+        prefix_hidden = self._extend(stack.embed(prefix_ids), torch.arange(P), prefix_cache, layers)[0]
+        prefix_keys, prefix_values = layer_tensors(prefix_cache)
+        doc_shape = (1, stack.num_kv_heads, L, stack.head_dim)
+        keys = [stack.empty(doc_shape) for _ in layers]
+        values = [stack.empty(doc_shape) for _ in layers]
+        hidden = stack.empty((1, L, prefix_hidden.shape[2]))
+        probes = self.scoring.scorer.probes
+        probe_scores = torch.zeros(L) if probes else None
+        for index in range(plan.num_leaves):
+            span = plan.piece(index)
+            cache = cache_from_tensors(prefix_keys, prefix_values)
+            positions = torch.arange(P, P + span.stop - span.start)
+            hidden[:, span] = self._extend(stack.embed(document_ids[span]), positions, cache, layers)[0]
+            if probe_scores is not None:
+                probe_scores[span] = self._probe(
+                    cache, torch.arange(P + span.stop - span.start), document_ids[span], layers
+                )[P:]
+            for k, v, (ck, cv) in zip(keys, values, zip(*layer_tensors(cache), strict=True), strict=True):
+                k[:, :, span] = ck[:, :, P:]
+                v[:, :, span] = cv[:, :, P:]
+            del cache
+            if progress is not None:
+                progress(span.stop - span.start)
+        return LeafTier(
+            key=key,
+            plan=plan,
+            leaf_layers=len(layers),
+            prefix_keys=tuple(prefix_keys),
+            prefix_values=tuple(prefix_values),
+            prefix_hidden=prefix_hidden,
+            keys=tuple(keys),
+            values=tuple(values),
+            hidden=hidden,
+            word_ids=word_ids,
+            probe_scores=probe_scores,
+            seconds=time.perf_counter() - start,
+        )
+
+    @torch.inference_mode()
+    def replay(self, tier: LeafTier, suffix_ids: torch.Tensor, progress: ProgressFn | None = None) -> CompressionResult:
+        """The compression ``compress`` would make of the tier's document with this suffix [S] (the same
+        split), computed from the tier: only the suffix runs the leaf layers, then pruning and the upper levels.
+        A probing scorer prunes the leaves by the probe scores the tier holds.
+        """
+        start = time.perf_counter()
+        plan, schedule = self._replay_plan(tier, suffix_ids)
+
+        def leaf(index: int, target_len: int, is_root: bool) -> Chunk:
+            part = tier.leaf(index)
+            chunk, scores = self._replayed_leaf(part, suffix_ids, plan, schedule.layers_at(0), target_len)
+            if scores is not None:
+                self._prune(chunk, schedule.layers_at(0)[-1], scores, target_len)
+            return chunk
+
+        root = self._tree(leaf, plan, schedule, progress)
+        return self._result(root, plan, schedule, start)
+
+    @torch.inference_mode()
+    def replay_flat(
+        self, tier: LeafTier, suffix_ids: torch.Tensor, progress: ProgressFn | None = None
+    ) -> CompressionResult:
+        """Question-aware selection across all leaves at once, then the upper layers over one node.
+
+        Every leaf scores its tokens once, in its own context with the question in its suffix (the
+        tree's leaf scores, word units, standardised per leaf); the ``final_cache_len`` best document
+        tokens of the whole document survive (pairwise, in document order, affixes averaged as the
+        tree averages them), and every layer above the leaves runs once over that single node.
+        A fact is judged where it is clearest and never again by a merged node's noisier context.
+        """
+        start = time.perf_counter()
+        plan, schedule = self._replay_plan(tier, suffix_ids)
+        leaf_layers = schedule.layers_at(0)
+        self._alive, self._peak = [], 0
+        target = self.settings.final_cache_len
+        leaf_target = target if plan.height == 0 else 0  # with several leaves every one is scored
+
+        def select(first: int, height: int) -> Chunk:
+            if height == 0:
+                chunk, scores = self._replayed_leaf(tier.leaf(first), suffix_ids, plan, leaf_layers, leaf_target)
+                if scores is not None:
+                    ranked = self.scoring.without(ScoreMemory).rank(scores, chunk, self._words(chunk))
+                    chunk.memory = standardise(ranked, chunk.reducible)
+                if progress is not None:
+                    progress(int(chunk.reducible.sum()))
+            else:
+                left = select(first, height - 1)
+                self._alive.append(left)
+                right = select(first + 2 ** (height - 1), height - 1)
+                self._alive.pop()
+                chunk = merge_siblings(left, right)
+            if chunk.length > target:
+                mask = keep_mask(chunk.memory, chunk.reducible, target)
+                if self.observer is not None:
+                    self.observer(PruneEvent(leaf_layers[-1], chunk.origin, chunk.reducible, chunk.memory, mask))
+                chunk.keep(mask)
+            return chunk
+
+        root = select(0, plan.height)
+        upper = range(leaf_layers.stop, self.stack.num_layers)
+        if upper:
+            self._run_layers(root, upper, target, is_root=True)
+        return self._result(root, plan, schedule, start)
+
+    def _replay_plan(self, tier: LeafTier, suffix_ids: torch.Tensor) -> tuple[ChunkPlan, LayerSchedule]:
+        """The tier's split with this suffix, and its schedule (which must run the tier's leaf layers)."""
+        if self.scoring.scorer.probes and tier.probe_scores is None:
+            raise ValueError("this scorer prunes leaves by probe scores: build the leaf tier with it")
+        plan = tier.plan.with_suffix(suffix_ids.numel())
+        schedule = self._schedule(plan)
+        if len(schedule.layers_at(0)) != tier.leaf_layers:
+            raise ValueError(
+                f"the leaf tier ran {tier.leaf_layers} leaf layers, these settings run {len(schedule.layers_at(0))}"
+            )
+        self._word_ids = tier.word_ids
+        return plan, schedule
+
+    def _replayed_leaf(
+        self, part: LeafSlice, suffix_ids: torch.Tensor, plan: ChunkPlan, layers: range, target_len: int
+    ) -> tuple[Chunk, torch.Tensor | None]:
+        """A leaf from its stored prefix + piece, and its pruning scores [T] (None when it fits ``target_len``):
+        only the suffix [S] runs the leaf layers.
+
+        The stored hidden states are post-MLP; the suffix is never pruned and the MLP acts per token,
+        so pruning after the last MLP keeps what pruning before it would.
+        """
+        P, S = plan.prefix_len, plan.suffix_len
+        n = part.hidden.shape[1] - P
+        suffix_positions = torch.arange(P + plan.piece_len, P + plan.piece_len + S)
+        flags = torch.zeros(P + n + S, dtype=torch.bool)
+        flags[P : P + n] = True
+        chunk = Chunk(
+            hidden=part.hidden,
+            position_ids=torch.cat([part.position_ids, suffix_positions]),
+            reducible=flags,
+            origin=torch.cat([part.origin, torch.full((S,), -1)]),
+            memory=torch.full((P + n + S,), float("-inf")),
+            prefix_len=P,
+            suffix_len=S,
+            cache=cache_from_tensors(part.keys, part.values),
+        )
+        scored = chunk if chunk.length > target_len else None
+        probe = scored is not None and self.scoring.scorer.probes
+        suffix_hidden, scores = self._extend(
+            self.stack.embed(suffix_ids), suffix_positions, chunk.cache, layers, None if probe else scored
+        )
+        chunk.hidden = torch.cat([part.hidden, suffix_hidden], dim=1)
+        if probe:
+            scores = torch.cat([part.probe_scores, torch.zeros(S)])
+        return chunk, scores
