@@ -42,14 +42,16 @@ from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.generation import DecodeState, GenerationOptions, decode
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.prompt import encode
-from homer_integrations.homer.scoring import REPEAT_PROMPT, Scoring
 from homer_integrations.models import load_model
 from homer_integrations.paths import bundled_text
 
 RESULTS = Path(__file__).parent / "results"
 SAMPLES = RESULTS / "two_tier_samples.jsonl"
-METHODS = ("plain", "shared", "shared_recon", "per_question", "per_question_flat")
-"""``shared_recon``: the shared root with its leaves scored by context reconstruction (KVzip)."""
+METHODS = ("plain", "shared", "shared_recon", "per_question", "per_question_flat", "per_question_recon")
+"""``shared`` and ``per_question*`` score the shared root by its suffix's last token (and build a leaf
+tier without a prior); ``shared_recon`` scores the shared root's leaves by context reconstruction
+(KVzip) and ``per_question_recon`` replays from a tier whose reconstruction scores seed each leaf's
+score memory (the package default)."""
 OPTIONS = GenerationOptions(max_new_tokens=12)
 
 CODES = [str(n) for n in range(10000, 99999, 7919)]
@@ -152,12 +154,13 @@ def homer_answers(engine: HomerModel, sample: Sample, mode: str) -> tuple[float,
 
 def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
     """A fresh engine for ``method`` (nothing cached from another method) and the mode it answers in."""
-    replay = "flat" if method.endswith("flat") else "tree"
-    config = HomerConfig(system_prompt=INSTRUCTION, replay=replay)
-    scoring = None
-    if method.startswith("shared_recon"):
-        scoring = Scoring.from_config(config).with_reconstruction(encode(tok, REPEAT_PROMPT))
-    engine = HomerModel(model, tok, config, model_name=name, progress=False, scoring=scoring)
+    recon = method.endswith("recon")
+    config = HomerConfig(
+        system_prompt=INSTRUCTION,
+        replay="flat" if method.endswith("flat") else "tree",
+        shared_scorer="reconstruction" if recon else "last_token",
+    )
+    engine = HomerModel(model, tok, config, model_name=name, progress=False)
     return engine, "shared" if method.startswith("shared") else "query_aware"
 
 

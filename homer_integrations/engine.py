@@ -40,7 +40,7 @@ from homer_integrations.homer.prompt import (
     unit_ids,
 )
 from homer_integrations.homer.replay import TierCompressor
-from homer_integrations.homer.scoring import Scoring
+from homer_integrations.homer.scoring import REPEAT_PROMPT, Scoring
 from homer_integrations.models import DEFAULT_MODEL, embedded_defaults, load_model
 from homer_integrations.paths import PACKAGE_DATA, bundled_text, cache_root
 
@@ -138,6 +138,8 @@ class HomerModel:
         )
         self.config = (config or HomerConfig()).resolve(self.stack.num_layers, max_positions, defaults)
         self.scoring = scoring or Scoring.from_config(self.config)
+        if scoring is None and self.config.shared_scorer == "reconstruction":
+            self.scoring = self.scoring.with_reconstruction(encode(tokenizer, REPEAT_PROMPT))
         self.context_window = max_positions
         self.document_cache = DocumentCache() if document_cache is None else document_cache
         self.progress = progress

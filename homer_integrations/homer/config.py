@@ -21,6 +21,7 @@ def check_mode(mode: Any) -> Mode | None:
 
 
 PoolUnit = Literal["token", "word"]
+SharedScorer = Literal["reconstruction", "last_token"]
 
 DEFAULT_DOCUMENT_SUFFIX = "\n\n(End of the document.)\n\n"
 
@@ -50,6 +51,11 @@ class HomerConfig(BaseModel):
             which shreds multi-token numbers on small models).
         score_memory: prune by the best standardised score a token got at any level so far
             (default True; paper: False, each node judges afresh).
+        shared_scorer: how the ``shared`` root's leaves score their tokens without a question:
+            ``reconstruction`` (default; KVzip: the model repeats each leaf's piece after it, and a
+            token scores the most attention it gets while being repeated; about twice the leaf
+            compute) or ``last_token`` (paper: the calibrated attention of the fixed suffix's last
+            token). Merged nodes and question-aware leaves always score by the last token.
         replay: how ``query_aware`` rebuilds the root from the leaf tier: ``tree`` replays the
             paper's merge tree (each level prunes again with the question), ``flat`` keeps the
             ``final_cache_len`` best tokens of all leaves by their leaf scores and runs the upper
@@ -73,6 +79,7 @@ class HomerConfig(BaseModel):
     score_pooling: int = Field(default=3, ge=1, le=63)
     pool_unit: PoolUnit = "word"
     score_memory: bool = True
+    shared_scorer: SharedScorer = "reconstruction"
     replay: Replay = "tree"
     calibration_segments: int = Field(default=48, ge=1, le=10_000)
     document_suffix: str = Field(default=DEFAULT_DOCUMENT_SUFFIX, min_length=1)

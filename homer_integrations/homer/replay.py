@@ -127,7 +127,7 @@ class TierCompressor(HomerCompressor):
                 chunk, scores = self._replayed_leaf(tier.leaf(first), suffix_ids, plan, leaf_layers, leaf_target)
                 if scores is not None:
                     ranked = self.scoring.without(ScoreMemory).rank(scores, chunk, self._words(chunk))
-                    chunk.memory = standardise(ranked, chunk.reducible)
+                    chunk.memory = torch.maximum(chunk.memory, standardise(ranked, chunk.reducible))
                 if progress is not None:
                     progress(int(chunk.reducible.sum()))
             else:
@@ -194,4 +194,15 @@ class TierCompressor(HomerCompressor):
         chunk.hidden = torch.cat([part.hidden, suffix_hidden], dim=1)
         if probe:
             scores = torch.cat([part.probe_scores, torch.zeros(S)])
+        elif scored is not None and part.probe_scores is not None and self._remembers:
+            # the question-agnostic probe scores seed the leaf's memory: a token survives when either
+            # the question or the reconstruction finds it salient
+            prior = self.scoring.without(ScoreMemory).rank(
+                torch.cat([part.probe_scores, torch.zeros(S)]), chunk, self._words(chunk)
+            )
+            chunk.memory = standardise(prior, chunk.reducible)
         return chunk, scores
+
+    @property
+    def _remembers(self) -> bool:
+        return any(isinstance(u, ScoreMemory) for u in self.scoring.units)

@@ -61,7 +61,8 @@ def test_second_question_replays_from_the_tier_without_rerunning_the_leaves(toke
 
 def test_replayed_compression_equals_a_query_aware_compression_from_scratch(tokenizer, calib, text):
     # the calibrated scorer, real word units and score memory, a real chat layout
-    engine = make_engine(tokenizer, calib, mode="query_aware")
+    # (with the last-token shared scorer: no reconstruction prior in the tier)
+    engine = make_engine(tokenizer, calib, mode="query_aware", shared_scorer="last_token")
     question = "Who is Mr. Bingley?"
     replayed = engine.compress(text[:4000], question=question)
     layout = engine.layout(question)

@@ -9,6 +9,7 @@ from transformers.models.llama.modeling_llama import repeat_kv
 from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.replay import TierCompressor
+from homer_integrations.homer.score_units import ScoreMemory
 from homer_integrations.homer.scorers import (
     EveryLayer,
     LastTokenScorer,
@@ -128,3 +129,30 @@ def test_reconstruction_scores_are_the_repeat_rows_best_attention(kind):
     kept = result.origin[doc_rows]
     for layer in range(tier.leaf_layers):
         torch.testing.assert_close(result.keys[layer][:, :, doc_rows], tier.keys[layer][:, :, kept], atol=0, rtol=0)
+
+
+def test_probe_scores_in_a_tier_seed_the_question_replays_memory():
+    model = tiny_model("llama", vocab_size=256)
+    g = torch.Generator().manual_seed(0)
+    prefix, doc, suffix = (torch.randint(0, 256, (n,), generator=g) for n in (5, 200, 4))
+    last = LastTokenScorer(calibrated=False)
+    settings = CompressorSettings(max_chunk_len=128, warmup_layers=3, final_cache_len=64, suffix_reserve=4)
+
+    def leaf_scores(scorer, tier) -> list[torch.Tensor]:
+        events = []
+        scoring = Scoring(scorer, (ScoreMemory(),))
+        TierCompressor(DecoderStack(model), replace(settings, scoring=scoring), None, events.append).replay(
+            tier, suffix
+        )
+        return [e.scores[e.reducible] for e in events[:2]]  # the two leaves
+
+    recon = Scoring(ReconstructionScorer(prompt_ids=(7, 8, 9), merged=last), (ScoreMemory(),))
+    tier = TierCompressor(DecoderStack(model), replace(settings, scoring=recon), None).build_leaf_tier(prefix, doc)
+    plain_tier = replace(tier, probe_scores=None)
+    question_only = leaf_scores(last, plain_tier)
+    with_prior = leaf_scores(last, tier)
+    for i, (q, both) in enumerate(zip(question_only, with_prior, strict=True)):
+        prior = tier.probe_scores[tier.plan.piece(i)]
+        expected = torch.maximum((prior - prior.mean()) / prior.std(), q)
+        torch.testing.assert_close(both, expected, atol=1e-5, rtol=0)
+        assert not torch.equal(both, q)
