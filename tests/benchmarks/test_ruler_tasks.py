@@ -1,0 +1,88 @@
+"""The RULER harness's sample generation, split, scoring and prompt, on the real generators and tokenizer."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("long_context_eval")
+pytest.importorskip("wonderwords")
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+import ruler
+import ruler_tasks
+
+
+@pytest.fixture(scope="module")
+def tokenizer_path(smol_parts) -> str:
+    """The converted SmolLM2 directory (the generators' ``hf`` tokenizer helper loads it by path)."""
+    from homer_integrations.models import SMOLLM2, converted_dir
+
+    return str(converted_dir(SMOLLM2))
+
+
+def test_regex_sentences_split_at_sentence_ends() -> None:
+    text = "It rains. Does it? Yes! e.g.no split here.  Last one"
+    assert ruler_tasks.regex_sentences(text) == ["It rains.", "Does it?", "Yes!", "e.g.no split here.", "Last one"]
+
+
+def test_niah_samples_split_into_head_document_question_answer_prefix(tokenizer_path: str) -> None:
+    samples = ruler_tasks.make_samples("niah_single_2", 1024, 2, tokenizer_path)
+    assert [s.index for s in samples] == [0, 1]
+    for s in samples:
+        whole = s.head + s.document + s.question + s.answer_prefix
+        assert not any(m in whole for m in (ruler_tasks.OPEN, ruler_tasks.CLOSE, ruler_tasks.ANSWER))
+        assert s.head.startswith("A special magic number is hidden")
+        (value,) = s.outputs
+        assert f"is: {value}." in s.document  # the needle is in the document, not in the question
+        assert value not in s.question + s.answer_prefix
+        assert s.question.lstrip().startswith("What is the special magic number for ")
+        assert s.answer_prefix.endswith("mentioned in the provided text is")
+        assert s.metric == "string_match_all" and s.max_new_tokens == 128
+    # the first sample does not depend on how many are generated
+    assert ruler_tasks.make_samples("niah_single_2", 1024, 1, tokenizer_path)[0] == samples[0]
+
+
+def test_vt_keeps_its_in_context_example_in_the_head(tokenizer_path: str) -> None:
+    (s,) = ruler_tasks.make_samples("vt", 1024, 1, tokenizer_path)
+    assert s.head.count("Memorize and track the chain(s)") == 2  # the example's instruction and the sample's
+    assert s.head.rstrip().endswith("hidden in the following text.")
+    assert all(f"VAR {v} = " in s.document for v in s.outputs)
+    assert s.question.lstrip().startswith("Question: Find all variables that are assigned the value")
+
+
+def test_score_is_rulers_metric() -> None:
+    sample = ruler_tasks.RulerSample("vt", 4096, 0, "", "", "", "", ["AAAAA", "BBBBB"], "string_match_all", 30)
+    assert ruler_tasks.score(sample, " aaaaa, BBBBB\n") == 1.0
+    assert ruler_tasks.score(sample, " AAAAA only") == 0.5
+    part = ruler_tasks.RulerSample("qa_1", 4096, 0, "", "", "", "", ["Paris", "paris city"], "string_match_part", 32)
+    assert ruler_tasks.score(part, "It is Paris.") == 1.0
+    assert ruler_tasks.score(part, "London") == 0.0
+
+
+def test_sample_store_saves_once_and_refuses_drift(tmp_path: Path, tokenizer_path: str) -> None:
+    store = ruler_tasks.SampleStore(tmp_path)
+    first = store.ensure("niah_single_2", 1024, 1, tokenizer_path)
+    assert store.load("niah_single_2", 1024) == first
+    tampered = store.path("niah_single_2", 1024)
+    tampered.write_text(tampered.read_text().replace(first[0].outputs[0], "0000000"))
+    with pytest.raises(RuntimeError, match="differs from a fresh generation"):
+        store.ensure("niah_single_2", 1024, 2, tokenizer_path)
+
+
+def test_every_method_sees_the_same_prompt(smol_engine) -> None:
+    """HOMER's shared/full layout and kvpress's pipeline text are one chat prompt, split differently."""
+    sample = ruler_tasks.RulerSample(
+        "niah_single_2", 4096, 0, "Head text.\n", "The document body.", "\nWhat is it?", " It is", ["x"], "m", 8
+    )
+    suffix = smol_engine.config.document_suffix
+    job = ruler.kvpress_job(sample, suffix)
+    chat = smol_engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": job["context"] + job["question"]}], add_generation_prompt=True, tokenize=False
+    )
+    for mode in ("shared", "full"):
+        p = ruler.homer_prompt(smol_engine, sample, mode)
+        assert p.prefix + p.document + p.suffix + p.continuation == chat + job["answer_prefix"]
+        assert (p.prefix + p.document + p.suffix) == chat.partition("What is it?")[0]
