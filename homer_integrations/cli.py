@@ -137,6 +137,19 @@ def _cache_options(parser: argparse.ArgumentParser, *, allow_no_disk: bool) -> N
         metavar="DIR",
         help="document cache directory (default: the platform cache dir, or $HOMER_INTEGRATIONS_CACHE/documents)",
     )
+    parser.add_argument(
+        "--store",
+        metavar="URL",
+        help="instead of --cache-dir: a shared store any fsspec URL names (s3://bucket/prefix, file://..., "
+        "memory://); credentials and endpoint from the environment (AWS_ENDPOINT_URL, ...)",
+    )
+    parser.add_argument(
+        "--max-bytes",
+        type=_byte_size,
+        metavar="SIZE",
+        help="disk budget of the cache directory (e.g. 500MB, 2GiB): least recently used documents are "
+        "evicted to stay within it" + ("; 'cache' applies it now" if not allow_no_disk else ""),
+    )
     if allow_no_disk:
         parser.add_argument("--no-disk-cache", action="store_true", help="keep the compressed cache in memory only")
 
@@ -146,6 +159,23 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3}
+_UNITS |= {"kib": 1024, "mib": 1024**2, "gib": 1024**3, "tb": 1000**4, "tib": 1024**4}
+
+
+def _byte_size(text: str) -> int:
+    """``500MB``, ``2GiB``, ``1.5G`` or a plain number of bytes."""
+    number = text.strip().lower().rstrip("bgikmt")
+    unit = text.strip().lower()[len(number) :]
+    try:
+        value = float(number) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 500MB, 2GiB)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, not {text}")
+    return int(value)
 
 
 def _non_negative_int(text: str) -> int:
@@ -210,9 +240,20 @@ def _show_warning(message: Warning | str, category: type[Warning], *_: Any, **__
 def _open_cache(args: argparse.Namespace) -> DocumentCache:
     from homer_integrations.document_cache import DocumentCache
 
+    given = [name for name, on in (("--cache-dir", args.cache_dir), ("--store", args.store)) if on is not None]
+    if getattr(args, "no_disk_cache", False):
+        given.append("--no-disk-cache")
+    if len(given) > 1:
+        raise CliError(f"{' and '.join(given)} name different caches: give one", EXIT_USAGE)
     if getattr(args, "no_disk_cache", False):
         return DocumentCache()
-    return DocumentCache(args.cache_dir if args.cache_dir is not None else True)
+    where = args.store or (args.cache_dir if args.cache_dir is not None else True)
+    try:
+        return DocumentCache(where, disk_budget_bytes=args.max_bytes)
+    except ValueError as exc:
+        raise CliError(f"--max-bytes: {exc}", EXIT_USAGE) from None
+    except (ImportError, OSError) as exc:  # an fsspec protocol whose package is missing, a bad URL
+        raise CliError(f"--store {args.store}: {exc}") from None
 
 
 @functools.lru_cache(maxsize=2)
@@ -355,7 +396,7 @@ def _ask(args: argparse.Namespace) -> int:
         "mode": args.mode or engine.config.mode,
         "characters": len(text),
         "model_load_seconds": round(load_seconds, 3),
-        "cache_directory": str(cache.directory) if cache.directory else None,
+        "cache_directory": cache.location,
         "answers": results,
         "cache": asdict(cache.stats()),
     }
@@ -439,13 +480,17 @@ def _setup(a: dict[str, Any]) -> str:
 def _cache(args: argparse.Namespace) -> int:
     cache = _open_cache(args)
     out = sys.stdout
+    if args.max_bytes is not None and cache.directory is not None:  # --store URLs refuse a budget in _open_cache
+        evicted = cache.trim()
+        if evicted:
+            print(f"homer-qa: evicted {evicted} cached document(s) over --max-bytes", file=sys.stderr)
     if args.action == "clear":
         removed = cache.clear()
         if args.json:
-            json.dump({"directory": str(cache.directory), "removed": removed}, out)
+            json.dump({"directory": cache.location, "removed": removed}, out)
             out.write("\n")
         else:
-            out.write(f"removed {removed} cached document(s) from {cache.directory}\n")
+            out.write(f"removed {removed} cached document(s) from {cache.location}\n")
         return EXIT_OK
     if args.action == "info":
         info = cache.info()
@@ -454,9 +499,11 @@ def _cache(args: argparse.Namespace) -> int:
             out.write("\n")
         else:
             out.write(
-                f"directory: {info['directory']}\nentries: {info['disk_entries']}\n"
+                f"directory: {info['store']}\nentries: {info['disk_entries']}\n"
                 f"disk: {_human_bytes(info['disk_bytes'])}\nformat version: {info['format_version']}\n"
             )
+            if info["disk_budget_bytes"] is not None:
+                out.write(f"disk budget: {_human_bytes(info['disk_budget_bytes'])}\n")
         return EXIT_OK
     entries = cache.entries()
     if args.json:
@@ -464,7 +511,7 @@ def _cache(args: argparse.Namespace) -> int:
         out.write("\n")
         return EXIT_OK
     if not entries:
-        out.write(f"no cached documents in {cache.directory}\n")
+        out.write(f"no cached documents in {cache.location}\n")
         return EXIT_OK
     rows = [("KEY", "DOCUMENT", "DOC TOKENS", "CACHE TOKENS", "SIZE", "CREATED")]
     for e in entries:
@@ -475,7 +522,7 @@ def _cache(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         out.write("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() + "\n")
-    out.write(f"{len(entries)} document(s), {_human_bytes(sum(e.disk_bytes for e in entries))} in {cache.directory}\n")
+    out.write(f"{len(entries)} document(s), {_human_bytes(sum(e.disk_bytes for e in entries))} in {cache.location}\n")
     return EXIT_OK
 
 

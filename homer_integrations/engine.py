@@ -6,6 +6,7 @@ any framework.
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
@@ -21,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from homer_integrations.cache.store import Store
 from homer_integrations.document_cache import CacheSource, DocumentCache
 from homer_integrations.homer.calibration import CalibrationKey, CalibrationStore
 from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, CompressionStats
@@ -110,6 +112,10 @@ class HomerModel:
         config: ``HomerConfig``; unset fields take this model's defaults.
         model_name: reported to frameworks (``response_metadata["model_name"]`` etc.).
         document_cache: where compressed documents live (default: in memory, 2 GiB).
+        store: instead of ``document_cache``: a directory or a URL fsspec knows (``s3://bucket/prefix``)
+            that holds compressed documents for every process with the same model and settings.
+        disk_budget: most bytes a local ``store`` keeps (least recently used go first); alone, it
+            turns on the default local directory.
         progress: show progress bars for compression and calibration.
         scoring: what pruning ranks by (default: ``Scoring.from_config(config)``, the package's
             recipe); for research and the ablations in ``benchmarks/``. It is part of every cache key.
@@ -127,7 +133,11 @@ class HomerModel:
         calibration_dir: Path | None = None,
         progress: bool | None = None,
         scoring: Scoring | None = None,
+        store: str | Path | Store | None = None,
+        disk_budget: int | None = None,
     ) -> None:
+        if document_cache is not None and (store is not None or disk_budget is not None):
+            raise ValueError("pass document_cache= or store=/disk_budget=, not both")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.stack = DecoderStack(model)  # raises UnsupportedModelError first
@@ -141,7 +151,7 @@ class HomerModel:
         if scoring is None and self.config.shared_scorer == "reconstruction":
             self.scoring = self.scoring.with_reconstruction(encode(tokenizer, REPEAT_PROMPT))
         self.context_window = max_positions
-        self.document_cache = DocumentCache() if document_cache is None else document_cache
+        self.document_cache = DocumentCache.open(store, disk_budget) if document_cache is None else document_cache
         self.progress = progress
         self._calibration = CalibrationStore(
             calibration_dir or cache_root() / "calibration", bundled_dir=PACKAGE_DATA / "calibration"
@@ -164,6 +174,8 @@ class HomerModel:
         device: str | torch.device | None = None,
         document_cache: DocumentCache | None = None,
         progress: bool | None = None,
+        store: str | Path | Store | None = None,
+        disk_budget: int | None = None,
         **model_kwargs: Any,
     ) -> HomerModel:
         """Load a model by local path, hub id or embedded name (None = the embedded default model)."""
@@ -176,7 +188,16 @@ class HomerModel:
             model_name=name,
             document_cache=document_cache,
             progress=progress,
+            store=store,
+            disk_budget=disk_budget,
         )
+
+    def with_store(self, store: str | Path | Store, disk_budget: int | None = None) -> HomerModel:
+        """An engine over this one's loaded model and settings (same cache keys) whose documents
+        live in ``store``."""
+        other = copy.copy(self)
+        other.document_cache = DocumentCache.open(store, disk_budget)
+        return other
 
     # ----------------------------------------------------------------------------- helpers
     def count_tokens(self, text: str) -> int:
@@ -549,6 +570,8 @@ class HomerModel:
         the document's one compressed root; ``query_aware`` replays pruning and the upper levels
         from the document's leaf tier with the question in the suffix (the paper's question-aware
         compression, without re-running the leaves over the document after the first question).
+        ``generation``: ``GenerationOptions`` fields; ``response_format=`` (a JSON schema dict, a
+        pydantic class or TypedDict, a compiled regex, a list of choices) constrains the answer.
         """
         options = GenerationOptions(**generation)
         if not question or not question.strip():

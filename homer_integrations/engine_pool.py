@@ -25,14 +25,23 @@ def default_model_name() -> str:
     return os.environ.get(MODEL_ENV) or DEFAULT_MODEL
 
 
-def shared_engine(model: str | None = None) -> HomerModel:
-    """The process-wide engine for ``model`` (local path, hub id or embedded name), loaded once."""
+def shared_engine(model: str | None = None, store: str | None = None) -> HomerModel:
+    """The process-wide engine for ``model`` (local path, hub id or embedded name), loaded once.
+
+    ``store`` (a directory or fsspec URL): an engine over the same loaded model whose documents
+    live there (``HomerModel.with_store``), one per store.
+    """
     name = model or default_model_name()
     with _lock:
         engine = _engines.get(name)
         if engine is None:
             engine = _engines[name] = HomerModel.from_pretrained(name)
-        return engine
+        if store is None:
+            return engine
+        stored = _engines.get(f"{name}\0{store}")
+        if stored is None:
+            stored = _engines[f"{name}\0{store}"] = engine.with_store(store)
+        return stored
 
 
 def register_engine(engine: HomerModel, name: str | None = None) -> None:

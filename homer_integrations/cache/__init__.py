@@ -1,0 +1,61 @@
+"""The document cache, in small parts.
+
+- ``entry``: an entry's serial form (manifest JSON + safetensors, key-bound sha256, format version)
+  and its verification;
+- ``memory``: ``MemoryLRU``, entries in memory within a byte budget;
+- ``store``: the ``Store`` interface and ``open_store``;
+- ``local``: ``LocalStore``, a directory with a byte budget and least-recently-used eviction;
+- ``fsspec_store``: ``FsspecStore``, any fsspec URL (``s3://``, ``gs://``, ``file://``, ``memory://``);
+- ``flight``: one computation per key across threads and processes (file locks, leases);
+- ``document_cache``: ``DocumentCache``, the façade that composes them.
+"""
+
+from homer_integrations.cache.document_cache import (
+    DEFAULT_MEMORY_BUDGET,
+    CacheStats,
+    DocumentCache,
+    DocumentCacheWarning,
+)
+from homer_integrations.cache.entry import (
+    FORMAT_VERSION,
+    MANIFEST_FORMAT,
+    CacheEntry,
+    CacheSource,
+    Entry,
+    EntryCodec,
+    Unusable,
+    document_from_tensors,
+    document_nbytes,
+    entry_checksum,
+    entry_from_tensors,
+)
+from homer_integrations.cache.flight import LeaseLock, LockTimeout, SingleFlight
+from homer_integrations.cache.local import LocalStore
+from homer_integrations.cache.memory import MemoryLRU
+from homer_integrations.cache.store import EntryTooLarge, Store, open_store
+
+__all__ = [
+    "DEFAULT_MEMORY_BUDGET",
+    "FORMAT_VERSION",
+    "MANIFEST_FORMAT",
+    "CacheEntry",
+    "CacheSource",
+    "CacheStats",
+    "DocumentCache",
+    "DocumentCacheWarning",
+    "Entry",
+    "EntryCodec",
+    "EntryTooLarge",
+    "LeaseLock",
+    "LocalStore",
+    "LockTimeout",
+    "MemoryLRU",
+    "SingleFlight",
+    "Store",
+    "Unusable",
+    "document_from_tensors",
+    "document_nbytes",
+    "entry_checksum",
+    "entry_from_tensors",
+    "open_store",
+]

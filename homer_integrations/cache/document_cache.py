@@ -1,0 +1,467 @@
+"""``DocumentCache``: one compression per document, kept in memory and optionally in a store.
+
+It composes the parts of this package: ``MemoryLRU`` (memory, bounded by bytes), a ``Store``
+(``LocalStore``: a directory with an optional byte budget; ``FsspecStore``: any fsspec URL),
+``EntryCodec`` (manifest + safetensors, verified on every read) and single flight (``SingleFlight``
+across threads, the store's per-key lock across processes).
+
+Interface every caller relies on:
+- ``get_or_compute(key, compute) -> (entry, source)`` with source in ``memory`` / ``disk`` /
+  ``computed``; concurrent callers with one key cause one ``compute()``, in one process or many
+  sharing a store.
+- ``stats() -> CacheStats`` (``computations`` counts calls to ``compute``).
+
+Anything unusable in the store (truncated, corrupted, tampered, foreign, an old format version,
+another key's file, or, given the model's ``CacheSpec``, tensors of the wrong shape, NaN/inf values
+or impossible positions) is removed and recomputed with a ``DocumentCacheWarning``; a directory in
+an entry's place is reported, never removed. ``clear``/``discard`` remove only what this cache
+wrote. Answering never changes a stored entry (a labelled hit rewrites only the manifest's label).
+
+Labels: ``cache ls`` shows a human label per entry (e.g. the source file name). Pass ``label=`` to
+``get_or_compute``, call ``set_label(key, label)``, or wrap calls that reach the cache through the
+engine in ``with cache.labelled("book.txt"): ...``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+
+from homer_integrations.cache.entry import (
+    FORMAT_VERSION,
+    KINDS,
+    CacheEntry,
+    CacheSource,
+    E,
+    Entry,
+    EntryCodec,
+    Unusable,
+    relabelled,
+    to_device,
+)
+from homer_integrations.cache.flight import LockTimeout, SingleFlight
+from homer_integrations.cache.local import LocalStore
+from homer_integrations.cache.memory import MemoryLRU, Slot
+from homer_integrations.cache.store import Store, open_store
+from homer_integrations.homer.compressed import CacheSpec, CompressedDocument
+from homer_integrations.homer.leaf_tier import LeafTier
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MEMORY_BUDGET = 2 * 1024**3
+_LABEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("homer_document_label", default=None)
+
+
+class DocumentCacheWarning(UserWarning):
+    """A stored entry was unusable (and removed), or could not be written."""
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Counters since this cache object was created, and what it holds now.
+
+    ``hits_memory`` includes callers that waited for another caller's compression of the same
+    key; ``misses`` are lookups found neither in memory nor in the store; ``computations`` counts
+    calls to ``compute``; ``discarded`` counts unusable stored entries removed.
+    """
+
+    hits_memory: int = 0
+    hits_disk: int = 0
+    misses: int = 0
+    computations: int = 0
+    evictions: int = 0
+    memory_bytes: int = 0
+    disk_bytes: int = 0
+    entries: int = 0
+    disk_entries: int = 0
+    discarded: int = 0
+    waits: int = 0
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET
+
+    @property
+    def hits(self) -> int:
+        return self.hits_memory + self.hits_disk
+
+
+class _Counters:
+    """Thread-safe event counts."""
+
+    NAMES = ("hits_memory", "hits_disk", "misses", "computations", "discarded")
+
+    def __init__(self) -> None:
+        self._counts = dict.fromkeys(self.NAMES, 0)
+        self._lock = threading.Lock()
+
+    def add(self, *names: str) -> None:
+        with self._lock:
+            for name in names:
+                self._counts[name] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+class DocumentCache:
+    """Compressed documents by key: an in-memory LRU bounded by bytes over an optional store.
+
+    Args:
+        directory: None/False for memory only; True for the default local directory
+            (``cache_root() / "documents"``, i.e. ``$HOMER_INTEGRATIONS_CACHE`` or the platform
+            cache dir); a path; a URL fsspec knows (``s3://bucket/prefix``, ``file://``,
+            ``memory://``); or a ``Store``.
+        memory_budget_bytes: most bytes of documents kept in memory (least recently used go
+            first); 0 keeps nothing in memory. A document larger than the budget is returned but
+            not kept.
+        disk_budget_bytes: most bytes a local directory keeps (least recently used entries are
+            evicted; an entry larger than the budget is not written); None: no limit.
+        lock_timeout: seconds to wait for another process compressing the same document before
+            compressing anyway (with a warning); None waits as long as it takes.
+        device: where documents loaded from the store go; None = the device they were computed on
+            when it exists here, else the CPU.
+        storage_options: passed to fsspec for a URL (credentials, endpoint).
+    """
+
+    def __init__(
+        self,
+        directory: str | Path | bool | Store | None = None,
+        *,
+        memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET,
+        disk_budget_bytes: int | None = None,
+        lock_timeout: float | None = None,
+        device: str | torch.device | None = None,
+        **storage_options: Any,
+    ) -> None:
+        self._memory = MemoryLRU(memory_budget_bytes)
+        if directory is True:
+            from homer_integrations.paths import cache_root
+
+            directory = cache_root() / "documents"
+        self.store: Store | None = (
+            open_store(directory, budget_bytes=disk_budget_bytes, **storage_options) if directory else None
+        )
+        if self.store is None and disk_budget_bytes is not None:
+            raise ValueError("disk_budget_bytes needs a directory")
+        self.lock_timeout = lock_timeout
+        self.device = torch.device(device) if device is not None else None
+        self._flights: SingleFlight[tuple[Entry, CacheSource]] = SingleFlight()
+        self._counts = _Counters()
+
+    @classmethod
+    def open(cls, store: str | Path | Store | None = None, disk_budget: int | None = None) -> DocumentCache:
+        """The cache an engine builds: memory only; ``store`` (a directory, URL or ``Store``); or,
+        with only ``disk_budget``, the default local directory within that budget."""
+        if store is None and disk_budget is None:
+            return cls()
+        return cls(True if store is None else store, disk_budget_bytes=disk_budget)
+
+    @property
+    def directory(self) -> Path | None:
+        """The local directory of a ``LocalStore``; None for memory only or a URL store."""
+        return self.store.directory if isinstance(self.store, LocalStore) else None
+
+    @property
+    def location(self) -> str | None:
+        """The store's directory or URL; None for memory only."""
+        return self.store.location if self.store is not None else None
+
+    @property
+    def memory_budget_bytes(self) -> int:
+        return self._memory.budget_bytes
+
+    def __repr__(self) -> str:
+        return f"DocumentCache({self.location or 'memory only'}, memory_budget_bytes={self.memory_budget_bytes})"
+
+    # ----------------------------------------------------------------------------- lookup
+    def get_or_compute(
+        self,
+        key: str,
+        compute: Callable[[], E],
+        *,
+        label: str | None = None,
+        spec: CacheSpec | None = None,
+    ) -> tuple[E, CacheSource]:
+        """The document for ``key`` and where it came from; ``compute()`` runs only on a full miss.
+
+        Threads asking for one key share one lookup: the first loads or computes, the rest wait
+        and get the same object (reported as ``memory``). Different keys proceed in parallel.
+        ``label`` (default: the one set by ``labelled``) names the entry in ``entries()``.
+        ``spec``: the model's cache layout; a stored entry that does not fit it is discarded and
+        recomputed (without one, only model-independent checks apply).
+        """
+        label = label if label is not None else _LABEL.get()
+        slot: Slot | None = None
+
+        def cached() -> tuple[Entry, CacheSource] | None:
+            nonlocal slot
+            slot = self._memory.get(key, verified=spec is not None)
+            return (slot.doc, "memory") if slot is not None else None
+
+        def keep(result: tuple[Entry, CacheSource]) -> None:
+            doc, source = result
+            self._memory.put(key, doc, label, unverified=source == "disk" and spec is None)
+
+        (doc, source), role = self._flights.run(
+            key, cached, lambda: self._load_or_compute(key, compute, label, spec), keep
+        )
+        if role != "leader":
+            self._counts.add("hits_memory")
+        if role == "cached" and slot is not None and label is not None and slot.label != label:
+            self._memory.relabel(key, label)
+            self._write_label(key, label)
+        return doc, "memory" if role == "follower" else source  # type: ignore[return-value]
+
+    async def aget_or_compute(
+        self,
+        key: str,
+        compute: Callable[[], E],
+        *,
+        label: str | None = None,
+        spec: CacheSpec | None = None,
+    ) -> tuple[E, CacheSource]:
+        """``get_or_compute`` in a worker thread, so the event loop keeps running."""
+        return await asyncio.to_thread(self.get_or_compute, key, compute, label=label, spec=spec)
+
+    def get(self, key: str, *, spec: CacheSpec | None = None) -> Entry | None:
+        """The document for ``key`` from memory or the store, or None; never computes (nor discards)."""
+        slot = self._memory.get(key, verified=spec is not None)
+        if slot is not None:
+            return slot.doc
+        if self.store is None:
+            return None
+        try:
+            loaded = self._read(key, spec)
+        except Unusable:
+            return None
+        if loaded is None:
+            return None
+        doc, manifest = loaded
+        self._memory.put(key, doc, manifest.get("label"), unverified=spec is None)
+        return doc
+
+    def __contains__(self, key: str) -> bool:
+        if key in self._memory:
+            return True
+        if self.store is None:
+            return False
+        try:
+            return self.store.read_manifest(key) is not None
+        except OSError:
+            return False
+
+    @contextlib.contextmanager
+    def labelled(self, label: str | None) -> Iterator[None]:
+        """Entries created or used inside this block (in this thread or task) get ``label``."""
+        token = _LABEL.set(label)
+        try:
+            yield
+        finally:
+            _LABEL.reset(token)
+
+    def set_label(self, key: str, label: str | None) -> bool:
+        """Name the entry for ``key`` (in memory and in the store); False when there is no such entry."""
+        in_memory = self._memory.relabel(key, label)
+        return self._write_label(key, label) or in_memory
+
+    # ----------------------------------------------------------------------------- housekeeping
+    def stats(self) -> CacheStats:
+        """Counters and current sizes (store sizes are read from the store now)."""
+        stored = self.store.entries() if self.store is not None else {}
+        return CacheStats(
+            **self._counts.snapshot(),
+            evictions=self._memory.evictions,
+            waits=self._flights.waits,
+            memory_bytes=self._memory.nbytes,
+            disk_bytes=sum(e.disk_bytes for e in stored.values()),
+            entries=len(self._memory),
+            disk_entries=len(stored),
+            memory_budget_bytes=self.memory_budget_bytes,
+        )
+
+    def info(self) -> dict[str, Any]:
+        """Where the cache lives, its limits and its statistics, as plain JSON-ready values."""
+        return {
+            "directory": str(self.directory) if self.directory else None,
+            "store": self.location,
+            "disk_budget_bytes": self.store.budget_bytes if self.store is not None else None,
+            "format_version": FORMAT_VERSION,
+            "lock_timeout": self.lock_timeout,
+            **asdict(self.stats()),
+        }
+
+    def entries(self) -> list[CacheEntry]:
+        """Every cached document, in memory or in the store, newest first."""
+        found = self.store.entries() if self.store is not None else {}
+        for key, slot in self._memory.items():
+            old = found.get(key)
+            found[key] = CacheEntry(
+                key=key,
+                nbytes=slot.nbytes,
+                tokens=slot.doc.num_tokens,
+                document_tokens=slot.doc.document_tokens,
+                created=old.created if old else slot.created,
+                label=slot.label if slot.label is not None else (old.label if old else None),
+                in_memory=True,
+                on_disk=old is not None,
+                disk_bytes=old.disk_bytes if old else 0,
+                kind=KINDS[type(slot.doc)],
+            )
+        return sorted(found.values(), key=lambda e: e.created, reverse=True)
+
+    def discard(self, key: str) -> bool:
+        """Forget ``key`` in memory and in the store; True if anything was removed.
+
+        In the store only an entry this cache wrote goes (a homer manifest and its safetensors twin).
+        """
+        removed = self._memory.pop(key) is not None
+        if self.store is not None:
+            removed = self.store.discard(key) or removed
+        return removed
+
+    def clear(self, *, memory: bool = True, disk: bool = True) -> int:
+        """Remove every entry (from memory and/or the store); returns how many distinct keys went.
+
+        In the store only what this cache wrote goes: homer manifests with their safetensors
+        twins, its temporary files and its unheld locks; anything else stays.
+        """
+        keys: set[str] = set(self._memory.clear()) if memory else set()
+        if disk and self.store is not None:
+            keys |= self.store.clear()
+        return len(keys)
+
+    def trim(self, budget_bytes: int | None = None) -> int:
+        """Evict least recently used stored entries down to ``budget_bytes`` (default: the disk
+        budget); how many went. Only a local directory has a budget."""
+        return len(self.store.trim(budget_bytes)) if isinstance(self.store, LocalStore) else 0
+
+    # ----------------------------------------------------------------------------- store
+    def _load_or_compute(
+        self, key: str, compute: Callable[[], E], label: str | None, spec: CacheSpec | None
+    ) -> tuple[E, CacheSource]:
+        if self.store is None:
+            return self._compute(key, compute), "computed"
+        with contextlib.suppress(Unusable):  # anything odd is re-examined under the lock
+            loaded = self._read(key, spec)
+            if loaded is not None:
+                return self._loaded(key, loaded, label), "disk"
+        lock = self.store.lock(key, self.lock_timeout)
+        try:
+            lock.acquire()
+        except LockTimeout:
+            warnings.warn(
+                f"another process has held the cache lock for {key[:12]} over {self.lock_timeout}s; "
+                f"compressing without it",
+                DocumentCacheWarning,
+                stacklevel=5,
+            )
+            lock = None
+        except OSError as exc:
+            warnings.warn(
+                f"cannot use the document cache directory {self.store.location}: {exc}; "
+                f"keeping documents in memory only",
+                DocumentCacheWarning,
+                stacklevel=5,
+            )
+            return self._compute(key, compute), "computed"
+        try:
+            try:
+                loaded = self._read(key, spec)
+            except Unusable as exc:
+                self._counts.add("discarded")
+                warnings.warn(
+                    f"discarding unusable document cache entry {self.store.where(key)}: {exc}; recomputing",
+                    DocumentCacheWarning,
+                    stacklevel=5,
+                )
+                self.store.remove(key)
+                loaded = None
+            if loaded is not None:  # written by another process while we waited for the lock
+                return self._loaded(key, loaded, label, locked=True), "disk"
+            doc = self._compute(key, compute)
+            self._write(key, doc, label)
+            return doc, "computed"
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _compute(self, key: str, compute: Callable[[], E]) -> E:
+        self._counts.add("misses", "computations")
+        doc = compute()
+        if not isinstance(doc, CompressedDocument | LeafTier):
+            raise TypeError(f"compute() returned {type(doc).__name__}, not a CompressedDocument or LeafTier")
+        if doc.key != key:
+            logger.debug("compute() returned a document keyed %s; storing it under %s", doc.key[:12], key[:12])
+            doc = replace(doc, key=key)
+        return doc
+
+    def _loaded(self, key: str, loaded: tuple[E, dict[str, Any]], label: str | None, *, locked: bool = False) -> E:
+        """A store hit: counted, marked used, relabelled if ``label`` is new."""
+        doc, manifest = loaded
+        self._counts.add("hits_disk")
+        assert self.store is not None
+        self.store.touch(key)
+        if label is not None and manifest.get("label") != label:
+            self._write_label(key, label, locked=locked)
+        return doc
+
+    def _read(self, key: str, spec: CacheSpec | None = None) -> tuple[Entry, dict[str, Any]] | None:
+        """Load and verify ``key``'s stored entry: None if absent; raises ``Unusable`` if it cannot be trusted."""
+        store = self.store
+        assert store is not None
+        try:
+            raw = store.read_manifest(key)
+        except OSError as exc:
+            raise Unusable(f"cannot read the manifest: {exc}") from exc
+        if raw is None:
+            return None
+        doc, manifest = EntryCodec.decode(key, raw, lambda: store.read_tensors(key), spec)
+        return to_device(doc, manifest.get("device"), self.device), manifest
+
+    def _write(self, key: str, doc: Entry, label: str | None) -> None:
+        """Store ``doc``'s entry (atomically); on failure warn and keep it in memory only."""
+        assert self.store is not None
+        try:
+            manifest, tensors = EntryCodec.encode(key, doc, label)
+            self.store.write(key, manifest, tensors)
+        except (OSError, SafetensorError, ValueError) as exc:
+            warnings.warn(
+                f"could not write the document cache entry {self.store.where(key)}: {exc}; keeping it in memory only",
+                DocumentCacheWarning,
+                stacklevel=6,
+            )
+            self.store.remove(key)
+
+    def _write_label(self, key: str, label: str | None, *, locked: bool = False) -> bool:
+        """Rewrite the label in ``key``'s stored manifest (best effort); False when there is none.
+
+        ``locked``: the caller already holds ``key``'s lock.
+        """
+        if self.store is None:
+            return False
+        lock = None if locked else self.store.lock(key, 1.0)
+        try:
+            if lock is not None:
+                lock.acquire()
+            try:
+                raw = self.store.read_manifest(key)
+                manifest = relabelled(raw, key, label) if raw is not None else None
+                if manifest is None:
+                    return False
+                self.store.write_manifest(key, manifest)
+                return True
+            finally:
+                if lock is not None:
+                    lock.release()
+        except (OSError, ValueError, LockTimeout):
+            return False

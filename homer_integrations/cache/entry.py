@@ -1,0 +1,260 @@
+"""One cache entry's serial form: a JSON manifest and a safetensors file, and their verification.
+
+The manifest holds a format version, the key, the tensors file's size and a sha256 over the key
+and the file (``entry_checksum``: an entry copied under another key fails it), plus what ``cache
+ls`` shows. ``EntryCodec.decode`` trusts nothing it reads: any unusable entry raises ``Unusable``
+with the reason. Nothing is ever pickled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, check_consistent, validate
+from homer_integrations.homer.leaf_tier import SERIAL_FORMAT as LEAF_TIER_FORMAT
+from homer_integrations.homer.leaf_tier import LeafTier
+
+CacheSource = Literal["memory", "disk", "computed"]
+Entry = CompressedDocument | LeafTier
+"""What the cache holds: a document's compressed root cache, or its leaf tier (``homer.leaf_tier``)."""
+E = TypeVar("E", CompressedDocument, LeafTier)
+KINDS = {CompressedDocument: "root", LeafTier: "leaf_tier"}
+
+MANIFEST_FORMAT = "homer-document-cache-entry"
+FORMAT_VERSION = 2
+"""Version of the stored entry (manifest + safetensors layout); other versions are discarded.
+2: the manifest's sha256 covers the key as well as the tensors file (``entry_checksum``)."""
+MAX_MANIFEST_BYTES = 1 << 20
+
+
+class Unusable(Exception):
+    """A stored entry exists but cannot be trusted; the message says why."""
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One cached entry as ``cache ls`` shows it. ``created`` is a Unix time; ``kind`` is ``root``
+    (a compressed cache) or ``leaf_tier`` (what a question replays from)."""
+
+    key: str
+    nbytes: int
+    tokens: int
+    document_tokens: int
+    created: float
+    label: str | None
+    in_memory: bool
+    on_disk: bool
+    disk_bytes: int = 0
+    kind: str = "root"
+
+
+def document_nbytes(doc: Entry) -> int:
+    """Bytes an entry's tensors occupy (K/V, positions, origins, logits; a leaf tier's all)."""
+    if isinstance(doc, LeafTier):
+        return doc.nbytes
+    extra = [doc.position_ids, doc.origin]
+    if doc.next_token_logits is not None:
+        extra.append(doc.next_token_logits)
+    return doc.nbytes + sum(t.numel() * t.element_size() for t in extra)
+
+
+def entry_checksum(key: str, data: bytes) -> str:
+    """The manifest's sha256: over ``key``, a NUL byte and the safetensors bytes, binding the file to its key."""
+    h = hashlib.sha256(key.encode("utf-8", "surrogatepass"))
+    h.update(b"\0")
+    h.update(data)
+    return h.hexdigest()
+
+
+def own_manifest(raw: bytes) -> dict[str, Any] | None:
+    """``raw`` parsed if it is a homer cache manifest (any version, a string key), else None."""
+    if len(raw) > MAX_MANIFEST_BYTES:
+        return None
+    try:
+        manifest = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        return None
+    return manifest if isinstance(manifest.get("key"), str) else None
+
+
+def listed_entry(manifest: dict[str, Any], disk_bytes: int) -> CacheEntry:
+    """The ``CacheEntry`` a stored manifest describes; raises ``ValueError``/``KeyError``/``TypeError``."""
+    return CacheEntry(
+        key=manifest["key"],
+        nbytes=int(manifest["nbytes"]),
+        tokens=int(manifest["tokens"]),
+        document_tokens=int(manifest["document_tokens"]),
+        created=float(manifest["created"]),
+        label=manifest.get("label"),
+        in_memory=False,
+        on_disk=True,
+        disk_bytes=disk_bytes,
+        kind=str(manifest.get("kind", "root")),
+    )
+
+
+def relabelled(raw: bytes, key: str, label: str | None) -> bytes | None:
+    """The manifest ``raw`` with its label set to ``label``; None when it is not ``key``'s manifest."""
+    manifest = own_manifest(raw)
+    if manifest is None or manifest["key"] != key:
+        return None
+    return json.dumps({**manifest, "label": label}, indent=1).encode()
+
+
+class EntryCodec:
+    """Turns an entry into (manifest, tensors) bytes and back, verifying everything it reads."""
+
+    @staticmethod
+    def encode(key: str, doc: Entry, label: str | None) -> tuple[bytes, bytes]:
+        """(manifest, safetensors) bytes of ``doc`` stored under ``key``."""
+        tensors, metadata = doc.to_tensors()
+        data = save_safetensors({k: t.detach().cpu().contiguous() for k, t in tensors.items()}, metadata)
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "version": FORMAT_VERSION,
+            "key": key,
+            "sha256": entry_checksum(key, data),
+            "size": len(data),
+            "created": time.time(),
+            "label": label,
+            "tokens": doc.num_tokens,
+            "document_tokens": doc.document_tokens,
+            "kind": KINDS[type(doc)],
+            "nbytes": document_nbytes(doc),
+            "dtype": str(doc.keys[0].dtype).removeprefix("torch."),
+            "device": str(doc.keys[0].device),
+            "compress_seconds": doc.stats.seconds if isinstance(doc, CompressedDocument) else doc.seconds,
+        }
+        return json.dumps(manifest, indent=1).encode(), data
+
+    @staticmethod
+    def decode(
+        key: str, raw_manifest: bytes, read_tensors: Callable[[], bytes], spec: CacheSpec | None = None
+    ) -> tuple[Entry, dict[str, Any]]:
+        """The verified entry and its manifest; raises ``Unusable`` if anything is off.
+
+        ``read_tensors`` is called only once the manifest passed (it may raise ``FileNotFoundError``
+        or ``OSError``). With ``spec`` the entry must also fit the model (``validate``); without one
+        the model-independent checks apply (``check_consistent``).
+        """
+        try:
+            manifest = json.loads(raw_manifest)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise Unusable(f"the manifest is not JSON ({exc})") from exc
+        if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+            raise Unusable("the manifest is not a homer document cache manifest")
+        if manifest.get("version") != FORMAT_VERSION:
+            raise Unusable(f"format version {manifest.get('version')!r}, this version reads {FORMAT_VERSION}")
+        if manifest.get("key") != key:
+            raise Unusable("the manifest belongs to another document")
+        try:
+            data = read_tensors()
+        except FileNotFoundError as exc:
+            raise Unusable("the safetensors file is missing") from exc
+        except OSError as exc:
+            raise Unusable(f"cannot read the safetensors file: {exc}") from exc
+        size = manifest.get("size")
+        if type(size) is not int:
+            raise Unusable(f"the manifest's size {size!r} ({type(size).__name__}) is not a whole number of bytes")
+        if len(data) != size:
+            raise Unusable(f"the safetensors file has {len(data)} bytes, the manifest says {size}")
+        if entry_checksum(key, data) != manifest.get("sha256"):
+            raise Unusable("the safetensors file fails its sha256 checksum (for this key)")
+        try:
+            doc = entry_from_tensors(load_safetensors(data), safetensors_metadata(data))
+        except (SafetensorError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+            raise Unusable(f"the safetensors file does not hold a compressed document ({exc})") from exc
+        if doc.key != key:
+            raise Unusable("the safetensors file holds another document")
+        try:
+            if isinstance(doc, LeafTier):
+                doc.check() if spec is None else doc.validate(spec)
+            elif spec is None:
+                check_consistent(doc)
+            else:
+                validate(doc, spec)
+        except ValueError as exc:
+            raise Unusable(f"the stored document fails validation: {exc}") from exc
+        return doc, manifest
+
+
+def to_device(doc: E, stored: str | None, device: torch.device | None) -> E:
+    """``doc`` on ``device``; None: the device it was computed on (``stored``) when it exists here, else the CPU."""
+    if device is None and stored:
+        with contextlib.suppress(RuntimeError, AssertionError, ValueError):
+            candidate = torch.device(stored)
+            cuda_ok = torch.cuda.is_available() and (candidate.index or 0) < torch.cuda.device_count()
+            if candidate.type == "cpu" or (candidate.type == "cuda" and cuda_ok):
+                device = candidate
+    if device is None or device.type == "cpu":
+        return doc
+    return doc.to(device)
+
+
+def safetensors_metadata(data: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors blob (8-byte little-endian header length, JSON header)."""
+    if len(data) < 8:
+        raise ValueError("too short for a safetensors file")
+    (length,) = struct.unpack("<Q", data[:8])
+    if length > len(data) - 8:
+        raise ValueError("safetensors header runs past the end of the file")
+    header = json.loads(data[8 : 8 + length])
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    if not isinstance(metadata, dict):
+        raise ValueError("no metadata in the safetensors header")
+    return {str(k): str(v) for k, v in metadata.items()}
+
+
+def entry_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> Entry:
+    """A leaf tier or a compressed document, by the format its metadata names."""
+    if meta.get("format") == LEAF_TIER_FORMAT:
+        return LeafTier.from_tensors(tensors, meta)
+    return document_from_tensors(tensors, meta)
+
+
+def document_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> CompressedDocument:
+    """``CompressedDocument.from_tensors``, then the stricter checks a stored file gets.
+
+    On top of what ``from_tensors`` checks (format, version, fields, one cache length): at least
+    one layer, no stray tensors, per layer K/V of one shape ``[1, Hkv, K, d]``, 1-D positions and
+    origins of length K, logits 1-D, the question text or None.
+    Raises ``ValueError`` on anything foreign, old or inconsistent.
+    """
+    try:
+        doc = CompressedDocument.from_tensors(tensors, meta)
+    except IndexError as exc:  # a key/value tensor with fewer than two dimensions
+        raise ValueError(f"key/value tensors are not all [heads, tokens, head_dim]: {exc}") from exc
+    layers = len(doc.keys)
+    expected = {f"k.{i}" for i in range(layers)} | {f"v.{i}" for i in range(layers)} | {"position_ids", "origin"}
+    if doc.next_token_logits is not None:
+        expected.add("next_token_logits")
+    if layers < 1 or set(tensors) != expected:
+        raise ValueError(f"unexpected tensors {sorted(set(tensors) ^ expected)[:4]} for {layers} layers")
+    kv = doc.keys + doc.values
+    if any(t.dim() != 4 for t in kv) or len({t.shape for t in kv}) != 1:
+        raise ValueError("key/value tensors are not all [heads, tokens, head_dim] of one shape")
+    tokens = doc.num_tokens
+    if doc.position_ids.shape != (tokens,) or doc.origin.shape != (tokens,):
+        raise ValueError(
+            f"inconsistent cache lengths: {tokens} cached tokens, "
+            f"{tuple(doc.position_ids.shape)} positions, {tuple(doc.origin.shape)} origins"
+        )
+    if doc.next_token_logits is not None and doc.next_token_logits.dim() != 1:
+        raise ValueError("next-token logits are not one vector")
+    if doc.question is not None and not isinstance(doc.question, str):
+        raise ValueError("the stored question is not text")
+    return doc

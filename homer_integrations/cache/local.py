@@ -1,0 +1,223 @@
+"""``LocalStore``: entries as files in one directory, optionally within a byte budget (LRU eviction).
+
+Per key ``<name>.safetensors`` and ``<name>.json``; ``locks/<name>.lock`` are the per-key file
+locks. Each file is written to a temporary name beside it (fsync'd) and renamed into place.
+With a budget, a writer holds ``locks/.budget.lock`` while it evicts the least recently used
+entries (by the manifest's modification time, which every read refreshes) to make room and then
+renames its files in, so the entries never exceed the budget, however many processes write.
+An entry larger than the whole budget is not written (``EntryTooLarge``). A reader that loses an
+entry to eviction between its manifest and its tensors sees a missing file, which the cache
+treats as unusable (recomputed, never served half).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from homer_integrations.cache.entry import MAX_MANIFEST_BYTES, own_manifest
+from homer_integrations.cache.flight import FileKeyLock, KeyLock, remove_unheld_lock
+from homer_integrations.cache.store import MANIFEST, SAFE_NAME, TENSORS, EntryTooLarge, Store, entry_name
+
+logger = logging.getLogger(__name__)
+
+TEMP_NAME = re.compile(r"\.[0-9A-Za-z_-][0-9A-Za-z_.-]{0,127}\.(json|safetensors)\.\d+\.[0-9a-f]{8}\.tmp")
+BUDGET_LOCK = ".budget.lock"
+
+
+class LocalStore(Store):
+    """A directory of entries. ``budget_bytes``: most bytes of entries (manifests + tensors) kept."""
+
+    def __init__(self, directory: Path, *, budget_bytes: int | None = None) -> None:
+        if budget_bytes is not None and budget_bytes < 0:
+            raise ValueError("the disk budget must be >= 0 bytes")
+        self.directory = directory
+        self.location = str(directory)
+        self.budget_bytes = budget_bytes
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self.directory}, budget_bytes={self.budget_bytes})"
+
+    def paths(self, key: str) -> tuple[Path, Path]:
+        """(safetensors, manifest) paths of ``key``."""
+        name = entry_name(key)
+        return self.directory / f"{name}{TENSORS}", self.directory / f"{name}{MANIFEST}"
+
+    def where(self, key: str) -> str:
+        return str(self.paths(key)[0])
+
+    def read_manifest(self, key: str) -> bytes | None:
+        try:
+            return self.paths(key)[1].read_bytes()
+        except FileNotFoundError:
+            return None  # a safetensors file alone is an unfinished write: the writer adds the manifest
+
+    def read_tensors(self, key: str) -> bytes:
+        return self.paths(key)[0].read_bytes()
+
+    def touch(self, key: str) -> None:
+        with contextlib.suppress(OSError):
+            os.utime(self.paths(key)[1])
+
+    def write(self, key: str, manifest: bytes, tensors: bytes) -> None:
+        size = len(manifest) + len(tensors)
+        if self.budget_bytes is not None and size > self.budget_bytes:
+            raise EntryTooLarge(f"the entry's {size:,} bytes exceed the disk budget of {self.budget_bytes:,} bytes")
+        tensors_path, manifest_path = self.paths(key)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        staged: list[Path] = []
+        try:
+            staged = [_stage(tensors_path, tensors), _stage(manifest_path, manifest)]
+            with self._budget_lock():
+                if self.budget_bytes is not None:
+                    self._evict(self.budget_bytes - size, keep=key)
+                os.replace(staged[0], tensors_path)
+                os.replace(staged[1], manifest_path)
+        finally:
+            for path in staged:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+
+    def write_manifest(self, key: str, manifest: bytes) -> None:
+        path = self.paths(key)[1]
+        staged = _stage(path, manifest)
+        try:
+            os.replace(staged, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                staged.unlink()
+            raise
+
+    def remove(self, key: str) -> bool:
+        return _remove_entry_files(self.paths(key)[1])
+
+    def listing(self) -> list[tuple[dict[str, Any], int]]:
+        return [(manifest, size) for _, manifest, size, _ in self._scan()]
+
+    def disk_bytes(self) -> int:
+        """Bytes of the entries now stored (manifests + tensors)."""
+        return sum(size for _, _, size, _ in self._scan())
+
+    def trim(self, budget_bytes: int | None = None) -> list[str]:
+        """Evict least recently used entries until at most ``budget_bytes`` (default: the store's
+        budget) remain; the keys evicted."""
+        limit = self.budget_bytes if budget_bytes is None else budget_bytes
+        if limit is None or not self.directory.is_dir():
+            return []
+        with self._budget_lock():
+            return self._evict(limit, keep=None)
+
+    def clear(self) -> set[str]:
+        keys: set[str] = set()
+        if not self.directory.is_dir():
+            return keys
+        for path, manifest, _, _ in self._scan():
+            keys.add(manifest["key"])
+            _remove_entry_files(path)
+        with contextlib.suppress(OSError):
+            for path in self.directory.iterdir():
+                if TEMP_NAME.fullmatch(path.name):
+                    _unlink_file(path)
+        locks = self.directory / "locks"
+        if locks.is_dir() and not locks.is_symlink():
+            with contextlib.suppress(OSError):
+                for path in locks.iterdir():
+                    if path.suffix == ".lock" and (SAFE_NAME.fullmatch(path.stem) or path.name == BUDGET_LOCK):
+                        remove_unheld_lock(path)
+        return keys
+
+    def lock(self, key: str, timeout: float | None) -> KeyLock:
+        return FileKeyLock(self.directory / "locks" / f"{entry_name(key)}.lock", timeout)
+
+    # ----------------------------------------------------------------------------- budget
+    @contextlib.contextmanager
+    def _budget_lock(self) -> Any:
+        """Serialises evict-and-commit across processes; nothing to serialise without a budget."""
+        if self.budget_bytes is None:
+            yield
+            return
+        locks = self.directory / "locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        with FileLock(locks / BUDGET_LOCK):
+            yield
+
+    def _evict(self, limit: int, keep: str | None) -> list[str]:
+        """Remove least recently used entries (never ``keep``) until the rest hold at most ``limit`` bytes."""
+        entries = [e for e in self._scan() if e[1]["key"] != keep]
+        entries.sort(key=lambda e: (e[3], e[1].get("created", 0)))  # least recently used first
+        total = sum(size for _, _, size, _ in entries)
+        evicted: list[str] = []
+        for path, manifest, size, _ in entries:
+            if total <= limit:
+                break
+            if _remove_entry_files(path):
+                total -= size
+                evicted.append(manifest["key"])
+                logger.info("evicted document cache entry %s (%d bytes) over the disk budget", path.stem[:12], size)
+        return evicted
+
+    def _scan(self) -> list[tuple[Path, dict[str, Any], int, int]]:
+        """(manifest path, manifest, entry bytes, last use in ns) of every homer manifest in the directory."""
+        try:
+            paths = sorted(self.directory.iterdir())
+        except OSError:
+            return []
+        found = []
+        for path in paths:
+            if path.suffix != MANIFEST or path.name.startswith("."):
+                continue
+            try:
+                stat = path.stat()
+                if not path.is_file() or stat.st_size > MAX_MANIFEST_BYTES:
+                    continue
+                manifest = own_manifest(path.read_bytes())
+                if manifest is None:
+                    continue
+                tensors = path.with_suffix(TENSORS)
+                size = stat.st_size + (tensors.stat().st_size if tensors.is_file() else 0)
+            except OSError:
+                continue
+            found.append((path, manifest, size, stat.st_mtime_ns))
+        return found
+
+
+def _stage(path: Path, data: bytes) -> Path:
+    """``data`` written and fsync'd to a temporary name beside ``path``; the caller renames it in."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with tmp.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return tmp
+
+
+def _unlink_file(path: Path) -> bool:
+    """Remove ``path`` if it is a file or a link, never a directory; True if it went. Never raises."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            return False
+        path.unlink()
+        return True
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        logger.warning("cannot remove document cache file %s: %s", path, exc)
+        return False
+
+
+def _remove_entry_files(manifest_path: Path) -> bool:
+    """Remove an entry's manifest, then its safetensors twin (readers then never see a manifest alone)."""
+    removed = _unlink_file(manifest_path)
+    return _unlink_file(manifest_path.with_suffix(TENSORS)) or removed

@@ -1,0 +1,125 @@
+"""``Store``: where entries live beyond one process, as (manifest, safetensors) bytes per key.
+
+A store moves bytes and names; ``EntryCodec`` (``entry.py``) makes and verifies them. Every store
+keeps these promises: ``write`` is atomic per file and writes the tensors before the manifest that
+vouches for them (a reader sees no entry, or a whole one, or a mismatch the checksum rejects);
+``remove``/``discard``/``clear`` delete only files this cache wrote, never a directory; ``lock``
+gives one process at a time a key (see ``flight.py``).
+
+Implementations: ``LocalStore`` (a directory, with a byte budget) and ``FsspecStore`` (any URL
+fsspec knows: ``s3://``, ``gs://``, ``file://``, ``memory://``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+from homer_integrations.cache.entry import CacheEntry, listed_entry, own_manifest
+from homer_integrations.cache.flight import KeyLock
+
+SAFE_NAME = re.compile(r"[0-9A-Za-z_-][0-9A-Za-z_.-]{0,127}")
+TENSORS = ".safetensors"
+MANIFEST = ".json"
+
+
+def entry_name(key: str) -> str:
+    """The file name stem of ``key``'s entry; keys that are not safe file names are hashed."""
+    return key if SAFE_NAME.fullmatch(key) else "h-" + hashlib.sha256(key.encode()).hexdigest()
+
+
+class EntryTooLarge(OSError):
+    """An entry larger than the store's whole byte budget (it is not written)."""
+
+
+class Store(ABC):
+    """Entries by key, as bytes. Methods raise ``OSError`` for I/O trouble unless they say otherwise."""
+
+    location: str
+    """The directory or URL, for messages and ``info()``."""
+    budget_bytes: int | None = None
+    """Most bytes of entries the store keeps (least recently used go first); None: no limit."""
+
+    @abstractmethod
+    def where(self, key: str) -> str:
+        """Where ``key``'s tensors file is (for messages)."""
+
+    @abstractmethod
+    def read_manifest(self, key: str) -> bytes | None:
+        """``key``'s manifest bytes, None when there is none."""
+
+    @abstractmethod
+    def read_tensors(self, key: str) -> bytes:
+        """``key``'s safetensors bytes (``FileNotFoundError`` when missing)."""
+
+    @abstractmethod
+    def write(self, key: str, manifest: bytes, tensors: bytes) -> None:
+        """Store an entry atomically: the tensors first, then the manifest that vouches for them."""
+
+    @abstractmethod
+    def write_manifest(self, key: str, manifest: bytes) -> None:
+        """Replace ``key``'s manifest atomically (a new label)."""
+
+    @abstractmethod
+    def remove(self, key: str) -> bool:
+        """Delete the files at ``key``'s entry names (an unusable entry), never a directory; True if any went."""
+
+    @abstractmethod
+    def listing(self) -> list[tuple[dict[str, Any], int]]:
+        """Every homer manifest stored (any version) with its entry's stored bytes. Never raises."""
+
+    @abstractmethod
+    def clear(self) -> set[str]:
+        """Delete every entry this cache wrote, its temporary files and unheld locks; the keys removed."""
+
+    @abstractmethod
+    def lock(self, key: str, timeout: float | None) -> KeyLock:
+        """A cross-process lock on ``key`` (not yet acquired)."""
+
+    def discard(self, key: str) -> bool:
+        """Delete ``key``'s entry if it is one this cache wrote (a homer manifest); True if it went."""
+        try:
+            raw = self.read_manifest(key)
+        except OSError:
+            return False
+        if raw is None or own_manifest(raw) is None:
+            return False
+        return self.remove(key)
+
+    def touch(self, key: str) -> None:  # noqa: B027 - optional: only stores with a budget track use
+        """Mark ``key`` as just used (stores with a budget evict the least recently used)."""
+
+    def entries(self) -> dict[str, CacheEntry]:
+        """The stored entries by key, as ``cache ls`` shows them."""
+        found: dict[str, CacheEntry] = {}
+        for manifest, disk_bytes in self.listing():
+            try:
+                entry = listed_entry(manifest, disk_bytes)
+            except (ValueError, KeyError, TypeError):
+                continue  # unreadable fields are dealt with when the key is next looked up
+            found[entry.key] = entry
+        return found
+
+
+def open_store(where: str | Path | Store, *, budget_bytes: int | None = None, **storage_options: Any) -> Store:
+    """A store for ``where``: a ``Store`` as is, a URL (``scheme://...``) as ``FsspecStore``, else a local directory.
+
+    ``budget_bytes`` applies to local directories (``LocalStore``) only.
+    """
+    if isinstance(where, Store):
+        return where
+    text = str(where)
+    if "://" in text:
+        if budget_bytes is not None:
+            raise ValueError(
+                f"a disk budget applies to a local directory, not to {text}; use the storage's own lifecycle rules"
+            )
+        from homer_integrations.cache.fsspec_store import FsspecStore
+
+        return FsspecStore(text, **storage_options)
+    from homer_integrations.cache.local import LocalStore
+
+    return LocalStore(Path(text).expanduser(), budget_bytes=budget_bytes)
