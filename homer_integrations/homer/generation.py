@@ -2,17 +2,18 @@
 
 ``model.generate`` derives position ids from the cache length (or the attention mask); after
 HOMER the cache holds K tokens whose positions end at ``last_position`` != K - 1, so we run our
-own short loop and pass positions explicitly. Sampling uses transformers' logits processors.
+own short loop and pass positions explicitly. Sampling uses transformers' logits processors; a
+``response_format`` masks the logits to a grammar first (``constraints.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 from transformers import (
     DynamicCache,
     LogitsProcessorList,
@@ -23,6 +24,8 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from homer_integrations.homer.constraints import ResponseFormat, TokenMask, ll_tokenizer
+
 FinishReason = Literal["stop", "eos", "length"]
 
 
@@ -30,9 +33,12 @@ class GenerationOptions(BaseModel):
     """How to decode an answer. ``temperature == 0`` is greedy decoding.
 
     ``stop`` strings end the answer and are cut from it; ``seed`` makes sampling repeatable.
+    ``response_format`` constrains the answer (see ``ResponseFormat.of``: a JSON schema dict, a
+    pydantic model class or TypedDict, a compiled regex, a list of choices); the answer ends as
+    soon as the format is complete.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
     max_new_tokens: int = Field(default=256, ge=1, le=32_768)
     temperature: float = Field(default=0.0, ge=0.0, le=100.0)
@@ -40,6 +46,17 @@ class GenerationOptions(BaseModel):
     top_k: int = Field(default=0, ge=0)
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    response_format: ResponseFormat | None = None
+
+    @field_validator("response_format", mode="before")
+    @classmethod
+    def _compile(cls, value: Any) -> ResponseFormat | None:
+        return None if value is None else ResponseFormat.of(value)
+
+    @field_serializer("response_format")
+    def _keep(self, value: ResponseFormat | None) -> ResponseFormat | None:
+        # model_dump() feeds GenerationOptions(**...) again: keep the compiled format (and its target type)
+        return value
 
     @property
     def sampling(self) -> bool:
@@ -53,6 +70,16 @@ class DecodeState:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     first_token_seconds: float | None = None
+
+
+def token_mask(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, options: GenerationOptions, eos: set[int]
+) -> TokenMask | None:
+    """The grammar walker of ``options.response_format`` for one answer, or None without a format."""
+    if options.response_format is None:
+        return None
+    vocab = model.get_output_embeddings().weight.shape[0]
+    return TokenMask(options.response_format, ll_tokenizer(tokenizer, vocab, eos))
 
 
 def _warpers(options: GenerationOptions) -> LogitsProcessorList:
@@ -135,6 +162,7 @@ def decode(
     device = model.device
     eos = eos_token_ids(model, tokenizer)
     warpers = _warpers(options) if options.sampling else None
+    mask = token_mask(model, tokenizer, options, eos)
     generator = None
     if options.sampling:
         generator = torch.Generator(device=device)
@@ -158,6 +186,8 @@ def decode(
         raise ValueError("nothing to decode from: no input tokens and no first logits")
 
     while True:
+        if mask is not None:
+            mask.apply(logits)
         if options.sampling:
             scores = warpers(None, logits[None])
             probs = torch.softmax(scores, dim=-1)
@@ -169,6 +199,8 @@ def decode(
         if token in eos:
             state.finish_reason = "eos"
             break
+        if mask is not None:
+            mask.advance(token)
         state.token_ids.append(token)
         text = tokenizer.decode(state.token_ids, skip_special_tokens=True)
         if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
@@ -178,6 +210,9 @@ def decode(
             if stopped:
                 state.finish_reason = "stop"
                 return
+        if mask is not None and mask.finished:
+            state.finish_reason = "stop"
+            break
         if len(state.token_ids) >= options.max_new_tokens:
             state.finish_reason = "length"
             break

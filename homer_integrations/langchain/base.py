@@ -13,10 +13,14 @@ from homer_integrations.engine_pool import default_model_name, shared_engine
 from homer_integrations.homer.config import Mode
 from homer_integrations.homer.generation import GenerationOptions
 from homer_integrations.prompt_split import PromptSplit, Renderer, check_mode, split_prompt, start_answer
+from homer_integrations.tool_calls import ToolCallFormat
 from homer_integrations.usage import answer_metadata, token_usage
 
-CALL_OPTIONS = frozenset({"document", "mode", "model", "max_tokens", "temperature", "top_p", "top_k", "seed"})
-"""Per-call keyword arguments (``invoke(..., document=...)``, ``bind(mode=...)``)."""
+CALL_OPTIONS = frozenset(
+    {"document", "mode", "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "response_format"}
+)
+"""Per-call keyword arguments (``invoke(..., document=...)``, ``bind(mode=...)``); ``response_format``
+constrains the answer (see ``homer_integrations.homer.constraints.ResponseFormat.of``)."""
 
 
 @dataclass
@@ -27,6 +31,8 @@ class HomerCall:
     split: PromptSplit
     stream: AnswerStream
     model_name: str
+    tools: ToolCallFormat | None = None
+    """The bound tools (``ChatHomer.bind_tools``) whose calls the answer may hold."""
 
     def usage(self) -> UsageMetadata:
         """LangChain usage of the finished answer, cache creation / read included."""
@@ -79,6 +85,9 @@ class HomerSettings(BaseModel):
     ``query_aware`` (the question is compressed with the document) or ``full`` (kept uncompressed;
     must fit the window). None: the engine's configured mode; a call's ``mode=`` replaces it.
     ``response_metadata["homer"]["mode"]`` says which mode served."""
+    store: str | None = None
+    """Where compressed documents live, shared by every process with the same model and settings:
+    a directory or a URL fsspec knows (``s3://bucket/prefix``). None: the engine's own cache."""
 
     @field_validator("model_name", mode="before")
     @classmethod
@@ -94,9 +103,11 @@ class HomerSettings(BaseModel):
     def resolve_engine(self, model: str | None = None) -> HomerModel:
         """This model's engine, or the shared engine of ``model`` when a call overrides it."""
         if model and model != self.model_name:
-            return shared_engine(model)
+            return shared_engine(model, self.store)
         if self.engine is None:
-            self.engine = shared_engine(self.model_name)
+            self.engine = shared_engine(self.model_name, self.store)
+        elif self.store is not None and self.engine.document_cache.location != self.store:
+            self.engine = self.engine.with_store(self.store)
         return self.engine
 
     def get_token_ids(self, text: str) -> list[int]:
@@ -111,6 +122,7 @@ class HomerSettings(BaseModel):
             "top_k": kwargs.get("top_k", self.top_k),
             "seed": kwargs.get("seed", self.seed),
             "stop": tuple(stop if stop is not None else self.stop or ()),
+            "response_format": kwargs.get("response_format"),
         }
         max_tokens = kwargs.get("max_tokens", self.max_tokens)
         if max_tokens is not None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Generator, Iterator, Sequence
+from typing import Any, TypeVar
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -18,10 +18,13 @@ from llama_index.core.base.llms.types import (
     MessageRole,
     TextBlock,
 )
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import BaseModel, Field, PrivateAttr
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.events.llm import LLMStructuredPredictEndEvent, LLMStructuredPredictStartEvent
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.llms.llm import default_completion_to_prompt
+from llama_index.core.prompts import BasePromptTemplate
 
 from homer_integrations.aio import iterate_in_thread
 from homer_integrations.engine import AnswerStream, HomerModel
@@ -30,6 +33,7 @@ from homer_integrations.homer.compressed import CompressionStats
 from homer_integrations.homer.config import Mode
 from homer_integrations.homer.generation import GenerationOptions
 from homer_integrations.llama_index.info import answer_info_dict
+from homer_integrations.llama_index.structured import HomerProgram
 from homer_integrations.prompt_split import (
     PromptSplit,
     Renderer,
@@ -41,7 +45,10 @@ from homer_integrations.prompt_split import (
     start_answer,
 )
 
-_GENERATION_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+Model = TypeVar("Model", bound=BaseModel)
+dispatcher = get_dispatcher(__name__)
+
+_GENERATION_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "response_format")
 
 
 def message_text(message: ChatMessage, index: int = 0) -> str:
@@ -117,10 +124,16 @@ class HomerLLM(CustomLLM):
 
     _engine: HomerModel = PrivateAttr()
 
-    def __init__(self, engine: HomerModel | None = None, model: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, engine: HomerModel | None = None, model: str | None = None, store: str | None = None, **kwargs: Any
+    ) -> None:
+        """``store``: where compressed documents live, shared by every process with the same model and
+        settings (a directory or a URL fsspec knows, e.g. ``s3://bucket/prefix``); None: the engine's cache."""
         if engine is not None and model is not None:
             raise ValueError("pass either engine= or model=, not both")
-        engine = engine if engine is not None else shared_engine(model)
+        engine = engine if engine is not None else shared_engine(model, store)
+        if store is not None and engine.document_cache.location != store:
+            engine = engine.with_store(store)
         kwargs.setdefault("model_name", engine.model_name)
         super().__init__(**kwargs)
         if not self.context_window:
@@ -311,3 +324,48 @@ class HomerLLM(CustomLLM):
                 yield response
 
         return gen()
+
+    # ----------------------------------------------------------------------------- structured output
+    # Every structured path (structured_predict, as_structured_llm, the streaming and async forms) runs a
+    # HomerProgram: the answer is decoded under output_cls's JSON schema and validated, never re-prompted.
+    def structured_predict(
+        self,
+        output_cls: type[Model],
+        prompt: BasePromptTemplate,
+        llm_kwargs: dict[str, Any] | None = None,
+        **prompt_args: Any,
+    ) -> Model:
+        """A validated ``output_cls`` answering ``prompt`` (``llm_kwargs``: generation options, ``document=``)."""
+        dispatcher.event(
+            LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args)
+        )
+        result = HomerProgram(self, output_cls, prompt)(llm_kwargs=llm_kwargs, **prompt_args)
+        dispatcher.event(LLMStructuredPredictEndEvent(output=result))
+        return result
+
+    async def astructured_predict(
+        self,
+        output_cls: type[Model],
+        prompt: BasePromptTemplate,
+        llm_kwargs: dict[str, Any] | None = None,
+        **prompt_args: Any,
+    ) -> Model:
+        return await asyncio.to_thread(self.structured_predict, output_cls, prompt, llm_kwargs, **prompt_args)
+
+    def _structured_stream_call(
+        self,
+        output_cls: type[Model],
+        prompt: BasePromptTemplate,
+        llm_kwargs: dict[str, Any] | None = None,
+        **prompt_args: Any,
+    ) -> Generator[Model, None, None]:
+        return HomerProgram(self, output_cls, prompt).stream_call(llm_kwargs=llm_kwargs, **prompt_args)
+
+    async def _structured_astream_call(
+        self,
+        output_cls: type[Model],
+        prompt: BasePromptTemplate,
+        llm_kwargs: dict[str, Any] | None = None,
+        **prompt_args: Any,
+    ) -> AsyncGenerator[Model, None]:
+        return await HomerProgram(self, output_cls, prompt).astream_call(llm_kwargs=llm_kwargs, **prompt_args)

@@ -17,6 +17,7 @@ from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.base.response.schema import (
     RESPONSE_TYPE,
     AsyncStreamingResponse,
+    PydanticResponse,
     Response,
     StreamingResponse,
 )
@@ -24,11 +25,13 @@ from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType, PromptMixinType
 from llama_index.core.schema import Document, NodeWithScore, QueryBundle, TextNode
+from pydantic import BaseModel
 
 from homer_integrations.aio import iterate_in_thread
 from homer_integrations.engine import AnswerStream, HomerModel
 from homer_integrations.homer.compressed import CompressionStats
 from homer_integrations.homer.config import Mode
+from homer_integrations.homer.constraints import ResponseFormat
 from homer_integrations.llama_index.info import answer_info_dict
 from homer_integrations.llama_index.llm import HomerLLM
 from homer_integrations.prompt_split import check_mode
@@ -60,6 +63,9 @@ class HomerQueryEngine(BaseQueryEngine):
         mode: HOMER mode of every answer: ``shared`` (one compressed cache per document),
             ``query_aware`` (each query compressed with the document) or ``full`` (uncompressed,
             must fit the window); None: the LLM's ``mode``, else the engine's configured one.
+        output_cls: a pydantic model class: every answer (and the combining call) is decoded under its
+            JSON schema and the response is a ``PydanticResponse`` holding a validated instance.
+            Not with ``streaming``.
 
     Responses carry one source node per answered document: its id, its text, and under
     ``metadata["homer"]`` the mode that served, the cache source (``computed``, ``memory``,
@@ -78,7 +84,10 @@ class HomerQueryEngine(BaseQueryEngine):
         combine_template: BasePromptTemplate | None = None,
         callback_manager: CallbackManager | None = None,
         mode: Mode | None = None,
+        output_cls: type[BaseModel] | None = None,
     ) -> None:
+        if output_cls is not None and streaming:
+            raise ValueError("output_cls needs a whole answer to validate: use streaming=False")
         if not documents:
             raise ValueError("HomerQueryEngine needs at least one document")
         for doc in documents:
@@ -95,6 +104,7 @@ class HomerQueryEngine(BaseQueryEngine):
         self._combine_template = combine_template or DEFAULT_COMBINE_TEMPLATE
         self._ranker: Any = None
         self._mode = check_mode(mode)
+        self._format = ResponseFormat.json_schema(output_cls) if output_cls is not None else None
         super().__init__(callback_manager=callback_manager)
 
     @classmethod
@@ -176,21 +186,24 @@ class HomerQueryEngine(BaseQueryEngine):
         The pieces' generator fills in the nodes' final statistics when it ends.
         """
         chosen = self.select(query)
+        asked, constrained = query, {}
+        if self._format is not None:  # the note goes after the question, outside the compressed cache
+            asked, constrained = f"{query}\n{self._format.instructions()}", {"response_format": self._format}
         if len(chosen) == 1:
             doc, score = chosen[0]
-            stream = self._llm.answer_stream(query, doc.text, mode=self._mode)
+            stream = self._llm.answer_stream(asked, doc.text, mode=self._mode, **constrained)
             node = self._source_node(doc, score, stream)
             return self._finishing(stream, [(node, stream)]), [node]
         finished = []
         for doc, score in chosen:
-            stream = self._llm.answer_stream(query, doc.text, mode=self._mode)
+            stream = self._llm.answer_stream(asked, doc.text, mode=self._mode, **constrained)
             answer = stream.text().strip()
             node = self._source_node(doc, score, stream)
             node.node.metadata[STATS_KEY]["answer"] = answer
             finished.append((node, stream))
         answers = "\n".join(f"- {n.node.node_id}: {n.node.metadata[STATS_KEY]['answer']}" for n, _ in finished)
-        prompt = self._combine_template.format(answers=answers, query_str=query)
-        pieces = (r.delta or "" for r in self._llm.stream_complete(prompt))
+        prompt = self._combine_template.format(answers=answers, query_str=asked)
+        pieces = (r.delta or "" for r in self._llm.stream_complete(prompt, **constrained))
         return pieces, [n for n, _ in finished]
 
     @staticmethod
@@ -208,6 +221,8 @@ class HomerQueryEngine(BaseQueryEngine):
         if self._streaming:
             return StreamingResponse(response_gen=pieces, source_nodes=nodes, metadata=self._metadata(nodes))
         text = "".join(pieces).strip()
+        if self._format is not None:
+            return PydanticResponse(self._format.parse(text), source_nodes=nodes, metadata=self._metadata(nodes))
         return Response(response=text, source_nodes=nodes, metadata=self._metadata(nodes))
 
     async def _aquery(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
