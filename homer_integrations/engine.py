@@ -108,7 +108,8 @@ class HomerModel:
     """A local causal LM that answers questions about whole long documents through HOMER.
 
     Args:
-        model, tokenizer: a Llama / Mistral / Qwen2 ``*ForCausalLM`` and its tokenizer.
+        model, tokenizer: a ``*ForCausalLM`` of a supported family (``homer.architectures``: Llama,
+            Mistral, Qwen2/3, Phi-3, Gemma-3 text) and its tokenizer.
         config: ``HomerConfig``; unset fields take this model's defaults.
         model_name: reported to frameworks (``response_metadata["model_name"]`` etc.).
         document_cache: where compressed documents live (default: in memory, 2 GiB).

