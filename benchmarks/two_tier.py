@@ -47,11 +47,12 @@ from homer_integrations.paths import bundled_text
 
 RESULTS = Path(__file__).parent / "results"
 SAMPLES = RESULTS / "two_tier_samples.jsonl"
-METHODS = ("plain", "shared", "shared_recon", "per_question", "per_question_flat", "per_question_recon")
-"""``shared`` and ``per_question*`` score the shared root by its suffix's last token (and build a leaf
-tier without a prior); ``shared_recon`` scores the shared root's leaves by context reconstruction
-(KVzip) and ``per_question_recon`` replays from a tier whose reconstruction scores seed each leaf's
-score memory (the package default)."""
+METHODS = ("plain", "shared", "shared_recon", "per_question", "per_question_flat")
+"""``shared`` and ``per_question*`` use the paper's last-token scorer for the shared root
+(``shared_scorer="last_token"``); ``shared_recon`` scores the shared root's leaves by context
+reconstruction (KVzip; the package default). A per-question variant whose leaves started their score
+memory from the reconstruction scores answered 9/12 at 8k like ``per_question`` and was removed
+(its rows are in commit 03c69c5)."""
 OPTIONS = GenerationOptions(max_new_tokens=12)
 
 CODES = [str(n) for n in range(10000, 99999, 7919)]
@@ -154,7 +155,7 @@ def homer_answers(engine: HomerModel, sample: Sample, mode: str) -> tuple[float,
 
 def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
     """A fresh engine for ``method`` (nothing cached from another method) and the mode it answers in."""
-    recon = method.endswith("recon")
+    recon = method == "shared_recon"
     config = HomerConfig(
         system_prompt=INSTRUCTION,
         replay="flat" if method.endswith("flat") else "tree",

@@ -291,7 +291,6 @@ class HomerModel:
             "warmup_layers": c.warmup_layers,
             "document_suffix": c.document_suffix,  # the split is planned for the shared suffix's length
             "unit": self.scoring.unit,
-            "probe": repr(self.scoring.scorer) if self.scoring.scorer.probes else None,
         }
         return self._key({"settings": settings}, prefix, document, "")
 
@@ -409,19 +408,16 @@ class HomerModel:
             )
         return prefix_ids, document_ids, suffix_ids
 
-    def _compressor(
-        self, prunes: bool, *, query_aware: bool, full: bool = False, probe: bool = False
-    ) -> TierCompressor:
+    def _compressor(self, prunes: bool, *, query_aware: bool, full: bool = False) -> TierCompressor:
         """A compressor with this engine's settings; ``prunes``: the calibration bias is needed;
-        ``query_aware``: planned like a leaf tier, scoring with the question in the suffix; ``probe``:
-        keep a probing scorer (the shared root rebuilt from the tier); ``full``: one chunk as long as
-        the model's window, nothing pruned (a plain prefill)."""
+        ``query_aware``: planned like a leaf tier, scoring with the question in the suffix; ``full``:
+        one chunk as long as the model's window, nothing pruned (a plain prefill)."""
         c = self.config
         settings = CompressorSettings(
             max_chunk_len=self.context_window if full else c.max_chunk_len,
             warmup_layers=c.warmup_layers,
             final_cache_len=self.context_window if full else c.final_cache_len,
-            scoring=self.scoring.with_question() if query_aware and not probe else self.scoring,
+            scoring=self.scoring.with_question() if query_aware else self.scoring,
             suffix_reserve=self._planned_suffix_len() if query_aware else 0,
             want_logits=query_aware and not c.reask_question,
         )
@@ -474,7 +470,7 @@ class HomerModel:
 
     def _build_tier(self, key: str, prefix: str, document: str) -> LeafTier:
         prefix_ids, document_ids, _ = self._encode_span(prefix, document, "")
-        compressor = self._compressor(False, query_aware=True, probe=True)
+        compressor = self._compressor(False, query_aware=True)
         with self._progress(document_ids.numel(), "HOMER leaf tier") as bar:
             tier = compressor.build_leaf_tier(
                 prefix_ids, document_ids, self._words(document, document_ids), key=key, progress=bar.update

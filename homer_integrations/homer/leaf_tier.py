@@ -35,7 +35,6 @@ class LeafSlice:
         hidden: [1, P + n, D] after the leaf layers (attention and MLP).
         origin: [P + n] document index of each token, -1 on the prefix.
         position_ids: [P + n] positions 0..P+n-1.
-        probe_scores: [P + n] the leaf's probe scores (0 on the prefix), or None.
     """
 
     keys: list[torch.Tensor]
@@ -43,7 +42,6 @@ class LeafSlice:
     hidden: torch.Tensor
     origin: torch.Tensor
     position_ids: torch.Tensor
-    probe_scores: torch.Tensor | None = None
 
 
 @dataclass(eq=False)
@@ -59,8 +57,6 @@ class LeafTier:
         keys, values: per leaf layer [1, Hkv, L, d], the pieces of all leaves in document order.
         hidden: [1, L, D] after the leaf layers.
         word_ids: [L] unit index of each document token (word/sentence pruning), or None.
-        probe_scores: [L] float32 question-agnostic score of each document token from a probing
-            scorer (``ReconstructionScorer``), computed in its leaf during the build; or None.
         seconds: wall time spent building it.
     """
 
@@ -74,7 +70,6 @@ class LeafTier:
     values: tuple[torch.Tensor, ...]
     hidden: torch.Tensor
     word_ids: torch.Tensor | None
-    probe_scores: torch.Tensor | None = None
     seconds: float = 0.0
 
     @property
@@ -103,7 +98,7 @@ class LeafTier:
 
     @property
     def nbytes(self) -> int:
-        extra = [self.prefix_hidden, self.hidden] + [t for t in (self.word_ids, self.probe_scores) if t is not None]
+        extra = [self.prefix_hidden, self.hidden] + ([] if self.word_ids is None else [self.word_ids])
         kv = self.prefix_keys + self.prefix_values + self.keys + self.values
         return tensors_nbytes(kv) + tensors_nbytes(extra)
 
@@ -122,7 +117,6 @@ class LeafTier:
             hidden=cat(self.prefix_hidden, self.hidden, 1),
             origin=torch.cat([torch.full((P,), -1), torch.arange(span.start, span.stop)]),
             position_ids=torch.arange(P + n),
-            probe_scores=None if self.probe_scores is None else cat(torch.zeros(P), self.probe_scores, 0),
         )
 
     def to_tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -135,8 +129,6 @@ class LeafTier:
         tensors["hidden"] = self.hidden[0].contiguous()
         if self.word_ids is not None:
             tensors["word_ids"] = self.word_ids.contiguous()
-        if self.probe_scores is not None:
-            tensors["probe_scores"] = self.probe_scores.contiguous()
         meta = {
             "format": SERIAL_FORMAT,
             "version": str(SERIAL_VERSION),
@@ -168,7 +160,6 @@ class LeafTier:
                 values=tuple(tensors[f"v.{i}"][None] for i in range(layers)),
                 hidden=tensors["hidden"][None],
                 word_ids=tensors.get("word_ids"),
-                probe_scores=tensors.get("probe_scores"),
                 seconds=float(meta.get("seconds", "0")),
             )
         except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
@@ -189,10 +180,7 @@ class LeafTier:
             raise ValueError(f"leaf tier prefix/hidden lengths do not match the plan ({P} + {L} tokens)")
         if self.word_ids is not None and self.word_ids.shape != (L,):
             raise ValueError("leaf tier word ids do not cover the document")
-        if self.probe_scores is not None and self.probe_scores.shape != (L,):
-            raise ValueError("leaf tier probe scores do not cover the document")
         floats = [*kv, *pkv, self.hidden, self.prefix_hidden]
-        floats += [] if self.probe_scores is None else [self.probe_scores]
         if not all(t.dtype.is_floating_point and bool(torch.isfinite(t).all()) for t in floats):
             raise ValueError("leaf tier tensors hold NaN, infinite or non-float values")
 

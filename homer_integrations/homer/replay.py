@@ -37,7 +37,6 @@ class TierCompressor(HomerCompressor):
     ) -> LeafTier:
         """Run every leaf's prefix [P] + piece through the leaf layers once, without a suffix, and keep
         what a question needs (see ``LeafTier``). The split is planned for ``suffix_reserve`` suffix tokens.
-        A probing scorer (``Scorer.probes``) also scores every leaf from its probe rows, once.
         """
         start = time.perf_counter()
         stack, s = self.stack, self.settings
@@ -52,17 +51,11 @@ class TierCompressor(HomerCompressor):
         keys = [stack.empty(doc_shape) for _ in layers]
         values = [stack.empty(doc_shape) for _ in layers]
         hidden = stack.empty((1, L, prefix_hidden.shape[2]))
-        probes = self.scoring.scorer.probes
-        probe_scores = torch.zeros(L) if probes else None
         for index in range(plan.num_leaves):
             span = plan.piece(index)
             cache = cache_from_tensors(prefix_keys, prefix_values)
             positions = torch.arange(P, P + span.stop - span.start)
             hidden[:, span] = self._extend(stack.embed(document_ids[span]), positions, cache, layers)[0]
-            if probe_scores is not None:
-                probe_scores[span] = self._probe(
-                    cache, torch.arange(P + span.stop - span.start), document_ids[span], layers
-                )[P:]
             for k, v, (ck, cv) in zip(keys, values, zip(*layer_tensors(cache), strict=True), strict=True):
                 k[:, :, span] = ck[:, :, P:]
                 v[:, :, span] = cv[:, :, P:]
@@ -80,7 +73,6 @@ class TierCompressor(HomerCompressor):
             values=tuple(values),
             hidden=hidden,
             word_ids=word_ids,
-            probe_scores=probe_scores,
             seconds=time.perf_counter() - start,
         )
 
@@ -88,7 +80,6 @@ class TierCompressor(HomerCompressor):
     def replay(self, tier: LeafTier, suffix_ids: torch.Tensor, progress: ProgressFn | None = None) -> CompressionResult:
         """The compression ``compress`` would make of the tier's document with this suffix [S] (the same
         split), computed from the tier: only the suffix runs the leaf layers, then pruning and the upper levels.
-        A probing scorer prunes the leaves by the probe scores the tier holds.
         """
         start = time.perf_counter()
         plan, schedule = self._replay_plan(tier, suffix_ids)
@@ -127,7 +118,7 @@ class TierCompressor(HomerCompressor):
                 chunk, scores = self._replayed_leaf(tier.leaf(first), suffix_ids, plan, leaf_layers, leaf_target)
                 if scores is not None:
                     ranked = self.scoring.without(ScoreMemory).rank(scores, chunk, self._words(chunk))
-                    chunk.memory = torch.maximum(chunk.memory, standardise(ranked, chunk.reducible))
+                    chunk.memory = standardise(ranked, chunk.reducible)
                 if progress is not None:
                     progress(int(chunk.reducible.sum()))
             else:
@@ -151,8 +142,8 @@ class TierCompressor(HomerCompressor):
 
     def _replay_plan(self, tier: LeafTier, suffix_ids: torch.Tensor) -> tuple[ChunkPlan, LayerSchedule]:
         """The tier's split with this suffix, and its schedule (which must run the tier's leaf layers)."""
-        if self.scoring.scorer.probes and tier.probe_scores is None:
-            raise ValueError("this scorer prunes leaves by probe scores: build the leaf tier with it")
+        if self.scoring.scorer.probes:
+            raise ValueError("a leaf tier replays question-aware scoring: use Scoring.with_question()")
         plan = tier.plan.with_suffix(suffix_ids.numel())
         schedule = self._schedule(plan)
         if len(schedule.layers_at(0)) != tier.leaf_layers:
@@ -187,22 +178,8 @@ class TierCompressor(HomerCompressor):
             cache=cache_from_tensors(part.keys, part.values),
         )
         scored = chunk if chunk.length > target_len else None
-        probe = scored is not None and self.scoring.scorer.probes
         suffix_hidden, scores = self._extend(
-            self.stack.embed(suffix_ids), suffix_positions, chunk.cache, layers, None if probe else scored
+            self.stack.embed(suffix_ids), suffix_positions, chunk.cache, layers, scored
         )
         chunk.hidden = torch.cat([part.hidden, suffix_hidden], dim=1)
-        if probe:
-            scores = torch.cat([part.probe_scores, torch.zeros(S)])
-        elif scored is not None and part.probe_scores is not None and self._remembers:
-            # the question-agnostic probe scores seed the leaf's memory: a token survives when either
-            # the question or the reconstruction finds it salient
-            prior = self.scoring.without(ScoreMemory).rank(
-                torch.cat([part.probe_scores, torch.zeros(S)]), chunk, self._words(chunk)
-            )
-            chunk.memory = standardise(prior, chunk.reducible)
         return chunk, scores
-
-    @property
-    def _remembers(self) -> bool:
-        return any(isinstance(u, ScoreMemory) for u in self.scoring.units)

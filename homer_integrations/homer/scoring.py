@@ -66,4 +66,5 @@ class Scoring:
     def with_reconstruction(self, prompt_ids: torch.Tensor) -> Scoring:
         """Leaves scored by reconstruction (``ReconstructionScorer`` with ``prompt_ids`` [R] before the
         repeated piece), merged nodes by this scoring's scorer; the units stay."""
-        return replace(self, scorer=ReconstructionScorer(tuple(prompt_ids.tolist()), merged=self.scorer))
+        merged = self.scorer.with_question()  # never a probe inside a probe
+        return replace(self, scorer=ReconstructionScorer(tuple(prompt_ids.tolist()), merged=merged))

@@ -163,9 +163,10 @@ def test_the_leaf_tier_splits_the_document_as_the_shared_root_does(tokenizer, ca
 
 
 def test_reconstruction_root_is_one_depth_first_compression(tokenizer, calib, text):
-    base = make_engine(tokenizer, calib)
+    base = make_engine(tokenizer, calib, shared_scorer="last_token")
+    engine = make_engine(tokenizer, calib)  # the default shared scorer: reconstruction
     scoring = base.scoring.with_reconstruction(encode(tokenizer, REPEAT_PROMPT))
-    engine = HomerModel(base.model, tokenizer, base.config, calibration_dir=calib, progress=False, scoring=scoring)
+    assert engine.scoring == scoring == scoring.with_reconstruction(encode(tokenizer, REPEAT_PROMPT))
     shared = engine.run(text, "Who?", max_new_tokens=3)
     shared.text()
     assert shared.info.mode == "shared" and shared.info.cache_source == "computed"

@@ -9,7 +9,6 @@ from transformers.models.llama.modeling_llama import repeat_kv
 from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.replay import TierCompressor
-from homer_integrations.homer.score_units import ScoreMemory
 from homer_integrations.homer.scorers import (
     EveryLayer,
     LastTokenScorer,
@@ -96,63 +95,39 @@ def test_reconstruction_scores_are_the_repeat_rows_best_attention(kind):
     g = torch.Generator().manual_seed(0)
     prefix, doc, suffix = (torch.randint(0, 256, (n,), generator=g) for n in (5, 200, 4))
     scorer = ReconstructionScorer(prompt_ids=(7, 8, 9), merged=LastTokenScorer(calibrated=False))
-    settings = CompressorSettings(
-        max_chunk_len=128, warmup_layers=3, final_cache_len=64, scoring=Scoring(scorer), suffix_reserve=4
-    )
+    settings = CompressorSettings(max_chunk_len=128, warmup_layers=3, final_cache_len=64, scoring=Scoring(scorer))
     events = []
-    comp = TierCompressor(DecoderStack(model), settings, None, events.append)
-    plain = TierCompressor(DecoderStack(model), replace(settings, scoring=Scoring()), None)
-    with pytest.raises(ValueError, match="probe scores"):
-        comp.replay(plain.build_leaf_tier(prefix, doc), suffix)
-    tier = comp.build_leaf_tier(prefix, doc)
-    result = comp.replay(tier, suffix)
-    assert result.keys[0].shape[2] == 64 and tier.plan.height == 1
+    result = HomerCompressor(DecoderStack(model), settings, None, events.append).compress(prefix, doc, suffix)
+    assert result.keys[0].shape[2] == 64 and result.plan.height == 1
+    leaf0 = events[0]
+    assert leaf0.layer == result.schedule.layers_at(0)[-1]
     # leaf 0 against one eager forward of its prefix + piece with the probe appended
-    piece = doc[tier.plan.piece(0)]
+    piece = doc[result.plan.piece(0)]
     ids = torch.cat([prefix, piece, torch.tensor([7, 8, 9]), piece])
     model.set_attn_implementation("eager")
     with torch.no_grad():
-        attn = model(ids[None], output_attentions=True).attentions[tier.leaf_layers - 1][0]  # [H, N, N]
+        attn = model(ids[None], output_attentions=True).attentions[leaf0.layer][0]  # [H, N, N]
     length = 5 + piece.numel()
     expected = attn[:, length:, :length].amax(dim=(0, 1)).clamp(min=1e-12).log()
-    torch.testing.assert_close(tier.probe_scores[: piece.numel()], expected[5:], atol=1e-4, rtol=1e-4)
-    leaf0 = events[0]
-    assert leaf0.layer == tier.leaf_layers - 1
-    assert torch.equal(leaf0.scores[leaf0.reducible], tier.probe_scores[: piece.numel()]), "leaves prune by them"
-    # one depth-first compression from scratch probes and prunes its leaves the same way
-    scratch = comp.compress(prefix, doc, suffix, plan=tier.plan.with_suffix(4))
-    assert torch.equal(scratch.origin, result.origin)
-    for a, b in zip(scratch.keys + scratch.values, result.keys + result.values, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
-    # the probe rows leave nothing behind: the kept tokens' leaf-layer K/V are the tier's own
-    doc_rows = (result.origin >= 0).nonzero().squeeze(1)
-    kept = result.origin[doc_rows]
-    for layer in range(tier.leaf_layers):
-        torch.testing.assert_close(result.keys[layer][:, :, doc_rows], tier.keys[layer][:, :, kept], atol=0, rtol=0)
+    torch.testing.assert_close(leaf0.scores[leaf0.reducible], expected[5:], atol=1e-4, rtol=1e-4)
+    # the probe rows leave nothing behind: leaf 0's surviving tokens keep its own forward's K/V
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        plain = model(torch.cat([prefix, piece, suffix])[None], use_cache=True).past_key_values
+    rows = ((result.origin >= 0) & (result.origin < piece.numel())).nonzero().squeeze(1)
+    assert rows.numel() > 0
+    for layer in result.schedule.layers_at(0):
+        expected_keys = plain.layers[layer].keys[:, :, 5 + result.origin[rows]]
+        torch.testing.assert_close(result.keys[layer][:, :, rows], expected_keys, atol=1e-5, rtol=0)
 
 
-def test_probe_scores_in_a_tier_seed_the_question_replays_memory():
+def test_a_probing_scorer_cannot_replay_a_tier():
     model = tiny_model("llama", vocab_size=256)
-    g = torch.Generator().manual_seed(0)
-    prefix, doc, suffix = (torch.randint(0, 256, (n,), generator=g) for n in (5, 200, 4))
-    last = LastTokenScorer(calibrated=False)
-    settings = CompressorSettings(max_chunk_len=128, warmup_layers=3, final_cache_len=64, suffix_reserve=4)
-
-    def leaf_scores(scorer, tier) -> list[torch.Tensor]:
-        events = []
-        scoring = Scoring(scorer, (ScoreMemory(),))
-        TierCompressor(DecoderStack(model), replace(settings, scoring=scoring), None, events.append).replay(
-            tier, suffix
-        )
-        return [e.scores[e.reducible] for e in events[:2]]  # the two leaves
-
-    recon = Scoring(ReconstructionScorer(prompt_ids=(7, 8, 9), merged=last), (ScoreMemory(),))
-    tier = TierCompressor(DecoderStack(model), replace(settings, scoring=recon), None).build_leaf_tier(prefix, doc)
-    plain_tier = replace(tier, probe_scores=None)
-    question_only = leaf_scores(last, plain_tier)
-    with_prior = leaf_scores(last, tier)
-    for i, (q, both) in enumerate(zip(question_only, with_prior, strict=True)):
-        prior = tier.probe_scores[tier.plan.piece(i)]
-        expected = torch.maximum((prior - prior.mean()) / prior.std(), q)
-        torch.testing.assert_close(both, expected, atol=1e-5, rtol=0)
-        assert not torch.equal(both, q)
+    scoring = Scoring(ReconstructionScorer(prompt_ids=(7,), merged=LastTokenScorer(calibrated=False)))
+    settings = CompressorSettings(max_chunk_len=128, warmup_layers=3, final_cache_len=64, scoring=scoring)
+    comp = TierCompressor(DecoderStack(model), settings, None)
+    tier = comp.build_leaf_tier(torch.arange(5), torch.arange(200) % 256)
+    with pytest.raises(ValueError, match="with_question"):
+        comp.replay(tier, torch.arange(4))
+    replayed = TierCompressor(DecoderStack(model), replace(settings, scoring=scoring.with_question()), None)
+    assert replayed.replay(tier, torch.arange(4)).keys[0].shape[2] == 64
