@@ -127,3 +127,19 @@ def uncalibrated(pooling: int = 1, words: bool = False, memory: bool = False):
     units += [WordUnits()] if words else []
     units += [ScoreMemory()] if memory else []
     return Scoring(LastTokenScorer(calibrated=False), tuple(units))
+
+
+def assert_tree_invariants(result, model, prefix_len: int, suffix_len: int, max_chunk_len: int) -> None:
+    """A compression's cache: one length in every layer, within the chunk, positions below it, the
+    affixes kept whole at both ends and the kept document tokens in document order."""
+    lengths = {k.shape[2] for k in result.keys} | {v.shape[2] for v in result.values}
+    assert len(lengths) == 1, "all layers hold the same tokens"
+    (length,) = lengths
+    assert length <= max_chunk_len and len(result.keys) == model.config.num_hidden_layers
+    assert int(result.position_ids.max()) < max_chunk_len
+    origin = result.origin
+    assert origin[:prefix_len].tolist() == [-1] * prefix_len
+    assert origin[-suffix_len:].tolist() == [-1] * suffix_len
+    kept = origin[origin >= 0]
+    assert kept.numel() == length - prefix_len - suffix_len
+    assert bool((kept.diff() > 0).all()), "kept tokens stay in document order"

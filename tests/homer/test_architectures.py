@@ -24,17 +24,10 @@ from homer_integrations.homer.compressor import CompressorSettings, HomerCompres
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.generation import DecodeState, GenerationOptions, decode
 from homer_integrations.homer.kv import cache_from_tensors
+from tests import conftest
 from tests.conftest import uncalibrated
 
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=6,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=2048,
-    vocab_size=256,
-)
+TINY = {**conftest.TINY, "vocab_size": 256}
 WINDOW = 24  # below every test's chunk length, so sliding layers must cut
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -145,15 +138,7 @@ def test_tree_invariants_and_decoding_from_the_cache(kind):
     model = build(kind)
     result, (p, _, s) = compress(model, 700)
     assert result.plan.height >= 2
-    (length,) = {k.shape[2] for k in result.keys} | {v.shape[2] for v in result.values}
-    assert length <= MCL and len(result.keys) == model.config.num_hidden_layers
-    assert int(result.position_ids.max()) < MCL
-    origin = result.origin
-    assert origin[: p.numel()].tolist() == [-1] * p.numel()
-    assert origin[-s.numel() :].tolist() == [-1] * s.numel()
-    kept = origin[origin >= 0]
-    assert kept.numel() == length - p.numel() - s.numel()
-    assert bool((kept.diff() > 0).all()), "kept tokens stay in document order"
+    conftest.assert_tree_invariants(result, model, p.numel(), s.numel(), MCL)
     assert torch.isfinite(result.next_token_logits).all()
 
     # A question after the cache: transformers' forward (its own masks, sliding windows included)

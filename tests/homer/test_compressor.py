@@ -8,7 +8,7 @@ from homer_integrations.homer.architectures import UnsupportedModelError
 from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.pruning import keep_mask
-from tests.conftest import tiny_model, uncalibrated
+from tests.conftest import assert_tree_invariants, tiny_model, uncalibrated
 
 KINDS = ["llama", "mistral", "qwen2"]
 # fp32 on CPU: our layer loop calls the same modules as the model's forward, so only the
@@ -52,18 +52,7 @@ def test_tree_invariants(kind, doc_len):
     mcl = 128
     result, (p, _, s) = compress(model, doc_len, mcl=mcl)
     assert result.plan.height >= 2
-    lengths = {k.shape[2] for k in result.keys} | {v.shape[2] for v in result.values}
-    assert len(lengths) == 1, "all layers hold the same tokens"
-    (length,) = lengths
-    assert length <= mcl
-    assert len(result.keys) == model.config.num_hidden_layers
-    assert int(result.position_ids.max()) < mcl
-    origin = result.origin
-    assert origin[: p.numel()].tolist() == [-1] * p.numel()
-    assert origin[-s.numel() :].tolist() == [-1] * s.numel()
-    kept = origin[origin >= 0]
-    assert kept.numel() == length - p.numel() - s.numel()
-    assert bool((kept.diff() > 0).all()), "kept tokens stay in document order"
+    assert_tree_invariants(result, model, p.numel(), s.numel(), mcl)
     assert result.last_position == int(result.position_ids[-1])
 
 
