@@ -24,6 +24,7 @@ $py benchmarks/passkey.py run --models $qwen --lengths 32000 --samples 2 --no-ab
 $py benchmarks/passkey.py report
 $py benchmarks/two_tier.py run --tokens 8000 --samples 4                  # plain / shared / per-question tree / flat
 $py benchmarks/two_tier.py run --tokens 16000 --samples 1                 # one document: ~25 min on 2 cores
+$py benchmarks/two_tier.py run --tokens 16000 --samples 2 --methods plain shared shared_recon
 $py benchmarks/two_tier.py trace --tokens 8000 --seeds 2000 2001            # where the facts are lost
 # the *_reserve64 rows came from the first tier split (64 reserved suffix tokens) and are not rerun
 $py benchmarks/two_tier.py report
