@@ -457,7 +457,10 @@ class HomerModel:
         compressor = self._compressor(prunes, query_aware=False, full=full)
         with self._progress(document_ids.numel(), "HOMER compress") as bar:
             words = self._words(document, document_ids) if prunes else None
-            result = compressor.compress(prefix_ids, document_ids, suffix_ids, progress=bar.update, word_ids=words)
+            compress = (
+                compressor.compress_flat if self.config.shared_root == "flat" and not full else compressor.compress
+            )
+            result = compress(prefix_ids, document_ids, suffix_ids, progress=bar.update, word_ids=words)
         doc = self._document(key, result, prompt_len, None)
         logger.info(
             "compressed %d document tokens into %d cache tokens in %.1fs (tree height %d)",

@@ -9,6 +9,7 @@ query-aware ``compress`` from scratch) or one flat selection across all leaves (
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -21,6 +22,10 @@ from homer_integrations.homer.merging import merge_siblings
 from homer_integrations.homer.pruning import keep_mask, standardise
 from homer_integrations.homer.schedule import LayerSchedule
 from homer_integrations.homer.score_units import ScoreMemory
+
+FlatLeafFn = Callable[[int, int], "tuple[Chunk, torch.Tensor | None]"]
+"""(leaf index, target length) -> that leaf through the leaf layers, unpruned, and its scores [T] (None
+when it fits the target)."""
 
 
 class TierCompressor(HomerCompressor):
@@ -42,33 +47,29 @@ class TierCompressor(HomerCompressor):
         stack, s = self.stack, self.settings
         plan = ChunkPlan.build(prefix_ids.numel(), document_ids.numel(), 0, s.max_chunk_len, s.suffix_reserve)
         layers = self._schedule(plan).layers_at(0)
-        P, L = plan.prefix_len, plan.document_len
-        kv_shape = (1, stack.num_kv_heads, 0, stack.head_dim)
-        prefix_cache = cache_from_tensors(*[[stack.empty(kv_shape) for _ in layers] for _ in "kv"])
-        prefix_hidden = self._extend(stack.embed(prefix_ids), torch.arange(P), prefix_cache, layers)[0]
-        prefix_keys, prefix_values = layer_tensors(prefix_cache)
-        doc_shape = (1, stack.num_kv_heads, L, stack.head_dim)
+        prefix = self._prefix_part(prefix_ids, layers)
+        doc_shape = (1, stack.num_kv_heads, plan.document_len, stack.head_dim)
         keys = [stack.empty(doc_shape) for _ in layers]
         values = [stack.empty(doc_shape) for _ in layers]
-        hidden = stack.empty((1, L, prefix_hidden.shape[2]))
+        hidden = stack.empty((1, plan.document_len, prefix.hidden.shape[2]))
+        P = plan.prefix_len
         for index in range(plan.num_leaves):
             span = plan.piece(index)
-            cache = cache_from_tensors(prefix_keys, prefix_values)
-            positions = torch.arange(P, P + span.stop - span.start)
-            hidden[:, span] = self._extend(stack.embed(document_ids[span]), positions, cache, layers)[0]
-            for k, v, (ck, cv) in zip(keys, values, zip(*layer_tensors(cache), strict=True), strict=True):
-                k[:, :, span] = ck[:, :, P:]
-                v[:, :, span] = cv[:, :, P:]
-            del cache
+            part = self._leaf_part(prefix, document_ids[span], span.start, layers)
+            hidden[:, span] = part.hidden[:, P:]
+            for k, v, pk, pv in zip(keys, values, part.keys, part.values, strict=True):
+                k[:, :, span] = pk[:, :, P:]
+                v[:, :, span] = pv[:, :, P:]
+            del part
             if progress is not None:
                 progress(span.stop - span.start)
         return LeafTier(
             key=key,
             plan=plan,
             leaf_layers=len(layers),
-            prefix_keys=tuple(prefix_keys),
-            prefix_values=tuple(prefix_values),
-            prefix_hidden=prefix_hidden,
+            prefix_keys=tuple(prefix.keys),
+            prefix_values=tuple(prefix.values),
+            prefix_hidden=prefix.hidden,
             keys=tuple(keys),
             values=tuple(values),
             hidden=hidden,
@@ -98,16 +99,59 @@ class TierCompressor(HomerCompressor):
     def replay_flat(
         self, tier: LeafTier, suffix_ids: torch.Tensor, progress: ProgressFn | None = None
     ) -> CompressionResult:
-        """Question-aware selection across all leaves at once, then the upper layers over one node.
-
-        Every leaf scores its tokens once, in its own context with the question in its suffix (the
-        tree's leaf scores, word units, standardised per leaf); the ``final_cache_len`` best document
-        tokens of the whole document survive (pairwise, in document order, affixes averaged as the
-        tree averages them), and every layer above the leaves runs once over that single node.
-        A fact is judged where it is clearest and never again by a merged node's noisier context.
-        """
+        """Question-aware selection across all leaves at once (see ``_flat``), from the tier."""
         start = time.perf_counter()
         plan, schedule = self._replay_plan(tier, suffix_ids)
+
+        def leaf(index: int, target_len: int) -> tuple[Chunk, torch.Tensor | None]:
+            return self._replayed_leaf(tier.leaf(index), suffix_ids, plan, schedule.layers_at(0), target_len)
+
+        return self._result(self._flat(leaf, plan, schedule, progress), plan, schedule, start)
+
+    @torch.inference_mode()
+    def compress_flat(
+        self,
+        prefix_ids: torch.Tensor,
+        document_ids: torch.Tensor,
+        suffix_ids: torch.Tensor,
+        progress: ProgressFn | None = None,
+        word_ids: torch.Tensor | None = None,
+    ) -> CompressionResult:
+        """``_flat`` from the document's tokens: each leaf runs prefix [P] + piece, is scored (by its
+        scorer's probe rows, or by the suffix [S] run after it), pruned and dropped before the next;
+        no tier is held, so peak memory stays that of one leaf plus the kept tokens."""
+        start = time.perf_counter()
+        s = self.settings
+        plan = ChunkPlan.build(prefix_ids.numel(), document_ids.numel(), suffix_ids.numel(), s.max_chunk_len)
+        schedule = self._schedule(plan)
+        layers = schedule.layers_at(0)
+        prefix = self._prefix_part(prefix_ids, layers)
+        self._word_ids = word_ids
+
+        def leaf(index: int, target_len: int) -> tuple[Chunk, torch.Tensor | None]:
+            span = plan.piece(index)
+            part = self._leaf_part(prefix, document_ids[span], span.start, layers)
+            probed = None
+            if self.scoring.scorer.probes and part.hidden.shape[1] + plan.suffix_len > target_len:
+                cache = cache_from_tensors(part.keys, part.values)
+                probed = self._probe(cache, part.position_ids, document_ids[span], layers)
+                target_len = 1 << 62  # the suffix's own scores are not needed
+            chunk, scores = self._replayed_leaf(part, suffix_ids, plan, layers, target_len)
+            if probed is not None:
+                scores = torch.cat([probed, torch.zeros(plan.suffix_len)])
+            return chunk, scores
+
+        return self._result(self._flat(leaf, plan, schedule, progress), plan, schedule, start)
+
+    def _flat(self, leaf: FlatLeafFn, plan: ChunkPlan, schedule: LayerSchedule, progress: ProgressFn | None) -> Chunk:
+        """One selection across all leaves, then the upper layers over one node.
+
+        Every leaf scores its tokens once, in its own context (the scoring's units but memory,
+        standardised per leaf); the ``final_cache_len`` best document tokens of the whole document
+        survive (pairwise, in document order, affixes averaged as the tree averages them), and every
+        layer above the leaves runs once over that single node. A fact is judged where it is
+        clearest and never again by a merged node's noisier context.
+        """
         leaf_layers = schedule.layers_at(0)
         self._alive, self._peak = [], 0
         target = self.settings.final_cache_len
@@ -115,7 +159,7 @@ class TierCompressor(HomerCompressor):
 
         def select(first: int, height: int) -> Chunk:
             if height == 0:
-                chunk, scores = self._replayed_leaf(tier.leaf(first), suffix_ids, plan, leaf_layers, leaf_target)
+                chunk, scores = leaf(first, leaf_target)
                 if scores is not None:
                     ranked = self.scoring.without(ScoreMemory).rank(scores, chunk, self._words(chunk))
                     chunk.memory = standardise(ranked, chunk.reducible)
@@ -132,13 +176,37 @@ class TierCompressor(HomerCompressor):
                 if self.observer is not None:
                     self.observer(PruneEvent(leaf_layers[-1], chunk.origin, chunk.reducible, chunk.memory, mask))
                 chunk.keep(mask)
+            self._record_peak(chunk)
             return chunk
 
         root = select(0, plan.height)
         upper = range(leaf_layers.stop, self.stack.num_layers)
         if upper:
             self._run_layers(root, upper, target, is_root=True)
-        return self._result(root, plan, schedule, start)
+        return root
+
+    def _prefix_part(self, prefix_ids: torch.Tensor, layers: range) -> LeafSlice:
+        """The prefix [P] through ``layers``, identical in every leaf (same tokens and positions)."""
+        stack, P = self.stack, prefix_ids.numel()
+        kv_shape = (1, stack.num_kv_heads, 0, stack.head_dim)
+        cache = cache_from_tensors(*[[stack.empty(kv_shape) for _ in layers] for _ in "kv"])
+        hidden = self._extend(stack.embed(prefix_ids), torch.arange(P), cache, layers)[0]
+        keys, values = layer_tensors(cache)
+        return LeafSlice(keys, values, hidden, torch.full((P,), -1), torch.arange(P))
+
+    def _leaf_part(self, prefix: LeafSlice, piece_ids: torch.Tensor, offset: int, layers: range) -> LeafSlice:
+        """One leaf's prefix + piece of n tokens (document indices from ``offset``) through ``layers``."""
+        P, n = prefix.hidden.shape[1], piece_ids.numel()
+        cache = cache_from_tensors(prefix.keys, prefix.values)
+        hidden = self._extend(self.stack.embed(piece_ids), torch.arange(P, P + n), cache, layers)[0]
+        keys, values = layer_tensors(cache)
+        return LeafSlice(
+            keys=keys,
+            values=values,
+            hidden=torch.cat([prefix.hidden, hidden], dim=1),
+            origin=torch.cat([prefix.origin, torch.arange(offset, offset + n)]),
+            position_ids=torch.arange(P + n),
+        )
 
     def _replay_plan(self, tier: LeafTier, suffix_ids: torch.Tensor) -> tuple[ChunkPlan, LayerSchedule]:
         """The tier's split with this suffix, and its schedule (which must run the tier's leaf layers)."""

@@ -5,7 +5,9 @@ import torch
 
 from homer_integrations.homer.compressor import CompressorSettings
 from homer_integrations.homer.decoder import DecoderStack
+from homer_integrations.homer.kv import cache_from_tensors
 from homer_integrations.homer.leaf_tier import LeafTier
+from homer_integrations.homer.pruning import standardise
 from homer_integrations.homer.replay import TierCompressor
 from tests.conftest import tiny_model, uncalibrated
 
@@ -162,3 +164,42 @@ def test_flat_replay_keeps_the_best_leaf_tokens_and_runs_the_upper_layers_once(k
     # words (units of two tokens) survive whole, but for a tie cut at the edge of each selection
     split = [w for w in set((kept // 2).tolist()) if (kept // 2 == w).sum() == 1 and 2 * w + 1 < doc_len]
     assert len(split) <= len(events)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("doc_len", [100, 400, 800])
+def test_flat_compression_from_scratch_equals_the_flat_replay(kind, doc_len):
+    model = tiny_model(kind, vocab_size=256)
+    prefix, doc, suffix = ids(model, 5, 1), ids(model, doc_len, 2), ids(model, RESERVE, 3)
+    words = torch.arange(doc_len) // 2
+    comp = compressor(model, final_cache_len=64, scoring=uncalibrated(3, words=True))
+    tier = comp.build_leaf_tier(prefix, doc, word_ids=words)
+    assert_same_compression(comp.compress_flat(prefix, doc, suffix, word_ids=words), comp.replay_flat(tier, suffix))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_flat_reconstruction_root_prunes_each_leaf_once_by_its_probe_scores(kind):
+    model = tiny_model(kind, vocab_size=256)
+    prefix, doc, suffix = ids(model, 5, 1), ids(model, 800, 2), ids(model, RESERVE, 3)
+    comp = compressor(model, final_cache_len=96, scoring=uncalibrated().with_reconstruction(ids(model, 6, 4)))
+    events = []
+    comp.observer = events.append
+    result = comp.compress_flat(prefix, doc, suffix)
+    tier = compressor(model).build_leaf_tier(prefix, doc)
+    assert result.plan.height >= 2
+    assert {k.shape[2] for k in result.keys + result.values} == {96}
+    kept = result.origin[result.origin >= 0]
+    assert torch.equal(kept, kept.sort().values) and kept.numel() == 96 - 5 - RESERVE
+    doc_rows = (result.origin >= 0).nonzero().squeeze(1)
+    for layer in range(tier.leaf_layers):
+        torch.testing.assert_close(result.keys[layer][:, :, doc_rows], tier.keys[layer][:, :, kept], atol=ATOL, rtol=0)
+    # leaf 0 (longer than the target alone) was pruned by its standardised probe scores
+    part = tier.leaf(0)
+    cache = cache_from_tensors(part.keys, part.values)
+    scores = comp._probe(cache, part.position_ids, doc[tier.plan.piece(0)], range(tier.leaf_layers))
+    reducible = part.origin >= 0
+    first = events[0]
+    assert torch.equal(first.origin[first.reducible], part.origin[reducible])
+    torch.testing.assert_close(
+        first.scores[first.reducible], standardise(scores, reducible)[reducible], atol=1e-3, rtol=0
+    )
