@@ -30,6 +30,13 @@ ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
     # the mean score of the last 16 suffix rows instead of the last row
     "observation_window_16": lambda s: replace(s, scorer=LastTokenScorer(rows=16)),
 }
+"""Ablations of the paper's last-token recipe (``HomerConfig(shared_scorer="last_token")``)."""
+
+RECONSTRUCTION_ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
+    # reconstruction probes only the last leaf layer (the default probes every leaf layer)
+    "reconstruction_last_layer": lambda s: replace(s, scorer=replace(s.scorer, every_layer=False)),
+}
+"""Ablations of the reconstruction-scored shared root (a ``Scoring`` whose scorer probes)."""
 
 
 def ablation(name: str, config: HomerConfig) -> Scoring:

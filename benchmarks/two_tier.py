@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from ablations import RECONSTRUCTION_ABLATIONS
 from passkey_lib import INSTRUCTION
 
 from homer_integrations import HomerConfig, HomerModel
@@ -47,10 +48,22 @@ from homer_integrations.paths import bundled_text
 
 RESULTS = Path(__file__).parent / "results"
 SAMPLES = RESULTS / "two_tier_samples.jsonl"
-METHODS = ("plain", "shared", "shared_recon", "per_question", "per_question_flat")
+METHODS = (
+    "plain",
+    "shared",
+    "shared_recon",
+    "shared_recon_flat",
+    "shared_recon_last_layer",
+    "shared_recon_flat_last_layer",
+    "per_question",
+    "per_question_flat",
+)
 """``shared`` and ``per_question*`` use the paper's last-token scorer for the shared root
 (``shared_scorer="last_token"``); ``shared_recon`` scores the shared root's leaves by context
-reconstruction (KVzip; the package default). A per-question variant whose leaves started their score
+reconstruction (KVzip; the package default); ``shared_recon_flat`` selects its root from those leaf
+scores at once (``shared_root="flat"``) instead of pruning again at every merged node; the
+``*_last_layer`` rows are the ablation that probes only the last leaf layer (the first version).
+A per-question variant whose leaves started their score
 memory from the reconstruction scores answered 9/12 at 8k like ``per_question`` and was removed
 (its rows are in commit 03c69c5)."""
 OPTIONS = GenerationOptions(max_new_tokens=12)
@@ -155,13 +168,18 @@ def homer_answers(engine: HomerModel, sample: Sample, mode: str) -> tuple[float,
 
 def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
     """A fresh engine for ``method`` (nothing cached from another method) and the mode it answers in."""
-    recon = method == "shared_recon"
+    recon = method.startswith("shared_recon")
+    flat = "flat" if "flat" in method else "tree"
     config = HomerConfig(
         system_prompt=INSTRUCTION,
-        replay="flat" if method.endswith("flat") else "tree",
+        replay=flat,
+        shared_root=flat,
         shared_scorer="reconstruction" if recon else "last_token",
     )
     engine = HomerModel(model, tok, config, model_name=name, progress=False)
+    if method.endswith("_last_layer"):
+        scoring = RECONSTRUCTION_ABLATIONS["reconstruction_last_layer"](engine.scoring)
+        engine = HomerModel(model, tok, config, model_name=name, progress=False, scoring=scoring)
     return engine, "shared" if method.startswith("shared") else "query_aware"
 
 

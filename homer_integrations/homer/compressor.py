@@ -270,7 +270,7 @@ class HomerCompressor:
         reducible = torch.ones(length, dtype=torch.bool)
         evidence: list[torch.Tensor] = []
         for layer_idx in layers:
-            score_here = scorer.scores_at(layer_idx, layers)
+            score_here = scorer.probe_scores_at(layer_idx, layers)
             hidden, query = stack.attention(layer_idx, hidden, rope, cache, query_rows=rows if score_here else 0)
             if score_here:
                 x = ScoreInput(
@@ -281,7 +281,7 @@ class HomerCompressor:
                 hidden = stack.mlp(layer_idx, hidden)
         for layer in cache.layers:
             layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
-        return scorer.combine(evidence, reducible)
+        return scorer.probe_combine(evidence)
 
     def _extend(
         self,

@@ -70,6 +70,14 @@ class Scorer:
         """Scores [length] of a leaf's tokens from its probe rows (``x.keys`` holds leaf and probe keys)."""
         raise NotImplementedError
 
+    def probe_scores_at(self, layer: int, layers: range) -> bool:
+        """Whether the probe rows score ``layer`` of a leaf that runs ``layers`` (default: only the last)."""
+        return layer == layers[-1]
+
+    def probe_combine(self, per_layer: list[torch.Tensor]) -> torch.Tensor:
+        """One score [T] from the probe scores of every probed layer (default: the best layer's)."""
+        return torch.stack(per_layer).amax(0)
+
     def __call__(self, x: ScoreInput) -> torch.Tensor:
         raise NotImplementedError
 
@@ -161,10 +169,15 @@ class ReconstructionScorer(Scorer):
     K/V. A token's score is the log of the most attention (softmax probability, max over probe rows
     and heads) it receives while being reconstructed. Merged nodes have no single piece to repeat;
     they are scored by ``merged`` (with score memory, the leaves' judgement carries up).
+
+    With ``every_layer`` (default) every leaf layer is probed and a token keeps its best layer's
+    score, as KVzip scores every layer: a fact is often noticed in the middle layers and not in the
+    last leaf layer (``benchmarks/ablations.py`` ``reconstruction_last_layer`` probes only that one).
     """
 
     prompt_ids: tuple[int, ...] = ()
     merged: Scorer = field(default_factory=LastTokenScorer)
+    every_layer: bool = True
     probes: bool = field(default=True, init=False, repr=False)
     block: int = field(default=256, compare=False, repr=False)
     """Probe rows per softmax block (memory: H x block x keys floats)."""
@@ -180,6 +193,15 @@ class ReconstructionScorer(Scorer):
     def with_question(self) -> Scorer:
         """A question in the suffix scores better than a question-agnostic repeat: ``merged`` scores."""
         return self.merged
+
+    def scores_at(self, layer: int, layers: range) -> bool:
+        return self.merged.scores_at(layer, layers)
+
+    def combine(self, per_layer: list[torch.Tensor], reducible: torch.Tensor) -> torch.Tensor:
+        return self.merged.combine(per_layer, reducible)
+
+    def probe_scores_at(self, layer: int, layers: range) -> bool:
+        return self.every_layer or layer == layers[-1]
 
     def probe_ids(self, piece_ids: torch.Tensor) -> torch.Tensor:
         return torch.cat([torch.tensor(self.prompt_ids, dtype=torch.long), piece_ids.cpu()])

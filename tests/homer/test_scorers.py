@@ -90,11 +90,13 @@ def test_every_layer_averages_every_layer_a_node_runs():
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_reconstruction_scores_are_the_repeat_rows_best_attention(kind):
+@pytest.mark.parametrize("every_layer", [True, False])
+def test_reconstruction_scores_are_the_repeat_rows_best_attention(kind, every_layer):
     model = tiny_model(kind, vocab_size=256)
     g = torch.Generator().manual_seed(0)
     prefix, doc, suffix = (torch.randint(0, 256, (n,), generator=g) for n in (5, 200, 4))
-    scorer = ReconstructionScorer(prompt_ids=(7, 8, 9), merged=LastTokenScorer(calibrated=False))
+    merged = LastTokenScorer(calibrated=False)
+    scorer = ReconstructionScorer(prompt_ids=(7, 8, 9), merged=merged, every_layer=every_layer)
     settings = CompressorSettings(max_chunk_len=128, warmup_layers=3, final_cache_len=64, scoring=Scoring(scorer))
     events = []
     result = HomerCompressor(DecoderStack(model), settings, None, events.append).compress(prefix, doc, suffix)
@@ -106,9 +108,11 @@ def test_reconstruction_scores_are_the_repeat_rows_best_attention(kind):
     ids = torch.cat([prefix, piece, torch.tensor([7, 8, 9]), piece])
     model.set_attn_implementation("eager")
     with torch.no_grad():
-        attn = model(ids[None], output_attentions=True).attentions[leaf0.layer][0]  # [H, N, N]
+        attentions = model(ids[None], output_attentions=True).attentions  # per layer [1, H, N, N]
     length = 5 + piece.numel()
-    expected = attn[:, length:, :length].amax(dim=(0, 1)).clamp(min=1e-12).log()
+    probed = result.schedule.layers_at(0) if every_layer else [leaf0.layer]
+    best = torch.stack([attentions[layer][0, :, length:, :length].amax(dim=(0, 1)) for layer in probed]).amax(0)
+    expected = best.clamp(min=1e-12).log()
     torch.testing.assert_close(leaf0.scores[leaf0.reducible], expected[5:], atol=1e-4, rtol=1e-4)
     # the probe rows leave nothing behind: leaf 0's surviving tokens keep its own forward's K/V
     model.set_attn_implementation("sdpa")
