@@ -180,3 +180,19 @@ def test_reconstruction_root_is_one_depth_first_compression(tokenizer, calib, te
     asked = engine.run(text, "Who is Mr. Bingley?", mode="query_aware", max_new_tokens=3)
     asked.text()
     assert asked.info.cache_source == "computed" and engine.document_cache.stats().computations == 2
+
+
+@pytest.mark.parametrize("shared_root", ["flat", "tree"])
+def test_shared_root_selection_is_a_setting_of_the_key(tokenizer, calib, text, shared_root):
+    engine = make_engine(tokenizer, calib, shared_root=shared_root, final_cache_len=64)
+    events = []
+    engine.prune_observer = events.append
+    doc = engine.compress(text)
+    assert doc.stats.tree_height >= 2 and doc.stats.cache_tokens == 64
+    layers = {e.layer for e in events}
+    if shared_root == "flat":  # every pruning happened on the leaves' own scores, nothing above them
+        assert len(layers) == 1
+    else:  # the paper's tree prunes again at the merged nodes' layers
+        assert len(layers) > 1
+    other = "tree" if shared_root == "flat" else "flat"
+    assert engine.cache_key("a", "b", "c") != make_engine(tokenizer, calib, shared_root=other).cache_key("a", "b", "c")
