@@ -33,8 +33,8 @@ ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
 """Ablations of the paper's last-token recipe (``HomerConfig(shared_scorer="last_token")``)."""
 
 RECONSTRUCTION_ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
-    # reconstruction probes only the last leaf layer (the default probes every leaf layer)
-    "reconstruction_last_layer": lambda s: replace(s, scorer=replace(s.scorer, every_layer=False)),
+    # reconstruction probes every leaf layer and keeps each token's best (the default: the last one)
+    "reconstruction_every_layer": lambda s: replace(s, scorer=replace(s.scorer, every_layer=True)),
 }
 """Ablations of the reconstruction-scored shared root (a ``Scoring`` whose scorer probes)."""
 

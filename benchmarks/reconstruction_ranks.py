@@ -88,7 +88,7 @@ def main() -> None:
         need = value_tokens(tok, sample.document, value)
         leaf = next(i for i in range(plan.num_leaves) if plan.piece(i).start <= need[0] < plan.piece(i).stop)
         span = plan.piece(leaf)
-        probe = RecordingProbe(engine.scoring.scorer.prompt_ids, piece_len=span.stop - span.start)
+        probe = RecordingProbe(engine.scoring.scorer.prompt_ids, every_layer=True, piece_len=span.stop - span.start)
         comp.scoring = Scoring(probe, engine.scoring.units)
         part = comp._leaf_part(prefix, doc_ids[span], span.start, layers)
         comp._probe(cache_from_tensors(part.keys, part.values), part.position_ids, doc_ids[span], layers)

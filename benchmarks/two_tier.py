@@ -53,8 +53,8 @@ METHODS = (
     "shared",
     "shared_recon",
     "shared_recon_flat",
-    "shared_recon_last_layer",
-    "shared_recon_flat_last_layer",
+    "shared_recon_every_layer",
+    "shared_recon_flat_every_layer",
     "per_question",
     "per_question_flat",
 )
@@ -62,7 +62,7 @@ METHODS = (
 (``shared_scorer="last_token"``); ``shared_recon`` scores the shared root's leaves by context
 reconstruction (KVzip; the package default); ``shared_recon_flat`` selects its root from those leaf
 scores at once (``shared_root="flat"``) instead of pruning again at every merged node; the
-``*_last_layer`` rows are the ablation that probes only the last leaf layer (the first version).
+``*_every_layer`` rows are the ablation that probes every leaf layer (KVzip's way), not the last one.
 A per-question variant whose leaves started their score
 memory from the reconstruction scores answered 9/12 at 8k like ``per_question`` and was removed
 (its rows are in commit 03c69c5)."""
@@ -177,8 +177,8 @@ def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
         shared_scorer="reconstruction" if recon else "last_token",
     )
     engine = HomerModel(model, tok, config, model_name=name, progress=False)
-    if method.endswith("_last_layer"):
-        scoring = RECONSTRUCTION_ABLATIONS["reconstruction_last_layer"](engine.scoring)
+    if method.endswith("_every_layer"):
+        scoring = RECONSTRUCTION_ABLATIONS["reconstruction_every_layer"](engine.scoring)
         engine = HomerModel(model, tok, config, model_name=name, progress=False, scoring=scoring)
     return engine, "shared" if method.startswith("shared") else "query_aware"
 

@@ -170,14 +170,15 @@ class ReconstructionScorer(Scorer):
     and heads) it receives while being reconstructed. Merged nodes have no single piece to repeat;
     they are scored by ``merged`` (with score memory, the leaves' judgement carries up).
 
-    With ``every_layer`` (default) every leaf layer is probed and a token keeps its best layer's
-    score, as KVzip scores every layer: a fact is often noticed in the middle layers and not in the
-    last leaf layer (``benchmarks/ablations.py`` ``reconstruction_last_layer`` probes only that one).
+    With ``every_layer`` every leaf layer is probed and a token keeps its best layer's score, as KVzip
+    scores every layer. It ranks a fact's value higher in its leaf (``benchmarks/reconstruction_ranks.py``)
+    but answered no better on the two-tier test at about 1.8x the probe cost, so the default probes
+    the last leaf layer only (``benchmarks/ablations.py`` ``reconstruction_every_layer``).
     """
 
     prompt_ids: tuple[int, ...] = ()
     merged: Scorer = field(default_factory=LastTokenScorer)
-    every_layer: bool = True
+    every_layer: bool = False
     probes: bool = field(default=True, init=False, repr=False)
     block: int = field(default=256, compare=False, repr=False)
     """Probe rows per softmax block (memory: H x block x keys floats)."""
