@@ -24,8 +24,12 @@ $py benchmarks/passkey.py run --models $qwen --lengths 32000 --samples 2 --no-ab
 $py benchmarks/passkey.py report
 $py benchmarks/two_tier.py run --tokens 8000 --samples 4                  # plain / shared / per-question tree / flat
 $py benchmarks/two_tier.py run --tokens 16000 --samples 1                 # one document: ~25 min on 2 cores
-$py benchmarks/two_tier.py run --tokens 16000 --samples 2 --methods plain shared shared_recon
+$py benchmarks/two_tier.py run --tokens 16000 --samples 2 --methods plain shared shared_recon shared_recon_flat shared_recon_flat_every_layer
+$py benchmarks/two_tier.py run --tokens 16000 --samples 1 --methods shared_recon_every_layer
+$py benchmarks/two_tier.py run --tokens 8000 --samples 4 --methods shared_recon_flat shared_recon_flat_every_layer
+$py benchmarks/reconstruction_ranks.py 16000 2001                       # where the facts rank in their leaves
 $py benchmarks/two_tier.py trace --tokens 8000 --seeds 2000 2001            # where the facts are lost
+$py benchmarks/two_tier.py trace --tokens 16000 --seeds 2001 --methods shared shared_recon
 # the *_reserve64 rows came from the first tier split (64 reserved suffix tokens) and are not rerun
 $py benchmarks/two_tier.py report
 $py benchmarks/pruning_trace.py --model $smol --tokens 16000 --samples 4
