@@ -85,7 +85,7 @@ def plain_prefill_answer(engine: HomerModel, document: str, question: str, optio
         part = head[start : start + PREFILL_CHUNK].to(device)
         positions = torch.arange(start, start + part.numel(), device=device)
         engine.model(
-            input_ids=part[None], position_ids=positions[None], past_key_values=cache, use_cache=True, logits_to_keep=1
+            input_ids=part[None], position_ids=positions[None], cache=cache, use_cache=True, logits_to_keep=1
         )
     state = DecodeState()
     prefill_seconds = time.perf_counter() - started

@@ -134,7 +134,7 @@ def plain_answers(engine: HomerModel, sample: Sample) -> tuple[float, list[dict]
     start = time.perf_counter()
     ids = torch.cat([encode(tok, lay.prefix, first=True), encode(tok, sample.document), encode(tok, lay.suffix)])
     out = engine.model(ids[None], use_cache=True, logits_to_keep=1)
-    keys, values = layer_tensors(out.past_key_values)
+    keys, values = layer_tensors(out.cache)
     prepare = time.perf_counter() - start
     rows = []
     for question in sample.questions:

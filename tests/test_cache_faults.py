@@ -129,11 +129,12 @@ def _twice(doc: CompressedDocument) -> CompressedDocument:
 
 Forgery = Callable[[CompressedDocument, CompressedDocument], CompressedDocument]
 NAN, INF = float("nan"), float("inf")
-# name: (forge(doc, other), the reason given, also caught by a cache that has no model spec)
+# name: (forge(doc, other), the reason given, also caught by a cache that has no model spec);
+# <n> in a reason stands for the document's cached token count (it depends on how the root is selected).
 FORGERIES: dict[str, tuple[Forgery, str, bool]] = {
     "fewer_layers": (lambda d, o: replace(d, keys=d.keys[:4], values=d.values[:4]), "4/4 key/value layers", False),
-    "more_kv_heads": (lambda d, o: _kv(d, lambda t: torch.cat([t, t], dim=1)), r"\(1, 4, 127, 16\), the model", False),
-    "other_head_dim": (lambda d, o: _kv(d, lambda t: t[..., :8].contiguous()), r"\(1, 2, 127, 8\), the model", False),
+    "more_kv_heads": (lambda d, o: _kv(d, lambda t: torch.cat([t, t], dim=1)), r"\(1, 4, <n>, 16\), the model", False),
+    "other_head_dim": (lambda d, o: _kv(d, lambda t: t[..., :8].contiguous()), r"\(1, 2, <n>, 8\), the model", False),
     "half_precision": (lambda d, o: _kv(d, lambda t: t.half()), "float16 .* the model needs torch.float32", False),
     "nan_key": (lambda d, o: replace(d, keys=(_poke(d.keys[0], NAN), *d.keys[1:])), "NaN or infinite", True),
     "inf_value": (lambda d, o: replace(d, values=(*d.values[:-1], _poke(d.values[-1], -INF))), "NaN or infinite", True),
@@ -141,10 +142,10 @@ FORGERIES: dict[str, tuple[Forgery, str, bool]] = {
     "last_position_not_the_max": (lambda d, o: replace(d, last_position=d.last_position - 1), "last_position", True),
     "position_at_max_chunk_len": (lambda d, o: _positions(d, -1, 128), "128 is not below max_chunk_len 128", False),
     "negative_position": (lambda d, o: _positions(d, 0, -1), r"positions span \[-1", True),
-    "float_positions": (lambda d, o: replace(d, position_ids=d.position_ids.float()), "not 127 integers", True),
+    "float_positions": (lambda d, o: replace(d, position_ids=d.position_ids.float()), "not <n> integers", True),
     "origin_past_the_document": (lambda d, o: _origin(d, -1, d.stats.document_tokens), "origins span", True),
     "origin_below_minus_one": (lambda d, o: _origin(d, 0, -2), r"origins span \[-2", True),
-    "too_many_tokens": (lambda d, o: _twice(d), "254 cached tokens, over the final cache length 128", False),
+    "too_many_tokens": (lambda d, o: _twice(d), "<2n> cached tokens, over the final cache length 128", False),
     "logits_of_another_vocabulary": (
         lambda d, o: replace(d, next_token_logits=torch.zeros(100)),
         r"\(100,\), the vocabulary has 49152",
@@ -165,6 +166,8 @@ def test_a_well_formed_entry_that_does_not_fit_the_model_is_recomputed(
 ) -> None:
     doc, other = pair
     forge, reason, model_independent = FORGERIES[name]
+    n = doc.position_ids.numel()
+    reason = reason.replace("<2n>", str(2 * n)).replace("<n>", str(n))
     write_entry(store, forge(doc, other), doc.key)
     assert_recomputed(store, doc, engine.cache_spec, f"fails validation: .*{reason}")
     if model_independent:  # a cache used without a model spec still refuses it

@@ -174,7 +174,7 @@ def decode(
         out = model(
             input_ids=input_ids.to(device)[None],
             position_ids=positions[None],
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
             logits_to_keep=1,
         )
@@ -219,7 +219,7 @@ def decode(
         out = model(
             input_ids=torch.tensor([[token]], device=device),
             position_ids=torch.tensor([[position]], device=device),
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
         )
         logits = out.logits[0, -1].float()

@@ -106,7 +106,7 @@ def test_single_chunk_matches_plain_forward(kind):
     with torch.no_grad():
         out = model(torch.cat([p, d, s])[None], use_cache=True)
     torch.testing.assert_close(result.next_token_logits, out.logits[0, -1], atol=LOGITS_ATOL, rtol=0)
-    for ours, theirs in zip(result.keys, out.past_key_values.layers, strict=True):
+    for ours, theirs in zip(result.keys, out.cache.layers, strict=True):
         kept = theirs.keys.shape[2]  # a sliding cache layer keeps only its window's tail
         torch.testing.assert_close(ours[:, :, -kept:], theirs.keys, atol=1e-5, rtol=0)
 
@@ -149,7 +149,7 @@ def test_tree_invariants_and_decoding_from_the_cache(kind):
         theirs = model(
             question[None],
             position_ids=positions[None],
-            past_key_values=cache_from_tensors(result.keys, result.values),
+            cache=cache_from_tensors(result.keys, result.values),
             use_cache=True,
         ).logits[0, -1]
         ours, _ = run_stack(DecoderStack(model), question, positions, cache_from_tensors(result.keys, result.values))

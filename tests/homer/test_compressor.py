@@ -41,7 +41,7 @@ def test_single_chunk_matches_plain_forward(kind):
     with torch.no_grad():
         out = model(ids, use_cache=True)
     torch.testing.assert_close(result.next_token_logits, out.logits[0, -1], atol=LOGITS_ATOL, rtol=0)
-    for k, layer in zip(result.keys, out.past_key_values.layers, strict=True):
+    for k, layer in zip(result.keys, out.cache.layers, strict=True):
         torch.testing.assert_close(k, layer.keys, atol=1e-5, rtol=0)
 
 

@@ -72,7 +72,7 @@ def test_replay_of_a_single_chunk_is_the_plain_forward():
     with torch.no_grad():
         out = model(torch.cat([prefix, doc, suffix])[None], use_cache=True)
     torch.testing.assert_close(replayed.next_token_logits, out.logits[0, -1], atol=ATOL, rtol=0)
-    for k, layer in zip(replayed.keys, out.past_key_values.layers, strict=True):
+    for k, layer in zip(replayed.keys, out.cache.layers, strict=True):
         torch.testing.assert_close(k, layer.keys, atol=1e-5, rtol=0)
 
 

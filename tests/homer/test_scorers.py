@@ -117,7 +117,7 @@ def test_reconstruction_scores_are_the_repeat_rows_best_attention(kind, every_la
     # the probe rows leave nothing behind: leaf 0's surviving tokens keep its own forward's K/V
     model.set_attn_implementation("sdpa")
     with torch.no_grad():
-        plain = model(torch.cat([prefix, piece, suffix])[None], use_cache=True).past_key_values
+        plain = model(torch.cat([prefix, piece, suffix])[None], use_cache=True).cache
     rows = ((result.origin >= 0) & (result.origin < piece.numel())).nonzero().squeeze(1)
     assert rows.numel() > 0
     for layer in result.schedule.layers_at(0):

@@ -81,7 +81,7 @@ class Family:
         layer = self.layers[layer_idx]
         normed = layer.input_layernorm(hidden)
         out, _ = layer.self_attn(
-            hidden_states=normed, position_embeddings=rope, attention_mask=mask, past_key_values=cache
+            hidden_states=normed, position_embeddings=rope, attention_mask=mask, cache=cache
         )
         return hidden + out, normed
 

@@ -34,7 +34,7 @@ class Gemma3Family(Family):
         layer = self.layers[layer_idx]
         normed = layer.input_layernorm(hidden)
         out, _ = layer.self_attn(
-            hidden_states=normed, position_embeddings=rope, attention_mask=mask, past_key_values=cache
+            hidden_states=normed, position_embeddings=rope, attention_mask=mask, cache=cache
         )
         return hidden + layer.post_attention_layernorm(out), normed
 
