@@ -38,6 +38,7 @@ $py benchmarks/memory_speed.py --tokens 64000 --methods homer
 $py benchmarks/cache_latency.py --tokens 16000
 $py benchmarks/langchain_overhead.py
 $py benchmarks/llama_index_overhead.py
+$py benchmarks/corpus.py                                  # 20 documents in process and on Ray; first question at 16k
 # RULER side by side (resumes; kvpress runs in benchmarks/.work/kvpress-venv, created on first use).
 # Days on 2 CPU cores; on a GPU machine add --device cuda and raise --samples to 50.
 $py benchmarks/ruler.py run --lengths 4096 8192 --ratios 4 8 --samples 10 --share-prefill

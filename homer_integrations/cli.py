@@ -4,6 +4,7 @@
     homer-qa ask homer_integrations/data/prideprejudice.txt --demo
     homer-qa cache ls | info | clear
     homer-qa calibrate --model smollm2-135m-instruct
+    homer-qa compress docs/ --store s3://bucket/homer [--ray ADDRESS] [--workers N]
 
 The document is compressed once (a progress bar shows tokens per second) and kept in the disk
 cache, so a second run answers from disk. Problems with the input are one line on stderr and a
@@ -117,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate = commands.add_parser("calibrate", help="compute (once) the pruning calibration of a model")
     _model_options(calibrate)
     calibrate.add_argument("--max-chunk-len", type=_positive_int, metavar="N", help="HOMER chunk length (tokens)")
+
+    from homer_integrations.cli_compress import add_compress_parser  # it builds on this module's helpers
+
+    add_compress_parser(commands)
     return parser
 
 
@@ -197,6 +202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _ask(args)
             if args.command == "cache":
                 return _cache(args)
+            if args.command == "compress":
+                from homer_integrations.cli_compress import run_compress
+
+                return run_compress(args)
             return _calibrate(args)
     except CliError as exc:
         _error(str(exc))

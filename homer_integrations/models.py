@@ -133,7 +133,7 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "~")) or os.path.isabs(name) or separators > (1 if os.sep == "/" else 0)
 
 
-def _local_path(name: str) -> str:
+def resolve_model_path(name: str) -> str:
     """``name`` with ``~`` expanded when it names a local path; raises when that path does not exist."""
     if not _looks_like_path(name):
         return name
@@ -232,7 +232,7 @@ def load_model(
     if path_or_id in EMBEDDED_MODELS:
         model, tokenizer = load_embedded(EMBEDDED_MODELS[path_or_id], torch.float32 if dtype == "auto" else dtype)
     else:
-        path_or_id = _local_path(path_or_id)
+        path_or_id = resolve_model_path(path_or_id)
         model = AutoModelForCausalLM.from_pretrained(path_or_id, dtype=dtype, **kwargs).eval()
         tokenizer = AutoTokenizer.from_pretrained(path_or_id)
     if device is not None:

@@ -1,0 +1,109 @@
+"""``homer-qa compress``: compress a corpus into a shared store, in process or over Ray workers.
+
+    homer-qa compress contracts/ --store s3://bucket/homer
+    homer-qa compress docs/*.md --store /shared/homer --ray auto --workers 8
+
+What the store holds already is skipped without loading a model; the summary counts compressed,
+already stored and failed documents, and the exit code is 1 when any failed (rerun to finish them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from homer_integrations import cli
+
+
+def add_compress_parser(commands: Any) -> None:
+    """Add the ``compress`` command to ``homer-qa``'s subcommands."""
+    parser = commands.add_parser(
+        "compress", help="compress many documents into a shared store (in process, or over Ray workers)"
+    )
+    parser.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="files, and directories searched")
+    parser.add_argument(
+        "--store",
+        metavar="URL",
+        help="a directory or an fsspec URL (s3://bucket/prefix, ...) every worker and later reader can reach "
+        "(default: the document cache directory 'ask' uses)",
+    )
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="spread the documents over Ray workers: 'local' starts Ray on this machine, "
+        "'auto' joins this machine's cluster, ray://HOST:10001 a remote one",
+    )
+    parser.add_argument(
+        "--workers", type=cli._positive_int, metavar="N", help="Ray workers (default: one per GPU, else per 4 CPUs)"
+    )
+    parser.add_argument("--threads", type=cli._positive_int, metavar="N", help="CPU threads per Ray worker on CPU")
+    parser.add_argument(
+        "--retries", type=cli._non_negative_int, default=2, metavar="N", help="restarts of a dead worker (default 2)"
+    )
+    cli._model_options(parser)
+    parser.add_argument("--mode", choices=cli.MODES, help="the entry stored (default shared; query_aware: leaf tier)")
+    parser.add_argument("--max-chunk-len", type=cli._positive_int, metavar="N", help="HOMER chunk length (tokens)")
+    parser.add_argument("--warmup-layers", type=cli._non_negative_int, metavar="N", help="HOMER warm-up layers")
+    parser.add_argument(
+        "--max-file-mb",
+        type=cli._positive_int,
+        default=cli.DEFAULT_MAX_FILE_MB,
+        metavar="N",
+        help=f"refuse files over N MiB (default {cli.DEFAULT_MAX_FILE_MB})",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run_compress(args: argparse.Namespace) -> int:
+    """The ``compress`` command: the exit code."""
+    from homer_integrations.corpus import compress_corpus
+    from homer_integrations.models import ModelNotAvailableError
+    from homer_integrations.paths import cache_root
+
+    missing = [str(p) for p in args.paths if not p.exists()]
+    if missing:
+        raise cli.CliError(f"no such file or directory: {', '.join(missing)}")
+    cli._check_device(args.device)
+    store = args.store or str(cache_root() / "documents")
+    try:
+        report = compress_corpus(
+            args.paths,
+            store,
+            model=args.model,
+            config=cli._config(args),
+            mode=args.mode,
+            dtype=args.dtype,
+            device=args.device,
+            ray_address=args.ray,
+            workers=args.workers,
+            threads=args.threads,
+            retries=args.retries,
+            progress=not args.no_progress,
+            max_bytes=args.max_file_mb * 1024 * 1024,
+        )
+    except ModelNotAvailableError as exc:
+        raise cli.CliError(str(exc)) from None
+    except (ImportError, OSError, ValueError) as exc:  # no ray, an unreachable store or cluster, a bad URL
+        raise cli.CliError(f"cannot compress into {store}: {exc}") from None
+    if args.json:
+        json.dump({"store": store, **report.to_dict()}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_report(report, store)
+    return cli.EXIT_OK if report.ok else cli.EXIT_ERROR
+
+
+def _print_report(report: Any, store: str) -> None:
+    for doc in report.documents:
+        if doc.status == "failed":
+            cli._error(f"{doc.path}: {doc.error}")
+    where = f"{report.workers} Ray worker(s)" if report.backend == "ray" else "this process"
+    print(
+        f"{len(report.documents)} documents into {store}: {report.count('compressed')} compressed, "
+        f"{report.count('stored') + report.count('skipped')} already stored, {report.count('failed')} failed "
+        f"({cli._seconds(report.seconds)}, {where})"
+    )
