@@ -36,6 +36,7 @@ $py benchmarks/pruning_trace.py --model $smol --tokens 16000 --samples 4
 $py benchmarks/memory_speed.py --tokens 4000 8000 16000 32000
 $py benchmarks/memory_speed.py --tokens 64000 --methods homer
 $py benchmarks/cache_latency.py --tokens 16000
+$py benchmarks/decode_speed.py                            # our decoding loop vs generate() over one cache
 $py benchmarks/langchain_overhead.py
 $py benchmarks/llama_index_overhead.py
 $py benchmarks/corpus.py                                  # 20 documents in process and on Ray; first question at 16k
