@@ -84,9 +84,7 @@ def plain_prefill_answer(engine: HomerModel, document: str, question: str, optio
     for start in range(0, head.numel(), PREFILL_CHUNK):
         part = head[start : start + PREFILL_CHUNK].to(device)
         positions = torch.arange(start, start + part.numel(), device=device)
-        engine.model(
-            input_ids=part[None], position_ids=positions[None], cache=cache, use_cache=True, logits_to_keep=1
-        )
+        engine.model(input_ids=part[None], position_ids=positions[None], cache=cache, use_cache=True, logits_to_keep=1)
     state = DecodeState()
     prefill_seconds = time.perf_counter() - started
     # Like the engine's AnswerInfo: setup time + decode's own time to its first token.

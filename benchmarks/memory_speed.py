@@ -57,9 +57,7 @@ def one(method: str, tokens: int, model_name: str, threads: int) -> dict:
                 [encode(tok, layout.prefix, first=True), encode(tok, document), encode(tok, layout.suffix)]
             )
             out = model(full[None], cache=DynamicCache(), use_cache=True, logits_to_keep=1)
-            row["kv_bytes"] = sum(
-                layer.keys.numel() * layer.keys.element_size() * 2 for layer in out.cache.layers
-            )
+            row["kv_bytes"] = sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in out.cache.layers)
             row["prompt_tokens"] = full.numel()
         else:
             doc, _ = engine.compress_span(layout.prefix, document, layout.suffix)

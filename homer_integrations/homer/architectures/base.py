@@ -80,9 +80,7 @@ class Family:
         """Attention half with its residual: (new hidden [1, T, D], the normed input [1, T, D])."""
         layer = self.layers[layer_idx]
         normed = layer.input_layernorm(hidden)
-        out, _ = layer.self_attn(
-            hidden_states=normed, position_embeddings=rope, attention_mask=mask, cache=cache
-        )
+        out, _ = layer.self_attn(hidden_states=normed, position_embeddings=rope, attention_mask=mask, cache=cache)
         return hidden + out, normed
 
     def feed_forward(self, layer_idx: int, hidden: torch.Tensor) -> torch.Tensor:

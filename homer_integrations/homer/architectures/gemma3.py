@@ -33,9 +33,7 @@ class Gemma3Family(Family):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         layer = self.layers[layer_idx]
         normed = layer.input_layernorm(hidden)
-        out, _ = layer.self_attn(
-            hidden_states=normed, position_embeddings=rope, attention_mask=mask, cache=cache
-        )
+        out, _ = layer.self_attn(hidden_states=normed, position_embeddings=rope, attention_mask=mask, cache=cache)
         return hidden + layer.post_attention_layernorm(out), normed
 
     def feed_forward(self, layer_idx: int, hidden: torch.Tensor) -> torch.Tensor:
