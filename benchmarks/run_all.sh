@@ -30,6 +30,7 @@ $py benchmarks/two_tier.py run --tokens 8000 --samples 4 --methods shared_recon_
 $py benchmarks/reconstruction_ranks.py 16000 2001                       # where the facts rank in their leaves
 $py benchmarks/two_tier.py trace --tokens 8000 --seeds 2000 2001            # where the facts are lost
 $py benchmarks/two_tier.py trace --tokens 16000 --seeds 2001 --methods shared shared_recon
+$py benchmarks/two_tier.py trace --tokens 16000 --seeds 2001 2000 --methods shared_recon_flat
 # the *_reserve64 rows came from the first tier split (64 reserved suffix tokens) and are not rerun
 $py benchmarks/two_tier.py report
 $py benchmarks/pruning_trace.py --model $smol --tokens 16000 --samples 4
