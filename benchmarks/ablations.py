@@ -35,6 +35,8 @@ ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
 RECONSTRUCTION_ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
     # reconstruction probes every leaf layer and keeps each token's best (the default: the last one)
     "reconstruction_every_layer": lambda s: replace(s, scorer=replace(s.scorer, every_layer=True)),
+    # the last-token recipe's units (max-pool over 3 tokens, word units, score memory) instead of the sentence bonus
+    "reconstruction_word_units": lambda s: replace(s, units=Scoring.from_config(HomerConfig()).units),
 }
 """Ablations of the reconstruction-scored shared root (a ``Scoring`` whose scorer probes)."""
 

@@ -53,16 +53,20 @@ METHODS = (
     "shared",
     "shared_recon",
     "shared_recon_flat",
-    "shared_recon_every_layer",
-    "shared_recon_flat_every_layer",
+    "shared_recon_words",
+    "shared_recon_flat_words",
+    "shared_recon_every_layer_words",
+    "shared_recon_flat_every_layer_words",
     "per_question",
     "per_question_flat",
 )
 """``shared`` and ``per_question*`` use the paper's last-token scorer for the shared root
 (``shared_scorer="last_token"``); ``shared_recon`` scores the shared root's leaves by context
-reconstruction (KVzip; the package default); ``shared_recon_flat`` selects its root from those leaf
-scores at once (``shared_root="flat"``) instead of pruning again at every merged node; the
-``*_every_layer`` rows are the ablation that probes every leaf layer (KVzip's way), not the last one.
+reconstruction (KVzip) and ranks whole sentences (``SentenceBonus``; the package default);
+``shared_recon_flat`` selects its root from those leaf scores at once (``shared_root="flat"``, the
+default) instead of pruning again at every merged node. ``*_words`` rows are the ablation with the
+last-token recipe's max-pooled word units (the default before the sentence bonus); the
+``*_every_layer*`` rows the ablation that probes every leaf layer (KVzip's way), not the last one.
 A per-question variant whose leaves started their score
 memory from the reconstruction scores answered 9/12 at 8k like ``per_question`` and was removed
 (its rows are in commit 03c69c5)."""
@@ -168,8 +172,9 @@ def homer_answers(engine: HomerModel, sample: Sample, mode: str) -> tuple[float,
 
 def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
     """A fresh engine for ``method`` (nothing cached from another method) and the mode it answers in."""
-    recon = method.startswith("shared_recon")
-    flat = "flat" if "flat" in method else "tree"
+    parts = method.split("_")
+    recon = "recon" in parts
+    flat = "flat" if "flat" in parts else "tree"
     config = HomerConfig(
         system_prompt=INSTRUCTION,
         replay=flat,
@@ -177,8 +182,12 @@ def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
         shared_scorer="reconstruction" if recon else "last_token",
     )
     engine = HomerModel(model, tok, config, model_name=name, progress=False)
-    if method.endswith("_every_layer"):
-        scoring = RECONSTRUCTION_ABLATIONS["reconstruction_every_layer"](engine.scoring)
+    scoring = engine.scoring
+    if "words" in parts:
+        scoring = RECONSTRUCTION_ABLATIONS["reconstruction_word_units"](scoring)
+    if "every" in parts:
+        scoring = RECONSTRUCTION_ABLATIONS["reconstruction_every_layer"](scoring)
+    if scoring != engine.scoring:
         engine = HomerModel(model, tok, config, model_name=name, progress=False, scoring=scoring)
     return engine, "shared" if method.startswith("shared") else "query_aware"
 

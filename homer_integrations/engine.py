@@ -119,7 +119,9 @@ class HomerModel:
             turns on the default local directory.
         progress: show progress bars for compression and calibration.
         scoring: what pruning ranks by (default: ``Scoring.from_config(config)``, the package's
-            recipe); for research and the ablations in ``benchmarks/``. It is part of every cache key.
+            recipe; shared roots then use ``with_reconstruction`` when ``shared_scorer`` says so);
+            for research and the ablations in ``benchmarks/``. It is part of every cache key, and
+            query-aware compressions use its ``with_question()``.
     """
 
     def __init__(
@@ -148,9 +150,13 @@ class HomerModel:
             defaults or embedded_defaults(model_name) or ModelDefaults.for_model(self.stack.num_layers, max_positions)
         )
         self.config = (config or HomerConfig()).resolve(self.stack.num_layers, max_positions, defaults)
-        self.scoring = scoring or Scoring.from_config(self.config)
+        recipe = scoring or Scoring.from_config(self.config)
+        self.question_scoring = recipe.with_question()
+        """What query-aware compressions (the question in the suffix) prune by."""
+        self.scoring = recipe
+        """What shared compressions prune by."""
         if scoring is None and self.config.shared_scorer == "reconstruction":
-            self.scoring = self.scoring.with_reconstruction(encode(tokenizer, REPEAT_PROMPT))
+            self.scoring = recipe.with_reconstruction(encode(tokenizer, REPEAT_PROMPT))
         self.context_window = max_positions
         self.document_cache = DocumentCache.open(store, disk_budget) if document_cache is None else document_cache
         self.progress = progress
@@ -290,7 +296,7 @@ class HomerModel:
             "max_chunk_len": c.max_chunk_len,
             "warmup_layers": c.warmup_layers,
             "document_suffix": c.document_suffix,  # the split is planned for the shared suffix's length
-            "unit": self.scoring.unit,
+            "unit": self.question_scoring.unit,
         }
         return self._key({"settings": settings}, prefix, document, "")
 
@@ -417,7 +423,7 @@ class HomerModel:
             max_chunk_len=self.context_window if full else c.max_chunk_len,
             warmup_layers=c.warmup_layers,
             final_cache_len=self.context_window if full else c.final_cache_len,
-            scoring=self.scoring.with_question() if query_aware else self.scoring,
+            scoring=self.question_scoring if query_aware else self.scoring,
             suffix_reserve=self._planned_suffix_len() if query_aware else 0,
             want_logits=query_aware and not c.reask_question,
         )
@@ -431,9 +437,9 @@ class HomerModel:
         scored lower, see README)."""
         return encode(self.tokenizer, self.layout("", "shared").suffix, formatted=True).numel()
 
-    def _words(self, document: str, document_ids: torch.Tensor) -> torch.Tensor | None:
-        """Unit index of every document token for ``WordUnits`` (None: score single tokens)."""
-        words = unit_ids(self.tokenizer, document, self.scoring.unit)
+    def _words(self, document: str, document_ids: torch.Tensor, scoring: Scoring) -> torch.Tensor | None:
+        """Unit index of every document token for ``scoring``'s units (None: score single tokens)."""
+        words = unit_ids(self.tokenizer, document, scoring.unit)
         if words is not None and words.numel() != document_ids.numel():
             return None  # tokenizer without offsets that line up: fall back to token scores
         return words
@@ -456,7 +462,7 @@ class HomerModel:
         prunes = not full and prompt_len > self.config.final_cache_len
         compressor = self._compressor(prunes, query_aware=False, full=full)
         with self._progress(document_ids.numel(), "HOMER compress") as bar:
-            words = self._words(document, document_ids) if prunes else None
+            words = self._words(document, document_ids, self.scoring) if prunes else None
             compress = (
                 compressor.compress_flat if self.config.shared_root == "flat" and not full else compressor.compress
             )
@@ -476,7 +482,11 @@ class HomerModel:
         compressor = self._compressor(False, query_aware=True)
         with self._progress(document_ids.numel(), "HOMER leaf tier") as bar:
             tier = compressor.build_leaf_tier(
-                prefix_ids, document_ids, self._words(document, document_ids), key=key, progress=bar.update
+                prefix_ids,
+                document_ids,
+                self._words(document, document_ids, self.question_scoring),
+                key=key,
+                progress=bar.update,
             )
         logger.info(
             "leaf tier of %d document tokens: %d leaves x %d layers, %.1f MB, %.1fs",

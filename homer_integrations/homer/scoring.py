@@ -13,11 +13,15 @@ import torch
 
 from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.config import HomerConfig
-from homer_integrations.homer.score_units import MaxPool, ScoreMemory, ScoreUnit, WordUnits
+from homer_integrations.homer.score_units import MaxPool, ScoreMemory, ScoreUnit, SentenceBonus, WordUnits
 from homer_integrations.homer.scorers import LastTokenScorer, ReconstructionScorer, Scorer
 
 REPEAT_PROMPT = "\n\nRepeat the previous context exactly.\n\n"
 """What a reconstruction probe says before it repeats a leaf's piece (KVzip's instruction)."""
+RECONSTRUCTION_UNITS: tuple[ScoreUnit, ...] = (SentenceBonus(), ScoreMemory())
+"""The units of a reconstruction-scored shared root: whole sentences by their mean reconstruction score
+(no max-pool, no word units: at 16k those kept 6 of 12 inserted values whole, the sentence bonus 11 of
+12; ``benchmarks/selection_sim.py``), and score memory for the tree root's merged nodes."""
 
 
 @dataclass(frozen=True)
@@ -40,10 +44,15 @@ class Scoring:
             units.append(ScoreMemory())
         return cls(LastTokenScorer(), tuple(units))
 
+    def __post_init__(self) -> None:
+        named = {u.unit for u in self.units if isinstance(getattr(u, "unit", None), str)}
+        if len(named) > 1:
+            raise ValueError(f"score units split the document in more than one way: {sorted(named)}")
+
     @property
     def unit(self) -> str:
-        """How the document is split into units for ``WordUnits`` (``token``: it is not)."""
-        return next((u.unit for u in self.units if isinstance(u, WordUnits)), "token")
+        """How the document is split into units for ``WordUnits`` or ``SentenceBonus`` (``token``: it is not)."""
+        return next((u.unit for u in self.units if isinstance(getattr(u, "unit", None), str)), "token")
 
     @property
     def needs_calibration(self) -> bool:
@@ -63,8 +72,11 @@ class Scoring:
             scores = unit(scores, chunk, words)
         return scores.cpu()
 
-    def with_reconstruction(self, prompt_ids: torch.Tensor) -> Scoring:
+    def with_reconstruction(self, prompt_ids: torch.Tensor, units: tuple[ScoreUnit, ...] | None = None) -> Scoring:
         """Leaves scored by reconstruction (``ReconstructionScorer`` with ``prompt_ids`` [R] before the
-        repeated piece), merged nodes by this scoring's scorer; the units stay."""
+        repeated piece), merged nodes by this scoring's scorer; ``units`` (default: ``RECONSTRUCTION_UNITS``)
+        reshape both. ``with_question()`` of the result keeps those units: query-aware compressions
+        take ``with_question()`` of the recipe itself (``HomerModel.question_scoring``)."""
         merged = self.scorer.with_question()  # never a probe inside a probe
-        return replace(self, scorer=ReconstructionScorer(tuple(prompt_ids.tolist()), merged=merged))
+        scorer = ReconstructionScorer(tuple(prompt_ids.tolist()), merged=merged)
+        return replace(self, scorer=scorer, units=RECONSTRUCTION_UNITS if units is None else units)

@@ -73,7 +73,7 @@ def test_replayed_compression_equals_a_query_aware_compression_from_scratch(toke
         prefix_ids,
         document_ids,
         suffix_ids,
-        word_ids=engine._words(text[:4000], document_ids),
+        word_ids=engine._words(text[:4000], document_ids, engine.question_scoring),
         plan=tier.plan.with_suffix(suffix_ids.numel()),
     )
     assert scratch.plan.height >= 3

@@ -1,10 +1,11 @@
-"""Score units: max-pooling, word units (and the sentence ablation's unit ids), score memory."""
+"""Score units: max-pooling, word units (and the sentence ablation's unit ids), the sentence bonus, score memory."""
 
 import torch
 
 from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.prompt import unit_ids
-from homer_integrations.homer.score_units import MaxPool, ScoreMemory, WordUnits, pool_words
+from homer_integrations.homer.pruning import keep_mask, standardise
+from homer_integrations.homer.score_units import MaxPool, ScoreMemory, SentenceBonus, WordUnits, pool_words
 
 TEXT = "He said so. The pass key is 66226. Remember it; yes\nChapter 10\n\nElizabeth Bennet smiled"
 
@@ -68,3 +69,19 @@ def test_score_memory_keeps_the_best_standardised_score():
     second = ScoreMemory()(torch.tensor([0.0, -3.0, 0.0, 3.0]), node, None)  # standardised: [-1, 0, 1]
     torch.testing.assert_close(first[1:], torch.tensor([1.0, 0.0, -1.0]))
     torch.testing.assert_close(second[1:], torch.tensor([1.0, 0.0, 1.0]))
+
+
+def test_sentence_bonus_keeps_a_salient_sentence_whole_over_a_lone_peak():
+    # prefix, sentence 0 (one peak), sentence 1 (uniformly high), sentence 2 (low), suffix
+    scores = torch.tensor([90.0, 0.0, 8.0, 0.0, 0.0, 5.0, 5.0, 5.0, 5.0, 1.0, 0.0, 1.0, 0.0, 70.0])
+    node = chunk([False] + [True] * 12 + [False])
+    sentences = torch.tensor([-1, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, -1])
+    ranked = SentenceBonus(weight=4.0)(scores, node, sentences)
+    kept = keep_mask(ranked, node.reducible, 2 + 4)
+    assert kept[5:9].all() and not kept[1:5].any() and not kept[9:13].any(), "sentence 1 survives whole"
+    plain = keep_mask(scores, node.reducible, 2 + 4)
+    assert plain[2] and not plain[5:9].all(), "by single-token scores the lone peak would win a place"
+    alone = SentenceBonus(weight=0.0)(scores, node, sentences)
+    torch.testing.assert_close(alone[node.reducible], standardise(scores, node.reducible)[node.reducible])
+    assert torch.equal(SentenceBonus()(scores, node, None), scores), "no unit ids: single tokens"
+    assert SentenceBonus().unit == "sentence"

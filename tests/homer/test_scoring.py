@@ -1,11 +1,13 @@
 """``Scoring``: the package recipe from ``HomerConfig``, unit order, and the engine's use of it."""
 
+import pytest
 import torch
 
 from homer_integrations import HomerConfig, HomerModel
-from homer_integrations.homer.score_units import MaxPool, ScoreMemory, WordUnits
+from homer_integrations.homer.prompt import encode
+from homer_integrations.homer.score_units import MaxPool, ScoreMemory, SentenceBonus, WordUnits
 from homer_integrations.homer.scorers import LastTokenScorer, RandomScorer
-from homer_integrations.homer.scoring import Scoring
+from homer_integrations.homer.scoring import RECONSTRUCTION_UNITS, REPEAT_PROMPT, Scoring
 from tests.conftest import tiny_model
 from tests.homer.test_score_units import chunk
 
@@ -42,3 +44,15 @@ def test_engine_scoring_skips_calibration_and_enters_the_cache_key(tokenizer, tm
     assert random.cache_key("p", "doc", "s") != other.cache_key("p", "doc", "s")
     doc = random.compress("word " * 400, question="")
     assert doc.stats.cache_tokens <= 128 and doc.stats.document_tokens > 128
+
+
+def test_one_split_per_scoring_and_the_reconstruction_roots_units(tokenizer):
+    with pytest.raises(ValueError, match="more than one way"):
+        Scoring(units=(WordUnits("word"), SentenceBonus()))
+    recipe = Scoring.from_config(HomerConfig())
+    root = recipe.with_reconstruction(encode(tokenizer, REPEAT_PROMPT))
+    assert root.units == RECONSTRUCTION_UNITS and root.unit == "sentence"
+    engine = HomerModel(tiny_model("llama"), tokenizer, HomerConfig(max_chunk_len=128, warmup_layers=3), progress=False)
+    assert engine.scoring == root, "shared roots: reconstruction and sentence units"
+    assert engine.question_scoring == recipe.with_question(), "questions keep the recipe's units"
+    assert engine.question_scoring.unit == "word"
