@@ -24,14 +24,22 @@ $py benchmarks/passkey.py run --models $qwen --lengths 32000 --samples 2 --no-ab
 $py benchmarks/passkey.py report
 $py benchmarks/two_tier.py run --tokens 8000 --samples 4                  # plain / shared / per-question tree / flat
 $py benchmarks/two_tier.py run --tokens 16000 --samples 1                 # one document: ~25 min on 2 cores
-$py benchmarks/two_tier.py run --tokens 16000 --samples 2 --methods plain shared shared_recon shared_recon_flat shared_recon_flat_every_layer
-$py benchmarks/two_tier.py run --tokens 16000 --samples 1 --methods shared_recon_every_layer
-$py benchmarks/two_tier.py run --tokens 8000 --samples 4 --methods shared_recon_flat shared_recon_flat_every_layer
+$py benchmarks/two_tier.py run --tokens 16000 --samples 4 --methods plain shared_recon_flat shared_recon_flat_words per_question per_question_flat
+$py benchmarks/two_tier.py run --tokens 16000 --samples 2 --methods shared shared_recon_words shared_recon_flat_every_layer_words
+$py benchmarks/two_tier.py run --tokens 16000 --samples 1 --methods shared_recon_every_layer_words
+$py benchmarks/two_tier.py run --tokens 8000 --samples 4 --methods shared_recon_flat_words shared_recon_flat_every_layer_words
 $py benchmarks/reconstruction_ranks.py 16000 2001                       # where the facts rank in their leaves
+# the flat root's selection rules replayed offline on the tuning seeds (3000+; two_tier's 2000+ stay held out)
+for tokens in 8000 16000; do
+  $py benchmarks/selection_sim.py record --tokens $tokens --seeds 3000 3001 3002 3003
+  $py benchmarks/selection_sim.py simulate --tokens $tokens --seeds 3000 3001 3002 3003
+done
+$py benchmarks/selection_sim.py record --question-aware --tokens 16000 --seeds 3000 3001 3002 3003
+$py benchmarks/selection_sim.py simulate --question-aware --tokens 16000 --seeds 3000 3001 3002 3003
 $py benchmarks/two_tier.py trace --tokens 8000 --seeds 2000 2001            # where the facts are lost
-$py benchmarks/two_tier.py trace --tokens 16000 --seeds 2001 --methods shared shared_recon
-$py benchmarks/two_tier.py trace --tokens 16000 --seeds 2001 2000 --methods shared_recon_flat
-# the *_reserve64 rows came from the first tier split (64 reserved suffix tokens) and are not rerun
+$py benchmarks/two_tier.py trace --tokens 16000 --seeds 2001 --methods shared shared_recon_words
+$py benchmarks/two_tier.py trace --tokens 16000 --seeds 2001 2000 --methods shared_recon_flat_words
+$py benchmarks/two_tier.py trace --tokens 16000 --seeds 2000 2001 2002 2003 --methods shared_recon_flat per_question_flat
 $py benchmarks/two_tier.py report
 $py benchmarks/pruning_trace.py --model $smol --tokens 16000 --samples 4
 $py benchmarks/memory_speed.py --tokens 4000 8000 16000 32000

@@ -8,12 +8,16 @@ with every score unit stripped, and keeps each leaf's raw standardised probe sco
 per document token) with the document's word and sentence unit ids and the facts' token spans
 (``results/selection_scores/<tokens>_<seed>.pt``; not committed, ~0.3 MB each).
 
-``simulate`` replays selection rules on those scores without the model: the rule the package uses
-(max-pool over 3 tokens, word units, per-leaf standardisation, the best ``final_cache_len`` document
-tokens of the whole document) and variants (per-leaf quota, wider pools, sentence units, a sentence
-bonus). Per rule and fact: is the value kept whole, and what fraction of the fact's sentence is kept.
-Retention is necessary, not sufficient (see two_tier's trace); the winners are then run for real by
-``two_tier.py``. Seeds 3000+ are the tuning split; two_tier's seeds 2000+ stay held out.
+``simulate`` replays selection rules on those scores without the model: the previous default (max-pool
+over 3 tokens, word units, per-leaf standardisation, the best ``final_cache_len`` document tokens of the
+whole document), variants (per-leaf quota, wider pools, sentence units) and the sentence bonus the
+package now uses (``SentenceBonus``: a token's standardised score plus 4x its sentence's mean).
+``--question-aware`` records and replays the per-question flat path instead (each question in the
+suffix, the last-token scorer, ``replay="flat"``; one record per question), with rules that add the
+shared root's scores of the same document. Per rule and fact: is the value kept whole, and what
+fraction of the fact's sentence is kept. Retention is necessary, not sufficient (see two_tier's
+trace); the winners are then run for real by ``two_tier.py``. Seeds 3000+ are the tuning split;
+two_tier's seeds 2000+ stay held out.
 """
 
 from __future__ import annotations
@@ -153,7 +157,9 @@ def select(rec: dict, scored: list[tuple[torch.Tensor, torch.Tensor]], quota: bo
 
 
 RULES: dict[str, Rule] = {
-    "package (pool 3, word, global)": lambda r: select(r, leaf_scores(r, 3, "word"), quota=False),
+    "pool 3, word, global (the config's units; shared root before)": lambda r: select(
+        r, leaf_scores(r, 3, "word"), quota=False
+    ),
     "pool 3, word, leaf quota": lambda r: select(r, leaf_scores(r, 3, "word"), quota=True),
     "pool 1, word, global": lambda r: select(r, leaf_scores(r, 1, "word"), quota=False),
     "pool 5, word, global": lambda r: select(r, leaf_scores(r, 5, "word"), quota=False),
@@ -170,17 +176,47 @@ RULES: dict[str, Rule] = {
     "pool 1, token, global": lambda r: select(r, leaf_scores(r, 1, None), quota=False),
     "pool 1, token + 1 sentence mean, global": lambda r: select(r, leaf_scores(r, 1, None, 1.0), quota=False),
     "pool 1, token + 2 sentence mean, global": lambda r: select(r, leaf_scores(r, 1, None, 2.0), quota=False),
-    "pool 1, token + 4 sentence mean, global": lambda r: select(r, leaf_scores(r, 1, None, 4.0), quota=False),
+    "pool 1, token + 4 sentence mean, global (shared root now)": lambda r: select(
+        r, leaf_scores(r, 1, None, 4.0), quota=False
+    ),
     "pool 1, word + 4 sentence mean, global": lambda r: select(r, leaf_scores(r, 1, "word", 4.0), quota=False),
     "sentence mean only, global": lambda r: select(r, leaf_scores(r, 1, "word", 100.0), quota=False),
 }
+
+QUESTION_RULES: dict[str, Rule] = {
+    # question-aware records only: the shared root's scores of the same document (``shared_scores``)
+    "shared root's scores alone": lambda r: select(r, [(d, r["shared"][d]) for d, _ in r["leaves"]], quota=False),
+    "pool 3, word + shared root's scores, global": lambda r: select(
+        r, plus_shared(r, leaf_scores(r, 3, "word")), quota=False
+    ),
+}
+
+
+def shared_scores(rec: dict) -> torch.Tensor:
+    """The shared root's ranking of a document [n]: per-leaf standardised scores, the sentence bonus."""
+    out = torch.zeros(rec["n"])
+    for doc, s in leaf_scores(rec, 1, None, 4.0):
+        out[doc] = s
+    return out
+
+
+def plus_shared(rec: dict, scored: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each leaf's question-aware scores plus the shared root's, standardised again per leaf."""
+    return [(doc, standardise(s + rec["shared"][doc], torch.ones(s.numel(), dtype=torch.bool))) for doc, s in scored]
 
 
 def simulate(args: argparse.Namespace) -> None:
     rows = []
     suffix = "_q" if args.question_aware else ""
-    recs = [r for seed in args.seeds for r in torch.load(SCORES / f"{args.tokens}_{seed}{suffix}.pt")]
-    for name, rule in RULES.items():
+    recs = []
+    for seed in args.seeds:
+        loaded = torch.load(SCORES / f"{args.tokens}_{seed}{suffix}.pt")
+        if args.question_aware:
+            shared = shared_scores(torch.load(SCORES / f"{args.tokens}_{seed}.pt")[0])
+            loaded = [{**r, "shared": shared} for r in loaded]
+        recs += loaded
+    rules = {**RULES, **QUESTION_RULES} if args.question_aware else RULES
+    for name, rule in rules.items():
         whole, sentence, facts = 0, 0.0, 0
         for rec in recs:
             keep = rule(rec)
