@@ -59,6 +59,7 @@ METHODS = (
     "shared_recon_flat_every_layer_words",
     "per_question",
     "per_question_flat",
+    "per_question_flat_recon",
 )
 """``shared`` and ``per_question*`` use the paper's last-token scorer for the shared root
 (``shared_scorer="last_token"``); ``shared_recon`` scores the shared root's leaves by context
@@ -67,7 +68,9 @@ reconstruction (KVzip) and ranks whole sentences (``SentenceBonus``; the package
 default) instead of pruning again at every merged node. ``*_words`` rows are the ablation with the
 last-token recipe's max-pooled word units (the default before the sentence bonus); the
 ``*_every_layer*`` rows the ablation that probes every leaf layer (KVzip's way), not the last one.
-A per-question variant whose leaves started their score
+``per_question_flat_recon``: the flat replay over a tier that also keeps the reconstruction root's
+scores (``LeafTier.prior``; ``shared_scorer="reconstruction"`` with ``replay="flat"``), which each
+question's selection adds to its own. A per-question variant whose leaves started their score
 memory from the reconstruction scores answered 9/12 at 8k like ``per_question`` and was removed
 (its rows are in commit 03c69c5)."""
 OPTIONS = GenerationOptions(max_new_tokens=12)
