@@ -59,7 +59,6 @@ METHODS = (
     "shared_recon_flat_every_layer_words",
     "per_question",
     "per_question_flat",
-    "per_question_flat_recon",
 )
 """``shared`` and ``per_question*`` use the paper's last-token scorer for the shared root
 (``shared_scorer="last_token"``); ``shared_recon`` scores the shared root's leaves by context
@@ -68,11 +67,12 @@ reconstruction (KVzip) and ranks whole sentences (``SentenceBonus``; the package
 default) instead of pruning again at every merged node. ``*_words`` rows are the ablation with the
 last-token recipe's max-pooled word units (the default before the sentence bonus); the
 ``*_every_layer*`` rows the ablation that probes every leaf layer (KVzip's way), not the last one.
-``per_question_flat_recon``: the flat replay over a tier that also keeps the reconstruction root's
-scores (``LeafTier.prior``; ``shared_scorer="reconstruction"`` with ``replay="flat"``), which each
-question's selection adds to its own. A per-question variant whose leaves started their score
+A per-question variant whose leaves started their score
 memory from the reconstruction scores answered 9/12 at 8k like ``per_question`` and was removed
-(its rows are in commit 03c69c5)."""
+(its rows are in commit 03c69c5). ``per_question_flat_recon`` rows: the flat replay over a tier that
+also kept the reconstruction root's per-token scores, added to each question's own (commit b8be247);
+10/12 at 8k and 7/12 at 16k against the plain flat replay's 8/12 and 8/12, at twice the tier build,
+so it was reverted."""
 OPTIONS = GenerationOptions(max_new_tokens=12)
 
 CODES = [str(n) for n in range(10000, 99999, 7919)]
