@@ -77,11 +77,7 @@ class SentenceBonus(ScoreUnit):
         doc = chunk.reducible & (words >= 0)
         if not bool(doc.any()):
             return scores
-        _, inverse = torch.unique(words[doc], return_inverse=True)
-        total = torch.zeros(int(inverse.max()) + 1).scatter_add(0, inverse, scores[doc])
-        count = torch.zeros_like(total).scatter_add(0, inverse, torch.ones_like(scores[doc]))
-        means = scores.clone()
-        means[doc] = (total / count)[inverse]
+        means = pool_words(scores, chunk.reducible, words, reduce="mean")
         return standardise(scores, doc) + self.weight * standardise(means, doc)
 
 
@@ -98,15 +94,17 @@ class ScoreMemory(ScoreUnit):
         return chunk.memory.clone()
 
 
-def pool_words(scores: torch.Tensor, reducible: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
-    """Each document token's unit's best score [T]; ``words`` [T] is negative on prefix/suffix tokens,
-    which keep their own scores."""
+def pool_words(
+    scores: torch.Tensor, reducible: torch.Tensor, words: torch.Tensor, reduce: str = "amax"
+) -> torch.Tensor:
+    """Each document token's unit's best (``reduce="amax"``) or mean (``"mean"``) score [T]; ``words`` [T]
+    is negative on prefix/suffix tokens, which keep their own scores."""
     doc = reducible.to(scores.device) & (words >= 0).to(scores.device)
     if not bool(doc.any()):
         return scores
     _, inverse = torch.unique(words.to(scores.device)[doc], return_inverse=True)
-    best = torch.full((int(inverse.max()) + 1,), float("-inf"), device=scores.device)
-    best = best.scatter_reduce(0, inverse, scores[doc].float(), reduce="amax")
+    pooled_units = torch.zeros(int(inverse.max()) + 1, device=scores.device)
+    pooled_units = pooled_units.scatter_reduce(0, inverse, scores[doc].float(), reduce=reduce, include_self=False)
     pooled = scores.clone().float()
-    pooled[doc] = best[inverse]
+    pooled[doc] = pooled_units[inverse]
     return pooled

@@ -72,11 +72,11 @@ class Scoring:
             scores = unit(scores, chunk, words)
         return scores.cpu()
 
-    def with_reconstruction(self, prompt_ids: torch.Tensor, units: tuple[ScoreUnit, ...] | None = None) -> Scoring:
+    def with_reconstruction(self, prompt_ids: torch.Tensor) -> Scoring:
         """Leaves scored by reconstruction (``ReconstructionScorer`` with ``prompt_ids`` [R] before the
-        repeated piece), merged nodes by this scoring's scorer; ``units`` (default: ``RECONSTRUCTION_UNITS``)
-        reshape both. ``with_question()`` of the result keeps those units: query-aware compressions
-        take ``with_question()`` of the recipe itself (``HomerModel.question_scoring``)."""
+        repeated piece), merged nodes by this scoring's scorer; ``RECONSTRUCTION_UNITS`` reshape both.
+        ``with_question()`` of the result keeps those units: query-aware compressions take
+        ``with_question()`` of the recipe itself (``HomerModel.question_scoring``)."""
         merged = self.scorer.with_question()  # never a probe inside a probe
         scorer = ReconstructionScorer(tuple(prompt_ids.tolist()), merged=merged)
-        return replace(self, scorer=scorer, units=RECONSTRUCTION_UNITS if units is None else units)
+        return replace(self, scorer=scorer, units=RECONSTRUCTION_UNITS)
