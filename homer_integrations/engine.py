@@ -29,7 +29,7 @@ from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, C
 from homer_integrations.homer.compressor import CompressionResult, CompressorSettings, PruneObserver
 from homer_integrations.homer.config import HomerConfig, Mode, ModelDefaults, check_mode
 from homer_integrations.homer.decoder import DecoderStack
-from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_fingerprint
+from homer_integrations.homer.fingerprint import TextDigests, tokenizer_fingerprint, weights_fingerprint
 from homer_integrations.homer.generation import DecodeState, FinishReason, GenerationOptions, decode
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.prompt import (
@@ -167,6 +167,7 @@ class HomerModel:
         self._bias_lock = threading.Lock()
         self._fingerprint = weights_fingerprint(model)
         self._tokenizer_id = tokenizer_fingerprint(tokenizer)
+        self._document_digest = TextDigests()
         self.prune_observer: PruneObserver | None = None
         """Diagnostics: called with every node's ``PruneEvent`` during compressions computed from now on."""
 
@@ -312,7 +313,7 @@ class HomerModel:
         }
         h = hashlib.sha256(json.dumps(parts, sort_keys=True).encode())
         h.update(b"\0")
-        h.update(document.encode("utf-8", "surrogatepass"))
+        h.update(self._document_digest(document))
         return h.hexdigest()
 
     @property

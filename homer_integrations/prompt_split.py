@@ -34,7 +34,8 @@ questions and the explicit path.
 The split depends on the HOMER mode of the call (``split_prompt(..., mode=)``, default the
 engine's configured mode), which the ``PromptSplit`` records and ``start_answer`` runs:
 ``shared`` and ``full`` split as above (``full`` keeps that span uncompressed); ``query_aware``
-moves the question into the compressed suffix (see ``_split_at``).
+moves the question into the compressed suffix (``homer.prompt.layout_around``, which the
+engine's own questions are cut by too).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from homer_integrations.homer.config import Mode, check_mode
-from homer_integrations.homer.prompt import PromptText, concat, markup, plain
+from homer_integrations.homer.prompt import DOCUMENT_MARK, PromptText, concat, layout_around, markup
 
 if TYPE_CHECKING:
     from homer_integrations.engine import AnswerStream, HomerModel
@@ -62,7 +63,7 @@ KNOWN_DOCUMENTS_PER_ENGINE = 16
 MIN_KNOWN_CHARS = 256
 """Shorter texts are not matched as known documents: they would match ordinary prompts."""
 
-_SENTINEL = "\u2063HOMERSPLIT\u2063"
+_EMPTY = PromptText()
 _BREAKS = (
     re.compile(r"\n[ \t]*\n\s*"),  # paragraphs (LangChain's stuff chains join documents with "\n\n")
     re.compile(r"\n\s*"),  # lines
@@ -74,21 +75,27 @@ _BREAKS = (
 class PromptSplit:
     """A prompt, and where its document is.
 
-    ``prompt`` is the whole rendered prompt: what a plain call runs or, with a document,
-    ``prefix + document + suffix + continuation``, of which the first three are compressed;
-    ``found_by`` says which rule found the document (``plain`` when there is none); ``mode`` is
-    the HOMER mode the texts were split for and the document is answered in (None when plain).
-    The texts are ``PromptText``: only the template's markup becomes control tokens, never the
-    document or a message's content.
+    ``prefix + document + suffix`` is compressed and ``continuation`` fed after it; ``found_by``
+    says which rule found the document (``plain`` when there is none, and ``plain_prompt`` is the
+    rendered prompt to run as is); ``mode`` is the HOMER mode the texts were split for and the
+    document is answered in (None when plain). The texts are ``PromptText``: only the template's
+    markup becomes control tokens, never the document or a message's content.
     """
 
-    prompt: str
     document: str | None = None
-    prefix: str = ""
-    suffix: str = ""
-    continuation: str = ""
+    prefix: PromptText = _EMPTY
+    suffix: PromptText = _EMPTY
+    continuation: PromptText = _EMPTY
     found_by: FoundBy = "plain"
     mode: Mode | None = None
+    plain_prompt: str = ""
+
+    @property
+    def prompt(self) -> str:
+        """The whole prompt (joined only when read: answering uses the spans)."""
+        if self.document is None:
+            return self.plain_prompt
+        return concat(self.prefix, self.document, self.suffix, self.continuation)
 
 
 def resolve_mode(engine: HomerModel, mode: Any = None) -> Mode:
@@ -196,15 +203,32 @@ def split_prompt(
             return _split_at(engine, msgs, render, index, start, end, content[start:end], "known", mode)
 
     prompt = render(msgs)
-    if engine.count_tokens(prompt) <= limit:
-        return PromptSplit(prompt=prompt)
+    if not _longer_than(engine, prompt, limit):
+        return PromptSplit(plain_prompt=prompt)
     index = max(range(len(msgs)), key=lambda i: len(msgs[i]["content"]))
     content = msgs[index]["content"]
     span = find_document_span(content, lambda text: engine.count_tokens(text) <= limit // 2)
     if span is None:
-        return PromptSplit(prompt=prompt)
+        return PromptSplit(plain_prompt=prompt)
     start, end = span
     return _split_at(engine, msgs, render, index, start, end, content[start:end], "heuristic", mode)
+
+
+def _longer_than(engine: HomerModel, text: str, limit: int) -> bool:
+    """Whether ``text`` has more than ``limit`` tokens, tokenizing only as much of it as that takes.
+
+    A long document is tokenized once, when it is compressed, not here too: the text is counted in
+    growing heads cut before a space (where byte-level and sentencepiece tokenizers split words
+    alike), and a head over the limit decides.
+    """
+    size = 8 * limit
+    while size < len(text):
+        cut = text.rfind(" ", 0, size)
+        head = text.head(cut) if isinstance(text, PromptText) else text[:cut]
+        if cut > 0 and engine.count_tokens(head) > limit:
+            return True
+        size *= 4
+    return engine.count_tokens(text) > limit
 
 
 def find_document_span(text: str, is_short: Callable[[str], bool]) -> tuple[int, int] | None:
@@ -259,17 +283,10 @@ def _split_at(
     content = msgs[index]["content"]
     rest = _remaining(content[:start], content[end:])
     rewritten = [dict(m) for m in msgs]
-    rewritten[index]["content"] = _SENTINEL + rest
-    prefix, _, continuation = markup(render(rewritten)).partition(_SENTINEL)
-    suffix = plain(engine.config.document_suffix)
-    if mode == "query_aware" and engine.config.reask_question:
-        # the message's own text steers pruning from the suffix and is asked again after the cache
-        suffix = concat(suffix, rest, "\n\n") if rest else suffix
-    elif mode == "query_aware":
-        # the question is compressed with the document: everything after it joins the suffix
-        suffix, continuation = concat(suffix, continuation), PromptText()
-    prompt = concat(prefix, document, suffix, continuation)
-    return PromptSplit(prompt, document, prefix, suffix, continuation, found_by, mode)
+    rewritten[index]["content"] = DOCUMENT_MARK + rest
+    c = engine.config
+    spans = layout_around(markup(render(rewritten)), rest, c.document_suffix, mode == "query_aware", c.reask_question)
+    return PromptSplit(document, spans.prefix, spans.suffix, spans.continuation, found_by, mode)
 
 
 # ------------------------------------------------------------------------------------- answering
@@ -277,7 +294,7 @@ def start_answer(engine: HomerModel, split: PromptSplit, options: GenerationOpti
     """Answer a split prompt in the mode it was split for (``HomerModel.answer_span``), or run it
     plainly when it has no document (``info.mode`` stays None then)."""
     if split.document is None:
-        return engine.generate(split.prompt, **options.model_dump())
+        return engine.generate(split.plain_prompt, **options.model_dump())
     mode = split.mode or engine.config.mode
     question = split.suffix if mode == "query_aware" else None
     stream = engine.answer_span(

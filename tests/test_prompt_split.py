@@ -11,6 +11,7 @@ from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.generation import GenerationOptions
 from homer_integrations.prompt_split import (
     MIN_KNOWN_CHARS,
+    _longer_than,
     find_document_span,
     known_documents,
     remember_document,
@@ -124,10 +125,13 @@ def test_explicit_document_missing_from_the_messages_goes_first_in_the_first_use
     assert split.found_by == "explicit" and split.document == book
     assert split.prefix == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
     assert split.continuation == "Who is Mr. Bingley?<|im_end|>\n<|im_start|>assistant\n"
-    # no system message: exactly the engine's own layout, so engine.run shares the cache
-    split = split_prompt(engine, user("Who is Mr. Bingley?"), document=book)
-    layout = engine.layout("Who is Mr. Bingley?")
-    assert (split.prefix, split.suffix, split.continuation) == (layout.prefix, layout.suffix, layout.continuation)
+    # no system message: exactly the engine's own layout (one builder, markup included) in every
+    # mode, so engine.run shares the cache
+    for mode in ("shared", "query_aware", "full"):
+        split = split_prompt(engine, user("Who is Mr. Bingley?"), document=book, mode=mode)
+        layout = engine.layout("Who is Mr. Bingley?", mode)
+        spans = [(t.segments) for t in (split.prefix, split.suffix, split.continuation)]
+        assert spans == [t.segments for t in (layout.prefix, layout.suffix, layout.continuation)], mode
 
 
 def test_an_empty_explicit_document_is_an_error(engine):
@@ -239,3 +243,14 @@ def test_start_answer_runs_the_split_in_its_mode_like_engine_run(tokenizer, tmp_
     plain = start_answer(engine, split_prompt(engine, user("Hello")), options)
     plain.text()
     assert plain.info.mode is None and plain.info.cache_source is None
+
+
+def test_long_prompts_are_told_from_short_ones_without_counting_them_whole(engine, book):
+    prompt = engine.chat_prompt(user(STUFF.format(context=book, question="Who?")))
+    tokens = engine.count_tokens(prompt)
+    for limit in (100, 256, tokens // 2, tokens - 1, tokens, tokens + 1):
+        assert _longer_than(engine, prompt, limit) == (tokens > limit), limit
+    # a head keeps the template's markup, so its control tokens count as one token each
+    assert prompt.head(len(prompt)).segments == prompt.segments
+    assert prompt.head(12) == "<|im_start|>" and engine.count_tokens(prompt.head(12)) == 1
+    assert engine.count_tokens(str(prompt)[:12]) > 1

@@ -1,9 +1,12 @@
-"""A cheap, stable identity for a model's weights, used in calibration and document-cache keys."""
+"""Cheap, stable identities for a model's weights and for document texts, used in calibration and
+document-cache keys."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import threading
+from collections import OrderedDict
 
 import torch
 from transformers import PreTrainedModel
@@ -59,3 +62,30 @@ def tokenizer_fingerprint(tokenizer) -> str:
     h.update(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode())
     h.update(json.dumps([tokenizer.bos_token, tokenizer.eos_token, tokenizer.chat_template]).encode())
     return h.hexdigest()[:32]
+
+
+class TextDigests:
+    """sha256 of recent document texts, so each text is hashed once however many questions it gets.
+
+    A dict keyed by the text itself finds it again with Python's own string hash (kept on the string
+    object, far cheaper than sha256 for a new object) and one comparison; bounded, least recent out.
+    """
+
+    def __init__(self, size: int = 16) -> None:
+        self._size = size
+        self._digests: OrderedDict[str, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, text: str) -> bytes:
+        """The 32-byte sha256 of ``text`` (UTF-8; lone surrogates kept)."""
+        with self._lock:
+            digest = self._digests.get(text)
+            if digest is not None:
+                self._digests.move_to_end(text)
+                return digest
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+        with self._lock:
+            self._digests[text] = digest
+            while len(self._digests) > self._size:
+                self._digests.popitem(last=False)
+        return digest

@@ -1,7 +1,7 @@
 """How a (document, question) pair becomes prefix / document / suffix / continuation token spans.
 
-The chat template is rendered once with sentinel strings in place of the document and the
-question, and the rendered text is split at the sentinels, so every chat format (ChatML,
+The chat template is rendered once with a mark in place of the document (``DOCUMENT_MARK``),
+and the rendered text is cut there (``layout_around``, the one layout builder), so every chat format (ChatML,
 Llama, Mistral) is handled by the tokenizer's own template.
 
 - ``shared`` mode: suffix = the fixed ``document_suffix`` (question-independent, so the
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedTokenizerBase
 
-_DOC = "\u2063HOMERDOC\u2063"
-_QUESTION = "\u2063HOMERQ\u2063"
+DOCUMENT_MARK = "\u2063HOMERDOC\u2063"
+"""Stands where the document goes in a rendered prompt, for ``layout_around`` to cut at."""
 _CONTENT = "\u2063HOMERMSG{}\u2063"
 _CONTENT_RE = re.compile("\u2063HOMERMSG(\\d+)\u2063")
 # fast tokenizers keep ``split_special_tokens`` as a flag on the shared backend, set per call:
@@ -62,6 +62,16 @@ class PromptText(str):
 
     def __getnewargs__(self) -> tuple[tuple[Segment, ...]]:  # type: ignore[override]
         return (self.segments,)
+
+    def head(self, n: int) -> PromptText:
+        """The first ``n`` characters, keeping the markup."""
+        kept: list[Segment] = []
+        for text, is_markup in self.segments:
+            if n <= 0:
+                break
+            kept.append((text[:n], is_markup))
+            n -= len(text)
+        return PromptText(kept)
 
     def partition(self, sep: str) -> tuple[PromptText, PromptText, PromptText]:  # type: ignore[override]
         """Like ``str.partition``, keeping the markup; ``sep`` must lie within one segment."""
@@ -132,6 +142,27 @@ class PromptTexts:
     continuation: PromptText
 
 
+def layout_around(
+    rendered: PromptText, question: str, document_suffix: str, query_aware: bool, reask: bool = False
+) -> PromptTexts:
+    """The spans around the document in ``rendered``, a prompt rendered with ``DOCUMENT_MARK``
+    where the document goes; ``question`` is the rest of the document's message (what steers
+    pruning in query-aware mode). The one layout builder: the engine's own questions and the
+    prompts adapters find a document in are both cut here.
+
+    - shared: prefix | document + ``document_suffix`` | everything after the mark;
+    - query-aware with ``reask``: the question also ends the suffix, and is asked again after it;
+    - query-aware: everything after the mark joins the suffix; nothing follows the cache.
+    """
+    prefix, _, continuation = rendered.partition(DOCUMENT_MARK)
+    suffix = plain(document_suffix)
+    if query_aware and reask:
+        return PromptTexts(prefix, concat(suffix, question, "\n\n") if question else suffix, continuation)
+    if query_aware:
+        return PromptTexts(prefix, concat(suffix, continuation), PromptText())
+    return PromptTexts(prefix, suffix, continuation)
+
+
 def render_layout(
     tokenizer: PreTrainedTokenizerBase,
     question: str,
@@ -140,23 +171,15 @@ def render_layout(
     system_prompt: str | None = None,
     reask: bool = False,
 ) -> PromptTexts:
-    """Split the chat-formatted prompt around the document for the chosen mode."""
-    user = f"{_DOC}{document_suffix}{_QUESTION}"
+    """The spans around the document for a user turn of the document followed by ``question``."""
     if tokenizer.chat_template:
         messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-        messages.append({"role": "user", "content": user})
+        messages.append({"role": "user", "content": DOCUMENT_MARK + question})
         rendered = render_chat(tokenizer, messages)
     else:
         head = f"{system_prompt}\n\n" if system_prompt else ""
-        rendered = concat(head, user, markup("\nAnswer:"))
-    prefix, _, rest = rendered.partition(_DOC)
-    middle, _, tail = rest.partition(_QUESTION)
-    asked = concat(question, tail)
-    if query_aware and reask:
-        return PromptTexts(prefix=prefix, suffix=concat(middle, question, "\n\n"), continuation=asked)
-    if query_aware:
-        return PromptTexts(prefix=prefix, suffix=concat(middle, asked), continuation=PromptText())
-    return PromptTexts(prefix=prefix, suffix=middle, continuation=asked)
+        rendered = concat(head, DOCUMENT_MARK + question, markup("\nAnswer:"))
+    return layout_around(rendered, question, document_suffix, query_aware, reask)
 
 
 def encode(

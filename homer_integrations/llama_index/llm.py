@@ -242,8 +242,8 @@ class HomerLLM(CustomLLM):
                 "precompress needs a question-independent cache: query_aware mode compresses each question "
                 "with the document (its leaf tier is built at the first question); use mode='shared' or 'full'"
             )
-        # the question is not part of the key in these modes
-        split = self._completion_split("?", False, {"document": document, "mode": mode})
+        # in these modes nothing of the question reaches the cached span: lay out the document alone
+        split = self._completion_split("", False, {"document": document, "mode": mode})
         compressed, _ = self._engine.compress_span(split.prefix, document, split.suffix, mode=mode)
         remember_document(self._engine, document)
         return compressed.stats

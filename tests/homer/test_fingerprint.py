@@ -1,0 +1,29 @@
+"""Document-text digests (``homer.fingerprint.TextDigests``) and the key they feed."""
+
+from __future__ import annotations
+
+import hashlib
+
+from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.homer.fingerprint import TextDigests
+from tests.conftest import tiny_model
+
+
+def test_a_digest_is_the_texts_sha256_and_is_kept_for_the_next_call():
+    digests = TextDigests(size=2)
+    text = "It is a truth universally acknowledged \ud800" * 100  # a lone surrogate is kept, not an error
+    digest = digests(text)
+    assert digest == hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+    assert digests("".join([text])) is digest  # an equal text built anew: found, not hashed again
+    digests("b" * 300)
+    digests("c" * 300)  # the least recent text goes
+    assert digests(text) is not digest and digests(text) == digest
+
+
+def test_cache_keys_tell_documents_apart_and_repeat_for_the_same_text(tokenizer):
+    engine = HomerModel(tiny_model(), tokenizer, HomerConfig(max_chunk_len=256), model_name="tiny", progress=False)
+    layout = engine.layout("")
+    one = engine.cache_key(layout.prefix, "a document " * 50, layout.suffix)
+    assert one == engine.cache_key(layout.prefix, "a document " * 50, layout.suffix)
+    assert one != engine.cache_key(layout.prefix, "a document " * 49 + "a documenT ", layout.suffix)
+    assert engine.tier_key(layout.prefix, "a document " * 50) != one
