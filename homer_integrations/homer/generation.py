@@ -8,7 +8,7 @@ own short loop and pass positions explicitly. Sampling uses transformers' logits
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -61,6 +61,24 @@ class GenerationOptions(BaseModel):
     @property
     def sampling(self) -> bool:
         return self.temperature > 0
+
+    @classmethod
+    def merged(cls, *layers: Mapping[str, Any]) -> GenerationOptions:
+        """Options from ``layers`` (a model's settings, then a call's overrides), later layers winning.
+
+        ``None`` values are unset (they do not override), ``max_tokens`` (the frameworks' name)
+        means ``max_new_tokens`` unless that is given too, and keys that are not options are ignored:
+        the adapters' one way to turn their settings and call keywords into options.
+        """
+        values: dict[str, Any] = {}
+        for layer in layers:
+            given = {k: v for k, v in layer.items() if v is not None}
+            if "max_tokens" in given:
+                given.setdefault("max_new_tokens", given.pop("max_tokens"))
+            values.update((k, v) for k, v in given.items() if k in cls.model_fields)
+        if "stop" in values:
+            values["stop"] = tuple(values["stop"])
+        return cls(**values)
 
 
 @dataclass

@@ -115,19 +115,10 @@ class HomerSettings(BaseModel):
         return self.resolve_engine().token_ids(text)
 
     def generation_options(self, stop: list[str] | None, kwargs: dict[str, Any]) -> GenerationOptions:
-        """This model's settings with a call's overrides."""
-        values: dict[str, Any] = {
-            "temperature": kwargs.get("temperature", self.temperature),
-            "top_p": kwargs.get("top_p", self.top_p),
-            "top_k": kwargs.get("top_k", self.top_k),
-            "seed": kwargs.get("seed", self.seed),
-            "stop": tuple(stop if stop is not None else self.stop or ()),
-            "response_format": kwargs.get("response_format"),
-        }
-        max_tokens = kwargs.get("max_tokens", self.max_tokens)
-        if max_tokens is not None:
-            values["max_new_tokens"] = max_tokens
-        return GenerationOptions(**values)
+        """This model's settings with a call's overrides (``stop`` and ``kwargs``)."""
+        settings = {"max_tokens": self.max_tokens, "stop": self.stop}
+        settings |= {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed}
+        return GenerationOptions.merged(settings, {**kwargs, "stop": stop})
 
     def start_call(
         self,

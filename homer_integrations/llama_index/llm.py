@@ -48,8 +48,6 @@ from homer_integrations.prompt_split import (
 Model = TypeVar("Model", bound=BaseModel)
 dispatcher = get_dispatcher(__name__)
 
-_GENERATION_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop", "response_format")
-
 
 def message_text(message: ChatMessage, index: int = 0) -> str:
     """The text of a chat message (its text blocks, joined as ``ChatMessage.content`` joins them).
@@ -161,24 +159,11 @@ class HomerLLM(CustomLLM):
         )
 
     # ----------------------------------------------------------------------------- core
-    def generation_kwargs(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    def generation_options(self, overrides: dict[str, Any] | None = None) -> GenerationOptions:
         """Engine generation options: this LLM's settings, overridden per call (``max_tokens`` too)."""
-        options: dict[str, Any] = {
-            "max_new_tokens": self.num_output,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "seed": self.seed,
-            "stop": tuple(self.stop),
-        }
-        overrides = dict(overrides or {})
-        if "max_tokens" in overrides and "max_new_tokens" not in overrides:
-            overrides["max_new_tokens"] = overrides.pop("max_tokens")
-        for key in _GENERATION_KEYS:
-            if overrides.get(key) is not None:
-                options[key] = overrides[key]
-        options["stop"] = tuple(options["stop"])
-        return options
+        settings = {"max_new_tokens": self.num_output, "stop": self.stop}
+        settings |= {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed}
+        return GenerationOptions.merged(settings, overrides or {})
 
     def _system(self) -> list[dict[str, str]]:
         return [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
@@ -219,7 +204,7 @@ class HomerLLM(CustomLLM):
         )
 
     def _start(self, split: PromptSplit, kwargs: dict[str, Any]) -> AnswerStream:
-        return start_answer(self._engine, split, GenerationOptions(**self.generation_kwargs(kwargs)))
+        return start_answer(self._engine, split, self.generation_options(kwargs))
 
     def _start_completion(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> AnswerStream:
         return self._start(self._completion_split(prompt, formatted, kwargs), kwargs)

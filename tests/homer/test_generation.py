@@ -1,3 +1,5 @@
+import pytest
+
 from homer_integrations.homer.generation import GenerationOptions, StopStringFilter
 
 
@@ -34,3 +36,16 @@ def test_options_validate():
     with pytest.raises(ValidationError, match="top_p"):
         GenerationOptions(top_p=0)
     assert GenerationOptions(temperature=0.7).sampling
+
+
+def test_options_merge_settings_and_call_overrides_one_way():
+
+    settings = {"max_tokens": 40, "temperature": 0.0, "stop": ["\n"], "seed": None}
+    call = {"temperature": 0.7, "stop": None, "max_tokens": 12, "document": "not an option", "seed": 3}
+    merged = GenerationOptions.merged(settings, call)
+    assert (merged.max_new_tokens, merged.temperature, merged.stop, merged.seed) == (12, 0.7, ("\n",), 3)
+    # max_new_tokens wins over max_tokens in the same layer; None never overrides
+    assert GenerationOptions.merged({"max_new_tokens": 5, "max_tokens": 9}).max_new_tokens == 5
+    assert GenerationOptions.merged(settings, {"max_tokens": None}).max_new_tokens == 40
+    with pytest.raises(ValueError):
+        GenerationOptions.merged(settings, {"top_p": 0.0})
