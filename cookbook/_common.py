@@ -11,6 +11,7 @@ import io
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from homer_integrations.paths import bundled_excerpt
 
@@ -24,11 +25,24 @@ class Tee(io.StringIO):
         return super().write(text)
 
 
-def cookbook_main(run: Callable[[argparse.Namespace], None], output: Path, doc: str, max_new_tokens: int) -> None:
-    """Parse the cookbook options, run, and save the printed transcript to ``output``."""
+Option = tuple[str, type, Any, str]
+"""flag, type, default, help"""
+
+EXCERPT: Option = ("--tokens", int, 3000, "excerpt length in model tokens")
+
+
+def cookbook_main(
+    run: Callable[[argparse.Namespace], None],
+    output: Path,
+    doc: str,
+    max_new_tokens: int,
+    options: tuple[Option, ...] = (EXCERPT,),
+) -> None:
+    """Parse the cookbook options (``options`` + model and answer length), run, and save the
+    printed transcript to ``output``."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     for flag, kind, default, text in (
-        ("--tokens", int, 3000, "excerpt length in model tokens"),
+        *options,
         ("--model", str, None, "local path, hub id or embedded name (default: the embedded model)"),
         ("--max-new-tokens", int, max_new_tokens, "longest answer in tokens"),
     ):
