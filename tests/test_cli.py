@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from homer_integrations import cli
-from homer_integrations.cli import DEMO_QUESTIONS, main
+from homer_integrations.cli import DEMO_QUESTIONS, loading, main
 from homer_integrations.paths import PACKAGE_DATA
 from tests.conftest import REPO
 from tests.test_documents import make_pdf
@@ -53,14 +52,14 @@ def test_bad_files_give_one_line_and_a_nonzero_exit(
     path = tmp_path / name
     if content is not None:
         path.write_bytes(content)
-    loads_before = cli._load_parts.cache_info().misses
+    loads_before = loading.load_parts.cache_info().misses
     code, out, err = run_cli(capsys, "ask", str(path), "-q", "What is this?", "--cache-dir", str(tmp_path / "c"))
     assert code == 1
     assert out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith(f"homer-qa: error: {path}: ") and reason in lines[0]
-    assert cli._load_parts.cache_info().misses == loads_before, "bad input must fail before loading a model"
+    assert loading.load_parts.cache_info().misses == loads_before, "bad input must fail before loading a model"
 
 
 def test_a_directory_is_not_a_document(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -117,7 +116,7 @@ def tiny_cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer) -> list
     from tests.conftest import tiny_model
 
     parts = (tiny_model(), tokenizer)
-    monkeypatch.setattr(cli, "_load_parts", lambda name, dtype, device: parts)
+    monkeypatch.setattr(loading, "load_parts", lambda name, dtype, device: parts)
     monkeypatch.setenv("HOMER_INTEGRATIONS_CACHE", str(tmp_path / "cache"))
     return ["--model", "tiny", "--max-chunk-len", "128", "--warmup-layers", "3", "--no-disk-cache"]
 

@@ -119,7 +119,7 @@ def test_ask_answers_from_a_store_url_in_a_later_run(
 
 
 def test_sizes_read_like_people_write_them() -> None:
-    from homer_integrations.cli import _byte_size
+    from homer_integrations.cli.options import byte_size as _byte_size
 
     assert [_byte_size(t) for t in ("0", "1500", "2KB", "1.5MB", "2GiB", "3mib")] == [
         0,

@@ -15,14 +15,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from homer_integrations import cli
+from homer_integrations.cli import loading, options
+from homer_integrations.cli.common import DEFAULT_MAX_FILE_MB, EXIT_ERROR, EXIT_OK, MODES, CliError, error, seconds
 
 
-def add_compress_parser(commands: Any) -> None:
-    """Add the ``compress`` command to ``homer-qa``'s subcommands."""
+def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "compress", help="compress many documents into a shared store (in process, or over Ray workers)"
     )
+    parser.set_defaults(run=run)
     parser.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="files, and directories searched")
     parser.add_argument(
         "--store",
@@ -37,44 +38,42 @@ def add_compress_parser(commands: Any) -> None:
         "'auto' joins this machine's cluster, ray://HOST:10001 a remote one",
     )
     parser.add_argument(
-        "--workers", type=cli._positive_int, metavar="N", help="Ray workers (default: one per GPU, else per 4 CPUs)"
+        "--workers", type=options.positive_int, metavar="N", help="Ray workers (default: one per GPU, else per 4 CPUs)"
     )
-    parser.add_argument("--threads", type=cli._positive_int, metavar="N", help="CPU threads per Ray worker on CPU")
+    parser.add_argument("--threads", type=options.positive_int, metavar="N", help="CPU threads per Ray worker on CPU")
     parser.add_argument(
-        "--retries", type=cli._non_negative_int, default=2, metavar="N", help="restarts of a dead worker (default 2)"
+        "--retries", type=options.non_negative_int, default=2, metavar="N", help="restarts of a dead worker (default 2)"
     )
-    cli._model_options(parser)
-    parser.add_argument("--mode", choices=cli.MODES, help="the entry stored (default shared; query_aware: leaf tier)")
-    parser.add_argument("--max-chunk-len", type=cli._positive_int, metavar="N", help="HOMER chunk length (tokens)")
-    parser.add_argument("--warmup-layers", type=cli._non_negative_int, metavar="N", help="HOMER warm-up layers")
+    options.model_options(parser)
+    parser.add_argument("--mode", choices=MODES, help="the entry stored (default shared; query_aware: leaf tier)")
+    options.homer_options(parser)
     parser.add_argument(
         "--max-file-mb",
-        type=cli._positive_int,
-        default=cli.DEFAULT_MAX_FILE_MB,
+        type=options.positive_int,
+        default=DEFAULT_MAX_FILE_MB,
         metavar="N",
-        help=f"refuse files over N MiB (default {cli.DEFAULT_MAX_FILE_MB})",
+        help=f"refuse files over N MiB (default {DEFAULT_MAX_FILE_MB})",
     )
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def run_compress(args: argparse.Namespace) -> int:
-    """The ``compress`` command: the exit code."""
+def run(args: argparse.Namespace) -> int:
     from homer_integrations.corpus import compress_corpus
     from homer_integrations.models import ModelNotAvailableError
     from homer_integrations.paths import cache_root
 
     missing = [str(p) for p in args.paths if not p.exists()]
     if missing:
-        raise cli.CliError(f"no such file or directory: {', '.join(missing)}")
-    cli._check_device(args.device)
+        raise CliError(f"no such file or directory: {', '.join(missing)}")
+    loading.check_device(args.device)
     store = args.store or str(cache_root() / "documents")
     try:
         report = compress_corpus(
             args.paths,
             store,
             model=args.model,
-            config=cli._config(args),
+            config=options.config(args),
             mode=args.mode,
             dtype=args.dtype,
             device=args.device,
@@ -86,24 +85,24 @@ def run_compress(args: argparse.Namespace) -> int:
             max_bytes=args.max_file_mb * 1024 * 1024,
         )
     except ModelNotAvailableError as exc:
-        raise cli.CliError(str(exc)) from None
+        raise CliError(str(exc)) from None
     except (ImportError, OSError, ValueError) as exc:  # no ray, an unreachable store or cluster, a bad URL
-        raise cli.CliError(f"cannot compress into {store}: {exc}") from None
+        raise CliError(f"cannot compress into {store}: {exc}") from None
     if args.json:
         json.dump({"store": store, **report.to_dict()}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         _print_report(report, store)
-    return cli.EXIT_OK if report.ok else cli.EXIT_ERROR
+    return EXIT_OK if report.ok else EXIT_ERROR
 
 
 def _print_report(report: Any, store: str) -> None:
     for doc in report.documents:
         if doc.status == "failed":
-            cli._error(f"{doc.path}: {doc.error}")
+            error(f"{doc.path}: {doc.error}")
     where = f"{report.workers} Ray worker(s)" if report.backend == "ray" else "this process"
     print(
         f"{len(report.documents)} documents into {store}: {report.count('compressed')} compressed, "
         f"{report.count('stored') + report.count('skipped')} already stored, {report.count('failed')} failed "
-        f"({cli._seconds(report.seconds)}, {where})"
+        f"({seconds(report.seconds)}, {where})"
     )

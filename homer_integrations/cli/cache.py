@@ -1,0 +1,79 @@
+"""``homer-qa cache ls | info | clear``: what the document cache holds, and emptying it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TextIO
+
+from homer_integrations.cli import loading, options
+from homer_integrations.cli.common import EXIT_OK, human_bytes
+
+if TYPE_CHECKING:
+    from homer_integrations.document_cache import DocumentCache
+
+
+def add_parser(commands: Any) -> None:
+    cache = commands.add_parser("cache", help="list, describe or clear the document cache")
+    cache.set_defaults(run=run)
+    cache.add_argument("action", choices=("ls", "info", "clear"))
+    options.cache_options(cache, allow_no_disk=False)
+    cache.add_argument("--json", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    cache = loading.open_cache(args)
+    if args.max_bytes is not None and cache.directory is not None:  # --store URLs refuse a budget in open_cache
+        evicted = cache.trim()
+        if evicted:
+            print(f"homer-qa: evicted {evicted} cached document(s) over --max-bytes", file=sys.stderr)
+    show = {"clear": _clear, "info": _info, "ls": _ls}[args.action]
+    show(cache, args.json, sys.stdout)
+    return EXIT_OK
+
+
+def _clear(cache: DocumentCache, as_json: bool, out: TextIO) -> None:
+    removed = cache.clear()
+    if as_json:
+        json.dump({"directory": cache.location, "removed": removed}, out)
+        out.write("\n")
+    else:
+        out.write(f"removed {removed} cached document(s) from {cache.location}\n")
+
+
+def _info(cache: DocumentCache, as_json: bool, out: TextIO) -> None:
+    info = cache.info()
+    if as_json:
+        json.dump(info, out, indent=2)
+        out.write("\n")
+        return
+    out.write(
+        f"directory: {info['store']}\nentries: {info['disk_entries']}\n"
+        f"disk: {human_bytes(info['disk_bytes'])}\nformat version: {info['format_version']}\n"
+    )
+    if info["disk_budget_bytes"] is not None:
+        out.write(f"disk budget: {human_bytes(info['disk_budget_bytes'])}\n")
+
+
+def _ls(cache: DocumentCache, as_json: bool, out: TextIO) -> None:
+    entries = cache.entries()
+    if as_json:
+        json.dump([asdict(e) for e in entries], out, indent=2)
+        out.write("\n")
+        return
+    if not entries:
+        out.write(f"no cached documents in {cache.location}\n")
+        return
+    rows = [("KEY", "DOCUMENT", "DOC TOKENS", "CACHE TOKENS", "SIZE", "CREATED")]
+    for e in entries:
+        created = datetime.fromtimestamp(e.created).strftime("%Y-%m-%d %H:%M")
+        rows.append(
+            (e.key[:12], e.label or "-", f"{e.document_tokens:,}", f"{e.tokens:,}", human_bytes(e.disk_bytes), created)
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() + "\n")
+    out.write(f"{len(entries)} document(s), {human_bytes(sum(e.disk_bytes for e in entries))} in {cache.location}\n")

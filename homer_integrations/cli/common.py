@@ -1,0 +1,68 @@
+"""What every ``homer-qa`` command shares: exit codes, the one-line error, logging and number formats."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from typing import Any
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+MODES = ("shared", "query_aware", "full")
+"""``--mode`` choices: ``homer_integrations.homer.config.Mode`` (not imported here: it loads pydantic)."""
+
+DEFAULT_MAX_FILE_MB = 16
+"""``--max-file-mb``: the default limit of ``homer_integrations.documents`` (16 MiB)."""
+
+logger = logging.getLogger("homer_integrations.cli")
+
+
+class CliError(Exception):
+    """A problem to report as one line on stderr with ``exit_code``."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def configure_logging(verbose: int) -> None:
+    level = logging.DEBUG if verbose >= 2 else logging.INFO if verbose == 1 else logging.WARNING
+    root = logging.getLogger("homer_integrations")
+    root.setLevel(level)
+    for handler in [h for h in root.handlers if getattr(h, "_homer_cli", False)]:
+        root.removeHandler(handler)  # main() may run many times in one process; stderr may have changed
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler._homer_cli = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    if verbose < 2:
+        with contextlib.suppress(ImportError):
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.set_verbosity_error()
+            hf_logging.disable_progress_bar()  # the "Loading weights" bar; ours stays
+
+
+def error(message: str) -> None:
+    print(f"homer-qa: error: {' '.join(message.split())}", file=sys.stderr)
+
+
+def show_warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
+    print(f"homer-qa: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # unreachable
+
+
+def seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.1f} s"

@@ -1,0 +1,76 @@
+"""Opening the document cache and loading the engine for a ``homer-qa`` command, failing as one line."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from typing import TYPE_CHECKING, Any
+
+from homer_integrations.cli.common import EXIT_USAGE, CliError
+
+if TYPE_CHECKING:  # the heavy imports (torch, transformers) wait until a command needs them
+    from homer_integrations.document_cache import DocumentCache
+    from homer_integrations.engine import HomerModel
+    from homer_integrations.homer.config import HomerConfig
+
+
+def open_cache(args: argparse.Namespace) -> DocumentCache:
+    """The cache ``--cache-dir``, ``--store``, ``--max-bytes`` and ``--no-disk-cache`` name."""
+    from homer_integrations.document_cache import DocumentCache
+
+    given = [name for name, on in (("--cache-dir", args.cache_dir), ("--store", args.store)) if on is not None]
+    if getattr(args, "no_disk_cache", False):
+        given.append("--no-disk-cache")
+    if len(given) > 1:
+        raise CliError(f"{' and '.join(given)} name different caches: give one", EXIT_USAGE)
+    if getattr(args, "no_disk_cache", False):
+        return DocumentCache()
+    where = args.store or (args.cache_dir if args.cache_dir is not None else True)
+    try:
+        return DocumentCache(where, disk_budget_bytes=args.max_bytes)
+    except ValueError as exc:
+        raise CliError(f"--max-bytes: {exc}", EXIT_USAGE) from None
+    except (ImportError, OSError) as exc:  # an fsspec protocol whose package is missing, a bad URL
+        raise CliError(f"--store {args.store}: {exc}") from None
+
+
+@functools.lru_cache(maxsize=2)
+def load_parts(name: str, dtype: str, device: str | None) -> tuple[Any, Any]:
+    """(model, tokenizer), loaded once per process: ``main`` may be called many times (tests, notebooks)."""
+    from homer_integrations.models import load_model
+
+    return load_model(name, dtype=dtype, device=device)
+
+
+def engine(
+    args: argparse.Namespace, config: HomerConfig, cache: DocumentCache | None, progress: bool | None
+) -> HomerModel:
+    """A ``HomerModel`` like ``HomerModel.from_pretrained`` builds, over weights loaded once per process."""
+    from homer_integrations import HomerModel
+    from homer_integrations.homer.architectures import UnsupportedModelError
+    from homer_integrations.models import DEFAULT_MODEL, ModelNotAvailableError
+
+    name = args.model or DEFAULT_MODEL
+    check_device(args.device)
+    try:
+        model, tokenizer = load_parts(name, args.dtype, args.device)
+    except ModelNotAvailableError as exc:
+        raise CliError(str(exc)) from None
+    except (OSError, ValueError, ImportError) as exc:
+        raise CliError(f"cannot load model {name!r}: {exc}") from None
+    try:
+        return HomerModel(model, tokenizer, config, model_name=name, document_cache=cache, progress=progress)
+    except UnsupportedModelError as exc:
+        raise CliError(f"model {name!r}: {exc}") from None
+    except ValueError as exc:  # settings that do not fit the model
+        raise CliError(f"model {name!r}: {exc}") from None
+
+
+def check_device(device: str | None) -> None:
+    """Refuse a ``--device`` this torch cannot use before any weights load."""
+    from homer_integrations.models import resolve_device
+
+    try:
+        resolve_device(device)
+    except ValueError as exc:
+        raise CliError(f"--device: {exc}", EXIT_USAGE) from None

@@ -1,0 +1,100 @@
+"""Options several ``homer-qa`` commands take (model, cache, HOMER settings) and their value types."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from homer_integrations.cli.common import EXIT_USAGE, CliError
+
+if TYPE_CHECKING:
+    from homer_integrations.homer.config import HomerConfig
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, not {value}")
+    return value
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3}
+_UNITS |= {"kib": 1024, "mib": 1024**2, "gib": 1024**3, "tb": 1000**4, "tib": 1024**4}
+
+
+def byte_size(text: str) -> int:
+    """``500MB``, ``2GiB``, ``1.5G`` or a plain number of bytes."""
+    number = text.strip().lower().rstrip("bgikmt")
+    unit = text.strip().lower()[len(number) :]
+    try:
+        value = float(number) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 500MB, 2GiB)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, not {text}")
+    return int(value)
+
+
+def model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        metavar="NAME_OR_PATH",
+        help="embedded model name, local path or hub id (default: the embedded default model)",
+    )
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
+    parser.add_argument("--device", metavar="DEVICE", help="e.g. cpu, cuda, cuda:1 (default: where it loads)")
+
+
+def homer_options(parser: argparse.ArgumentParser, *, warmup: bool = True) -> None:
+    """``--max-chunk-len`` (and ``--warmup-layers``): the HOMER settings a command may change (``config``)."""
+    parser.add_argument("--max-chunk-len", type=positive_int, metavar="N", help="HOMER chunk length (tokens)")
+    if warmup:
+        parser.add_argument("--warmup-layers", type=non_negative_int, metavar="N", help="HOMER warm-up layers")
+
+
+def cache_options(parser: argparse.ArgumentParser, *, allow_no_disk: bool) -> None:
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        metavar="DIR",
+        help="document cache directory (default: the platform cache dir, or $HOMER_INTEGRATIONS_CACHE/documents)",
+    )
+    parser.add_argument(
+        "--store",
+        metavar="URL",
+        help="instead of --cache-dir: a shared store any fsspec URL names (s3://bucket/prefix, file://..., "
+        "memory://); credentials and endpoint from the environment (AWS_ENDPOINT_URL, ...)",
+    )
+    parser.add_argument(
+        "--max-bytes",
+        type=byte_size,
+        metavar="SIZE",
+        help="disk budget of the cache directory (e.g. 500MB, 2GiB): least recently used documents are "
+        "evicted to stay within it" + ("; 'cache' applies it now" if not allow_no_disk else ""),
+    )
+    if allow_no_disk:
+        parser.add_argument("--no-disk-cache", action="store_true", help="keep the compressed cache in memory only")
+
+
+def config(args: argparse.Namespace) -> HomerConfig:
+    """The ``HomerConfig`` of ``homer_options``' values (``--mode`` goes with each question, not here)."""
+    from pydantic import ValidationError
+
+    from homer_integrations.homer.config import HomerConfig
+
+    fields = {
+        "max_chunk_len": getattr(args, "max_chunk_len", None),
+        "warmup_layers": getattr(args, "warmup_layers", None),
+    }
+    try:
+        return HomerConfig(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        raise CliError(f"invalid HOMER settings: {exc.errors()[0]['msg']}", EXIT_USAGE) from None
