@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from homer_integrations.cli import loading, options
 from homer_integrations.cli.common import (
-    DEFAULT_MAX_FILE_MB,
     EXIT_OK,
     EXIT_USAGE,
     MODES,
@@ -43,13 +42,7 @@ def add_parser(commands: Any) -> None:
     ask.add_argument("-q", "--question", dest="questions", action="append", default=[], metavar="QUESTION")
     ask.add_argument("--demo", action="store_true", help="without -q: ask three questions about the bundled novel")
     ask.add_argument("--max-chars", type=options.positive_int, metavar="N", help="use only the first N characters")
-    ask.add_argument(
-        "--max-file-mb",
-        type=options.positive_int,
-        default=DEFAULT_MAX_FILE_MB,
-        metavar="N",
-        help=f"refuse files over N MiB before reading them (default {DEFAULT_MAX_FILE_MB})",
-    )
+    options.max_file_option(ask)
     options.model_options(ask)
     options.cache_options(ask, allow_no_disk=True)
     ask.add_argument(

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from homer_integrations.cli import loading, options
-from homer_integrations.cli.common import DEFAULT_MAX_FILE_MB, EXIT_ERROR, EXIT_OK, MODES, CliError, error, seconds
+from homer_integrations.cli.common import EXIT_ERROR, EXIT_OK, MODES, CliError, error, seconds
 
 
 def add_parser(commands: Any) -> None:
@@ -47,13 +47,7 @@ def add_parser(commands: Any) -> None:
     options.model_options(parser)
     parser.add_argument("--mode", choices=MODES, help="the entry stored (default shared; query_aware: leaf tier)")
     options.homer_options(parser)
-    parser.add_argument(
-        "--max-file-mb",
-        type=options.positive_int,
-        default=DEFAULT_MAX_FILE_MB,
-        metavar="N",
-        help=f"refuse files over N MiB (default {DEFAULT_MAX_FILE_MB})",
-    )
+    options.max_file_option(parser)
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from homer_integrations.cli.common import EXIT_USAGE, CliError
+from homer_integrations.cli.common import DEFAULT_MAX_FILE_MB, EXIT_USAGE, CliError
 
 if TYPE_CHECKING:
     from homer_integrations.homer.config import HomerConfig
@@ -58,6 +58,16 @@ def homer_options(parser: argparse.ArgumentParser, *, warmup: bool = True) -> No
     parser.add_argument("--max-chunk-len", type=positive_int, metavar="N", help="HOMER chunk length (tokens)")
     if warmup:
         parser.add_argument("--warmup-layers", type=non_negative_int, metavar="N", help="HOMER warm-up layers")
+
+
+def max_file_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-file-mb",
+        type=positive_int,
+        default=DEFAULT_MAX_FILE_MB,
+        metavar="N",
+        help=f"refuse files over N MiB before reading them (default {DEFAULT_MAX_FILE_MB})",
+    )
 
 
 def cache_options(parser: argparse.ArgumentParser, *, allow_no_disk: bool) -> None:
