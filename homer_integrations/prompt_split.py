@@ -224,9 +224,10 @@ def _longer_than(engine: HomerModel, text: str, limit: int) -> bool:
     size = 8 * limit
     while size < len(text):
         cut = text.rfind(" ", 0, size)
-        head = text.head(cut) if isinstance(text, PromptText) else text[:cut]
-        if cut > 0 and engine.count_tokens(head) > limit:
-            return True
+        if cut > 0:
+            head = text.head(cut) if isinstance(text, PromptText) else text[:cut]
+            if engine.count_tokens(head) > limit:
+                return True
         size *= 4
     return engine.count_tokens(text) > limit
 

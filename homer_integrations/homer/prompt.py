@@ -1,8 +1,8 @@
 """How a (document, question) pair becomes prefix / document / suffix / continuation token spans.
 
-The chat template is rendered once with a mark in place of the document (``DOCUMENT_MARK``),
-and the rendered text is cut there (``layout_around``, the one layout builder), so every chat format (ChatML,
-Llama, Mistral) is handled by the tokenizer's own template.
+The chat template is rendered once with a mark in place of the document (``DOCUMENT_MARK``), and
+the rendered text is cut there (``layout_around``, the one layout builder), so every chat format
+(ChatML, Llama, Mistral) is handled by the tokenizer's own template.
 
 - ``shared`` mode: suffix = the fixed ``document_suffix`` (question-independent, so the
   compressed cache serves every question); continuation = the question and the assistant head.
