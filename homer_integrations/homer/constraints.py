@@ -11,6 +11,7 @@ text the grammar accepts. llguidance computes a mask lazily from the tokenizer's
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 import threading
@@ -47,6 +48,45 @@ def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
         return node
 
     return close(copy.deepcopy(schema))
+
+
+_FREE_STRING_BLOCKERS = ("maxLength", "enum", "const", "pattern", "format")
+
+
+def bounded_strings(schema: dict[str, Any], max_new_tokens: int) -> dict[str, Any]:
+    """A copy of ``schema`` whose free strings (no ``maxLength``, ``enum``, ``const``, ``pattern`` or
+    ``format``) get a ``maxLength`` that lets the whole answer close within ``max_new_tokens``.
+
+    A weak model can write one string until the budget runs out, and an answer cut inside a string
+    is not JSON; with a bound the grammar closes the string and the object in time. Each free string
+    node gets an equal share of the tokens left after the object's punctuation and keys (strings inside
+    arrays share one item's share: arrays are not bounded). Any answer the bounded schema accepts,
+    the original accepts too.
+    """
+    nodes: list[dict[str, Any]] = []
+    skeleton = 2
+
+    def walk(node: Any) -> Any:
+        nonlocal skeleton
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        node = {k: walk(v) for k, v in node.items()}
+        if isinstance(node.get("properties"), dict):
+            skeleton += sum(len(name) // 3 + 3 for name in node["properties"])
+        if node.get("type") == "string" and not any(k in node for k in _FREE_STRING_BLOCKERS):
+            nodes.append(node)
+        return node
+
+    bounded = walk(schema)
+    if nodes:
+        share = max(1, max_new_tokens - skeleton) // len(nodes)
+        for node in nodes:
+            # a token inside a string adds at least one character (escapes aside), so a string of at most
+            # ``share`` characters never outruns its share, even written digit by digit
+            node["maxLength"] = max(8, share)
+    return bounded
 
 
 def schema_of(value: type | dict[str, Any]) -> dict[str, Any]:
@@ -136,6 +176,13 @@ class ResponseFormat:
         """Text of a Lark grammar in llguidance's dialect (``%json {...}`` embeds a JSON schema)."""
         return cls("grammar", llguidance.LLMatcher.grammar_from_lark(grammar))
 
+    def within(self, max_new_tokens: int) -> ResponseFormat:
+        """This format with its JSON schema's free strings bounded to fit ``max_new_tokens`` (see
+        ``bounded_strings``); other kinds, and schemas without free strings, are returned as they are."""
+        if self.kind != "json_schema" or self.schema is None:
+            return self
+        return _bounded(self, max_new_tokens)
+
     def instructions(self) -> str:
         """A one-line prompt note for JSON formats: the fields to fill (the grammar enforces them, the note
         tells the model what they mean); empty for other kinds. Adapters add it after the question."""
@@ -165,6 +212,15 @@ class ResponseFormat:
             return json.loads(text)
         except json.JSONDecodeError as e:
             raise ValueError(f"the answer is not complete JSON ({e}); was it cut by max_new_tokens?") from e
+
+
+@functools.lru_cache(maxsize=64)
+def _bounded(fmt: ResponseFormat, max_new_tokens: int) -> ResponseFormat:
+    schema = bounded_strings(fmt.schema or {}, max_new_tokens)
+    if schema == fmt.schema:
+        return fmt
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=_JSON_OPTIONS)
+    return ResponseFormat("json_schema", grammar, schema, fmt.target)
 
 
 # ------------------------------------------------------------------------------------- decoding

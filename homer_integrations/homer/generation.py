@@ -97,7 +97,8 @@ def token_mask(
     if options.response_format is None:
         return None
     vocab = model.get_output_embeddings().weight.shape[0]
-    return TokenMask(options.response_format, ll_tokenizer(tokenizer, vocab, eos))
+    fmt = options.response_format.within(options.max_new_tokens)
+    return TokenMask(fmt, ll_tokenizer(tokenizer, vocab, eos))
 
 
 def _warpers(options: GenerationOptions) -> LogitsProcessorList:

@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
-from homer_integrations.homer.constraints import ResponseFormat, closed_schema
+from homer_integrations.homer.constraints import ResponseFormat, bounded_strings, closed_schema
 from homer_integrations.homer.generation import GenerationOptions
 from tests.conftest import mode_engine
 
@@ -113,3 +113,29 @@ def test_embedded_model_extracts_a_valid_record(smol_engine, novel):
     stream = smol_engine.run(text, "Describe Mr. Bennet.", response_format=Character, max_new_tokens=64)
     record = Character.model_validate_json(stream.text())
     assert stream.info.finish_reason == "stop" and record.name
+
+
+FREE_SCHEMA = {
+    "type": "object",
+    "properties": {"title": {"type": "string"}, "note": {"type": "string"}, "kind": {"enum": ["a", "b"]}},
+    "required": ["title", "note", "kind"],
+}
+
+
+def test_free_strings_are_bounded_to_the_token_budget():
+    bounded = bounded_strings(FREE_SCHEMA, 60)
+    title, note = bounded["properties"]["title"]["maxLength"], bounded["properties"]["note"]["maxLength"]
+    assert title == note and 8 <= title < 30  # two strings share what the keys leave of 60 tokens
+    assert "maxLength" not in FREE_SCHEMA["properties"]["title"]  # the caller's schema is not touched
+    assert bounded_strings(BOUNDED_SCHEMA, 60) == BOUNDED_SCHEMA  # nothing free: unchanged
+    assert ResponseFormat.of(BOUNDED_SCHEMA).within(60) == ResponseFormat.of(BOUNDED_SCHEMA)
+    assert ResponseFormat.of(["x", "y"]).within(4).kind == "choice"
+
+
+def test_free_strings_close_within_the_budget(engine, text):
+    """A random-weight model never closes a string by choice: unbounded, it writes until the budget cuts
+    the answer; bounded to the budget, the grammar closes every string and the object in time."""
+    stream = engine.run(text, "What?", response_format=FREE_SCHEMA, max_new_tokens=60)
+    answer = json.loads(stream.text())
+    assert stream.info.finish_reason == "stop" and stream.info.output_tokens <= 60
+    jsonschema.validate(answer, FREE_SCHEMA)
