@@ -89,6 +89,17 @@ class HomerSettings(BaseModel):
     """Where compressed documents live, shared by every process with the same model and settings:
     a directory or a URL fsspec knows (``s3://bucket/prefix``). None: the engine's own cache."""
 
+    @classmethod
+    def is_lc_serializable(cls) -> bool:
+        """Serializable with ``langchain_core.load.dumpd``: the settings, never the engine (a loaded model
+        re-resolves by ``model_name`` on first use)."""
+        return True
+
+    @classmethod
+    def get_lc_namespace(cls) -> list[str]:
+        """Where ``langchain_core.load.load`` finds the class (pass ``valid_namespaces=["homer_integrations"]``)."""
+        return ["homer_integrations", "langchain"]
+
     @field_validator("model_name", mode="before")
     @classmethod
     def _no_name(cls, value: Any) -> Any:

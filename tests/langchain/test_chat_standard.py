@@ -8,9 +8,12 @@ bundled novel (about 1,300 tokens each, two leaves at ``max_chunk_len`` 1024).
 from __future__ import annotations
 
 import itertools
+import os
 from typing import Any
+from unittest import mock
 
 import pytest
+from langchain_core.load import dumpd, load
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
@@ -58,6 +61,25 @@ class TestChatHomerUnit(_Params, ChatModelUnitTests):
     @property
     def init_from_env_params(self) -> tuple[dict[str, str], dict[str, Any], dict[str, Any]]:
         return {MODEL_ENV: "my-org/my-model"}, {}, {"model_name": "my-org/my-model"}
+
+    @pytest.mark.xfail(
+        strict=True,
+        reason="the suite loads with allowed_objects='all', which admits only the classes in langchain-core's "
+        "own mapping: no package outside it can pass as written ('Deserialization of (homer_integrations, "
+        "langchain, ChatHomer) is not allowed'); test_serdes_allowing_chathomer runs the same round trip",
+    )
+    def test_serdes(self, model: ChatHomer, snapshot: Any) -> None:
+        super().test_serdes(model, snapshot)
+
+    def test_serdes_allowing_chathomer(self, model: ChatHomer, snapshot: Any) -> None:
+        """The standard round trip with ``ChatHomer`` allowed by name, the way a user loads it."""
+        env_params, _, _ = self.init_from_env_params
+        with mock.patch.dict(os.environ, env_params):
+            ser = dumpd(model)
+            assert ser == snapshot(name="serialized")
+            assert "engine" not in ser["kwargs"]  # a loaded model re-resolves by name
+            loaded = load(ser, valid_namespaces=["homer_integrations"], allowed_objects=[ChatHomer])
+            assert loaded.dict() == model.dict() and loaded.engine is None
 
 
 class TestChatHomerIntegration(_Params, ChatModelIntegrationTests):

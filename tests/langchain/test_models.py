@@ -153,3 +153,20 @@ async def test_text_llm_async_stream_fires_token_callbacks(fresh_engine):
 def test_unknown_call_options_are_refused(fresh_engine):
     with pytest.raises(TypeError, match="unsupported call options"):
         ChatHomer(engine=fresh_engine).invoke("Hi", documnet="typo")
+
+
+def test_text_model_serializes_its_settings_not_its_engine(fresh_engine):
+    from langchain_core.load import dumpd, load
+
+    llm = HomerLLM(engine=fresh_engine, temperature=0.5, max_tokens=7, stop=["\n"], mode="shared")
+    data = dumpd(llm)
+    assert data["id"] == ["homer_integrations", "langchain", "HomerLLM"] and "engine" not in data["kwargs"]
+    loaded = load(data, valid_namespaces=["homer_integrations"], allowed_objects=[HomerLLM])
+    assert (loaded.model_name, loaded.temperature, loaded.max_tokens, loaded.stop, loaded.mode) == (
+        fresh_engine.model_name,
+        0.5,
+        7,
+        ["\n"],
+        "shared",
+    )
+    assert loaded.engine is None  # resolved by name on first use
