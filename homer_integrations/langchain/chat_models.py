@@ -28,6 +28,9 @@ from homer_integrations.tool_calls import ToolCall, ToolCallFormat, render_call
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "tool"}
 SUPPORTED_CONTENT = "plain strings and {'type': 'text'} parts"
 _CALL_PARTS = frozenset({"tool_use", "tool_call", "function_call"})
+_REASONING_PARTS = frozenset({"thinking", "redacted_thinking", "reasoning"})
+"""An earlier answer's reasoning (Anthropic's thinking blocks, LangChain's reasoning blocks): left out of
+the prompt, as reasoning models' own chat templates leave past reasoning out."""
 SUPPORTED_MESSAGES = "human, ai, system, tool and function messages, and chat messages with a role"
 
 
@@ -90,6 +93,8 @@ def _content_text(message: BaseMessage, index: int) -> str:
             texts.append(part["text"])
         elif isinstance(part, dict) and part.get("type") in _CALL_PARTS and getattr(message, "tool_calls", None):
             continue  # a provider's copy of a call that message.tool_calls holds (and message_dicts renders)
+        elif isinstance(part, dict) and part.get("type") in _REASONING_PARTS and message.type == "ai":
+            continue
         else:
             kind = part.get("type", "untyped") if isinstance(part, dict) else type(part).__name__
             raise ValueError(

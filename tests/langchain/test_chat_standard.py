@@ -106,6 +106,10 @@ class TestChatHomerIntegration(_Params, ChatModelIntegrationTests):
         return True
 
     @property
+    def supports_anthropic_inputs(self) -> bool:
+        return True
+
+    @property
     def model_override_value(self) -> str:
         # the same weights through another loading path: a local transformers checkpoint
         return str(converted_dir(SMOLLM2))

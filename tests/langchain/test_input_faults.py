@@ -65,6 +65,22 @@ def test_text_parts_and_strings_are_read(chat: ChatHomer) -> None:
     assert msg.usage_metadata["input_tokens"] == same.usage_metadata["input_tokens"]
 
 
+def test_an_earlier_answers_reasoning_is_left_out(chat: ChatHomer) -> None:
+    """Anthropic thinking blocks and LangChain reasoning blocks of past answers are not fed back (reasoning
+    models' templates drop them too); in a human message they are still refused above."""
+    thought = {"type": "thinking", "thinking": "The user greets me.", "signature": "abc"}
+    with_reasoning = chat.invoke(
+        [
+            HumanMessage("Hello"),
+            AIMessage([thought, NOT_TEXT["reasoning"], {"type": "text", "text": "Hi!"}]),
+            HumanMessage("Well."),
+        ]
+    )
+    without = chat.invoke([HumanMessage("Hello"), AIMessage("Hi!"), HumanMessage("Well.")])
+    assert with_reasoning.content == without.content
+    assert with_reasoning.usage_metadata["input_tokens"] == without.usage_metadata["input_tokens"]
+
+
 def test_messages_without_a_chat_role_are_refused(chat: ChatHomer) -> None:
     with pytest.raises(ValueError, match=r"message 0 is a 'chat' message with no role; ChatHomer supports human, ai"):
         chat.invoke([ChatMessage(role="", content="Hello")])
