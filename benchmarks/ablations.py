@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from homer_integrations import HomerConfig
 from homer_integrations.homer.score_units import WordUnits
-from homer_integrations.homer.scorers import EveryLayer, LastTokenScorer, RandomScorer
+from homer_integrations.homer.scorers import EveryLayer, LastTokenScorer, QuestionAttentionScorer, RandomScorer
 from homer_integrations.homer.scoring import Scoring
 
 
@@ -29,6 +29,8 @@ ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
     "score_all_layers": lambda s: replace(s, scorer=EveryLayer(s.scorer)),
     # the mean score of the last 16 suffix rows instead of the last row
     "observation_window_16": lambda s: replace(s, scorer=LastTokenScorer(rows=16)),
+    # every suffix row scores, by the most softmax attention a token gets (KVzip's score, the question as probe)
+    "question_attention": lambda s: replace(s, scorer=QuestionAttentionScorer()),
 }
 """Ablations of the paper's last-token recipe (``HomerConfig(shared_scorer="last_token")``)."""
 

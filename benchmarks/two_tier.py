@@ -30,19 +30,20 @@ import random
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ablations import RECONSTRUCTION_ABLATIONS
+from ablations import ABLATIONS, RECONSTRUCTION_ABLATIONS
 from passkey_lib import INSTRUCTION
 
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.generation import DecodeState, GenerationOptions, decode
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.prompt import encode
+from homer_integrations.homer.score_units import ScoreMemory, SentenceBonus
 from homer_integrations.models import load_model
 from homer_integrations.paths import bundled_text
 
@@ -59,6 +60,9 @@ METHODS = (
     "shared_recon_flat_every_layer_words",
     "per_question",
     "per_question_flat",
+    "per_question_qattn",
+    "per_question_flat_qattn",
+    "per_question_flat_qattn_words",
 )
 """``shared`` and ``per_question*`` use the paper's last-token scorer for the shared root
 (``shared_scorer="last_token"``); ``shared_recon`` scores the shared root's leaves by context
@@ -72,7 +76,10 @@ memory from the reconstruction scores answered 9/12 at 8k like ``per_question`` 
 (its rows are in commit 03c69c5). ``per_question_flat_recon`` rows: the flat replay over a tier that
 also kept the reconstruction root's per-token scores, added to each question's own (commit b8be247);
 10/12 at 8k and 7/12 at 16k against the plain flat replay's 8/12 and 8/12, at twice the tier build,
-so it was reverted."""
+so it was reverted. ``*_qattn`` rows (tuning seeds 3000-3001 at 16k only): the question's pruning scored
+by every suffix row's most softmax attention (ablation ``question_attention``) with the sentence bonus,
+or with the recipe's word units (``*_qattn_words``): 4/6 and 4/6 against the last-token flat replay's
+5/6 on the same documents; stopped there and not run on the held-out seeds."""
 OPTIONS = GenerationOptions(max_new_tokens=12)
 
 CODES = [str(n) for n in range(10000, 99999, 7919)]
@@ -190,6 +197,10 @@ def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
         scoring = RECONSTRUCTION_ABLATIONS["reconstruction_word_units"](scoring)
     if "every" in parts:
         scoring = RECONSTRUCTION_ABLATIONS["reconstruction_every_layer"](scoring)
+    if "qattn" in parts:
+        scoring = ABLATIONS["question_attention"](scoring)
+        if "words" not in parts:
+            scoring = replace(scoring, units=(SentenceBonus(), ScoreMemory()))
     if scoring != engine.scoring:
         engine = HomerModel(model, tok, config, model_name=name, progress=False, scoring=scoring)
     return engine, "shared" if method.startswith("shared") else "query_aware"
@@ -283,6 +294,7 @@ def plot(summary: list[dict]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    summary = [e for e in summary if e["split"] == "held_out"]
     lengths = sorted({e["tokens"] for e in summary})
     methods = [m for m in METHODS if any(e["method"] == m for e in summary)]
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -306,13 +318,18 @@ def plot(summary: list[dict]) -> None:
     fig.savefig(RESULTS / "two_tier.png", dpi=120)
 
 
+def split_of(seed: int) -> str:
+    """Seeds 2000-2999 are held out (nothing was chosen on them); 3000+ are the tuning split."""
+    return "tuning" if seed >= 3000 else "held_out"
+
+
 def report(_: argparse.Namespace) -> None:
     records = [json.loads(line) for line in SAMPLES.read_text().splitlines() if line.strip()]
     groups: dict[tuple, list] = defaultdict(list)
     for r in records:
-        groups[(r["model"], r["tokens"], r["method"])].append(r)
+        groups[(r["model"], r["tokens"], r["method"], split_of(r["seed"]))].append(r)
     summary = []
-    for (model, tokens, method), rs in sorted(groups.items()):
+    for (model, tokens, method, split), rs in sorted(groups.items()):
         qs = [q for r in rs for q in r["questions"]]
         later = [q for r in rs for q in r["questions"][1:]]
         summary.append(
@@ -320,6 +337,7 @@ def report(_: argparse.Namespace) -> None:
                 "model": model,
                 "tokens": tokens,
                 "method": method,
+                "split": split,
                 "documents": len(rs),
                 "questions": len(qs),
                 "accuracy": sum(q["correct"] for q in qs) / len(qs),
@@ -328,22 +346,24 @@ def report(_: argparse.Namespace) -> None:
                 "later_question_seconds": sum(q["seconds"] for q in later) / max(1, len(later)),
             }
         )
-    compression = {(e["model"], e["tokens"]): e["prepare_seconds"] for e in summary if e["method"] == "shared"}
+    compression = {
+        (e["model"], e["tokens"], e["split"]): e["prepare_seconds"] for e in summary if e["method"] == "shared"
+    }
     for e in summary:
-        full = compression.get((e["model"], e["tokens"]))
+        full = compression.get((e["model"], e["tokens"], e["split"]))
         e["ttft_over_compression"] = e["later_question_ttft"] / full if full else None
         e["ttft_over_own_document"] = e["later_question_ttft"] / e["prepare_seconds"]
     (RESULTS / "two_tier.json").write_text(json.dumps(summary, indent=1) + "\n")
     plot(summary)
     lines = [
-        "| model | tokens | method | documents | questions | accuracy | document s | later question TTFT s | "
+        "| model | tokens | method | split | documents | questions | accuracy | document s | later question TTFT s | "
         "TTFT / document s | TTFT / shared compression |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in summary:
         ratio = "-" if e["ttft_over_compression"] is None else f"{e['ttft_over_compression']:.2f}"
         lines.append(
-            f"| {e['model']} | {e['tokens']} | {e['method']} | {e['documents']} | {e['questions']} | "
+            f"| {e['model']} | {e['tokens']} | {e['method']} | {e['split']} | {e['documents']} | {e['questions']} | "
             f"{e['accuracy']:.2f} | {e['prepare_seconds']:.1f} | {e['later_question_ttft']:.2f} | "
             f"{e['ttft_over_own_document']:.2f} | {ratio} |"
         )

@@ -95,6 +95,24 @@ def attention_logits(query: torch.Tensor, keys: torch.Tensor, scaling: float) ->
     return torch.einsum("hgd,htd->hgt", q, k).reshape(heads, -1) * scaling
 
 
+def log_max_attention(x: ScoreInput, length: int, block: int = 256) -> torch.Tensor:
+    """Log of the most attention (softmax probability, max over rows and heads) each of the first
+    ``length`` keys receives from the R query rows, which sit at the end of the keys (causal) -> [length]."""
+    rows, keys = x.queries.shape[2], x.keys.shape[2]
+    heads, kv_heads = x.queries.shape[1], x.keys.shape[1]
+    k = x.keys[0].float()  # [Hkv, K, d]
+    best = torch.full((length,), float("-inf"), device=k.device)
+    for start in range(0, rows, block):
+        stop = min(rows, start + block)
+        q = x.queries[0, :, start:stop].float().view(kv_heads, heads // kv_heads, stop - start, -1)
+        logits = torch.einsum("hgrd,hkd->hgrk", q, k) * x.scaling  # [Hkv, G, b, K]
+        row_pos = torch.arange(keys - rows + start, keys - rows + stop, device=k.device)
+        future = torch.arange(keys, device=k.device)[None, :] > row_pos[:, None]  # [b, K]
+        probs = logits.masked_fill(future, float("-inf")).softmax(-1)[..., :length]
+        best = torch.maximum(best, probs.amax(dim=(0, 1, 2)))
+    return best.clamp(min=1e-12).log()
+
+
 @dataclass(frozen=True)
 class LastTokenScorer(Scorer):
     """The paper's significance: the raw attention logit of the last row to each token, maxed over
@@ -122,6 +140,22 @@ class LastTokenScorer(Scorer):
             per_row = per_row - x.bias.to(per_row.device)[distance.to(per_row.device)]
         visible = (query_index[:, None] >= torch.arange(length)[None, :]).to(per_row.device)
         return (per_row * visible).sum(0) / visible.sum(0).clamp(min=1)
+
+
+@dataclass(frozen=True)
+class QuestionAttentionScorer(Scorer):
+    """Every suffix row (the question and the template around it) scores: a token's score is the log of
+    the most attention (softmax, max over rows and heads) it receives from any of them. KVzip's
+    reconstruction score with the question as the probe; SnapKV's observation window with a max
+    instead of a mean. No calibration: a softmax over the node's own keys is already comparable
+    within the node."""
+
+    rows: int = 1 << 20
+    """All suffix rows (``HomerCompressor`` caps the rows at the suffix length)."""
+    block: int = field(default=256, compare=False, repr=False)
+
+    def __call__(self, x: ScoreInput) -> torch.Tensor:
+        return log_max_attention(x, x.keys.shape[2], self.block)
 
 
 @dataclass(frozen=True)
@@ -208,19 +242,7 @@ class ReconstructionScorer(Scorer):
         return torch.cat([torch.tensor(self.prompt_ids, dtype=torch.long), piece_ids.cpu()])
 
     def probe_scores(self, x: ScoreInput, length: int) -> torch.Tensor:
-        rows, keys = x.queries.shape[2], x.keys.shape[2]
-        heads, kv_heads = x.queries.shape[1], x.keys.shape[1]
-        k = x.keys[0].float()  # [Hkv, K, d]
-        best = torch.full((length,), float("-inf"), device=k.device)
-        for start in range(0, rows, self.block):
-            stop = min(rows, start + self.block)
-            q = x.queries[0, :, start:stop].float().view(kv_heads, heads // kv_heads, stop - start, -1)
-            logits = torch.einsum("hgrd,hkd->hgrk", q, k) * x.scaling  # [Hkv, G, b, K]
-            row_pos = torch.arange(keys - rows + start, keys - rows + stop, device=k.device)
-            future = torch.arange(keys, device=k.device)[None, :] > row_pos[:, None]  # [b, K]
-            probs = logits.masked_fill(future, float("-inf")).softmax(-1)[..., :length]
-            best = torch.maximum(best, probs.amax(dim=(0, 1, 2)))
-        return best.clamp(min=1e-12).log().cpu()
+        return log_max_attention(x, length, self.block).cpu()
 
     def __call__(self, x: ScoreInput) -> torch.Tensor:
         return self.merged(x)

@@ -12,6 +12,7 @@ from homer_integrations.homer.replay import TierCompressor
 from homer_integrations.homer.scorers import (
     EveryLayer,
     LastTokenScorer,
+    QuestionAttentionScorer,
     RandomScorer,
     ReconstructionScorer,
     ScoreInput,
@@ -57,6 +58,16 @@ def test_several_rows_average_only_the_rows_after_each_key():
     torch.testing.assert_close(scores[:3], (rows[0][:3] + rows[1][:3] + rows[2][:3]) / 3)
     torch.testing.assert_close(scores[4], (rows[1][4] + rows[2][4]) / 2)
     torch.testing.assert_close(scores[5], rows[2][5])
+
+
+def test_question_attention_is_every_rows_best_softmax_attention():
+    torch.manual_seed(2)
+    q, k = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 7, 8)  # the 3 rows are the last 3 keys' queries
+    scores = QuestionAttentionScorer(block=2)(score_input(q, k, torch.arange(7)))
+    logits = torch.stack([attention_logits(q[:, :, r : r + 1], k, 1.0) for r in range(3)])  # [R, H, T]
+    future = torch.arange(7)[None, :] > torch.arange(4, 7)[:, None]  # row r sits at key 4 + r
+    probs = logits.masked_fill(future[:, None], float("-inf")).softmax(-1)
+    torch.testing.assert_close(scores, probs.amax(dim=(0, 1)).log())
 
 
 def test_random_scores_are_reproducible_and_differ_by_layer():
