@@ -43,6 +43,7 @@ from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.generation import DecodeState, GenerationOptions, decode
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.prompt import encode
+from homer_integrations.homer.replay import TierCompressor
 from homer_integrations.homer.score_units import ScoreMemory, SentenceBonus
 from homer_integrations.models import load_model
 from homer_integrations.paths import bundled_text
@@ -63,6 +64,8 @@ METHODS = (
     "per_question_qattn",
     "per_question_flat_qattn",
     "per_question_flat_qattn_words",
+    "per_question_flat_recon",
+    "per_question_flat_recon_reserve",
 )
 """``shared`` and ``per_question*`` use the paper's last-token scorer for the shared root
 (``shared_scorer="last_token"``); ``shared_recon`` scores the shared root's leaves by context
@@ -71,7 +74,9 @@ reconstruction (KVzip) and ranks whole sentences (``SentenceBonus``; the package
 default) instead of pruning again at every merged node. ``*_words`` rows are the ablation with the
 last-token recipe's max-pooled word units (the default before the sentence bonus); the
 ``*_every_layer*`` rows the ablation that probes every leaf layer (KVzip's way), not the last one.
-A per-question variant whose leaves started their score
+``per_question_flat_recon``: the flat replay over a tier that also keeps the reconstruction root's
+scores (``LeafTier.prior``; ``shared_scorer="reconstruction"`` with ``replay="flat"``), which each
+question's selection adds to its own. A per-question variant whose leaves started their score
 memory from the reconstruction scores answered 9/12 at 8k like ``per_question`` and was removed
 (its rows are in commit 03c69c5). ``per_question_flat_recon`` rows: the flat replay over a tier that
 also kept the reconstruction root's per-token scores, added to each question's own (commit b8be247);
@@ -197,6 +202,12 @@ def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
         scoring = RECONSTRUCTION_ABLATIONS["reconstruction_word_units"](scoring)
     if "every" in parts:
         scoring = RECONSTRUCTION_ABLATIONS["reconstruction_every_layer"](scoring)
+    if "reserve" in parts:
+        TierCompressor.prior_reserve = 256
+        scoring = replace(engine.question_scoring, units=(SentenceBonus(), ScoreMemory()))
+        engine = HomerModel(model, tok, config, model_name=name, progress=False)
+        engine.question_scoring = scoring
+        return engine, "query_aware"
     if "qattn" in parts:
         scoring = ABLATIONS["question_attention"](scoring)
         if "words" not in parts:
