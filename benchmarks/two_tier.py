@@ -43,7 +43,6 @@ from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.generation import DecodeState, GenerationOptions, decode
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.prompt import encode
-from homer_integrations.homer.replay import TierCompressor
 from homer_integrations.homer.score_units import ScoreMemory, SentenceBonus
 from homer_integrations.models import load_model
 from homer_integrations.paths import bundled_text
@@ -64,8 +63,6 @@ METHODS = (
     "per_question_qattn",
     "per_question_flat_qattn",
     "per_question_flat_qattn_words",
-    "per_question_flat_recon",
-    "per_question_flat_recon_reserve",
 )
 """``shared`` and ``per_question*`` use the paper's last-token scorer for the shared root
 (``shared_scorer="last_token"``); ``shared_recon`` scores the shared root's leaves by context
@@ -74,9 +71,7 @@ reconstruction (KVzip) and ranks whole sentences (``SentenceBonus``; the package
 default) instead of pruning again at every merged node. ``*_words`` rows are the ablation with the
 last-token recipe's max-pooled word units (the default before the sentence bonus); the
 ``*_every_layer*`` rows the ablation that probes every leaf layer (KVzip's way), not the last one.
-``per_question_flat_recon``: the flat replay over a tier that also keeps the reconstruction root's
-scores (``LeafTier.prior``; ``shared_scorer="reconstruction"`` with ``replay="flat"``), which each
-question's selection adds to its own. A per-question variant whose leaves started their score
+A per-question variant whose leaves started their score
 memory from the reconstruction scores answered 9/12 at 8k like ``per_question`` and was removed
 (its rows are in commit 03c69c5). ``per_question_flat_recon`` rows: the flat replay over a tier that
 also kept the reconstruction root's per-token scores, added to each question's own (commit b8be247);
@@ -84,7 +79,10 @@ also kept the reconstruction root's per-token scores, added to each question's o
 so it was reverted. ``*_qattn`` rows (tuning seeds 3000-3001 at 16k only): the question's pruning scored
 by every suffix row's most softmax attention (ablation ``question_attention``) with the sentence bonus,
 or with the recipe's word units (``*_qattn_words``): 4/6 and 4/6 against the last-token flat replay's
-5/6 on the same documents; stopped there and not run on the held-out seeds."""
+5/6 on the same documents; stopped there and not run on the held-out seeds.
+``per_question_flat_recon_reserve`` rows (tuning seeds 3000-3001 at 16k): the shared root's reconstruction
+ranking from the tier, with each leaf's share of 256 tokens that the question scores best (sentence
+bonus) kept first: 4/6, no better, at about twice the tier build; code in commit 22035d3, reverted."""
 OPTIONS = GenerationOptions(max_new_tokens=12)
 
 CODES = [str(n) for n in range(10000, 99999, 7919)]
@@ -202,12 +200,6 @@ def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
         scoring = RECONSTRUCTION_ABLATIONS["reconstruction_word_units"](scoring)
     if "every" in parts:
         scoring = RECONSTRUCTION_ABLATIONS["reconstruction_every_layer"](scoring)
-    if "reserve" in parts:
-        TierCompressor.prior_reserve = 256
-        scoring = replace(engine.question_scoring, units=(SentenceBonus(), ScoreMemory()))
-        engine = HomerModel(model, tok, config, model_name=name, progress=False)
-        engine.question_scoring = scoring
-        return engine, "query_aware"
     if "qattn" in parts:
         scoring = ABLATIONS["question_attention"](scoring)
         if "words" not in parts:

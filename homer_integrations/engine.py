@@ -298,7 +298,6 @@ class HomerModel:
             "warmup_layers": c.warmup_layers,
             "document_suffix": c.document_suffix,  # the split is planned for the shared suffix's length
             "unit": self.question_scoring.unit,
-            "prior": repr(self.scoring) if self._tier_prior() else None,
         }
         return self._key({"settings": settings}, prefix, document, "")
 
@@ -479,11 +478,6 @@ class HomerModel:
         )
         return doc
 
-    def _tier_prior(self) -> bool:
-        """Whether leaf tiers also keep the shared root's scores: for the flat replay, when the shared
-        root probes (a question's selection then adds them to its own, see ``TierCompressor._flat``)."""
-        return self.config.replay == "flat" and self.scoring.scorer.probes
-
     def _build_tier(self, key: str, prefix: str, document: str) -> LeafTier:
         prefix_ids, document_ids, _ = self._encode_span(prefix, document, "")
         compressor = self._compressor(False, query_aware=True)
@@ -494,7 +488,6 @@ class HomerModel:
                 self._words(document, document_ids, self.question_scoring),
                 key=key,
                 progress=bar.update,
-                prior=(self.scoring, self._words(document, document_ids, self.scoring)) if self._tier_prior() else None,
             )
         logger.info(
             "leaf tier of %d document tokens: %d leaves x %d layers, %.1f MB, %.1fs",

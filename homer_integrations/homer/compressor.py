@@ -17,7 +17,7 @@ from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.merging import merge_siblings
 from homer_integrations.homer.pruning import keep_mask
 from homer_integrations.homer.schedule import LayerSchedule
-from homer_integrations.homer.scorers import ScoreInput, Scorer
+from homer_integrations.homer.scorers import ScoreInput
 from homer_integrations.homer.scoring import Scoring
 
 
@@ -257,18 +257,11 @@ class HomerCompressor:
         return chunk
 
     def _probe(
-        self,
-        cache: DynamicCache,
-        positions: torch.Tensor,
-        piece_ids: torch.Tensor,
-        layers: range,
-        scorer: Scorer | None = None,
+        self, cache: DynamicCache, positions: torch.Tensor, piece_ids: torch.Tensor, layers: range
     ) -> torch.Tensor:
-        """Scores [T] of a leaf's T cached tokens at ``positions`` [T] from the probe rows of ``scorer``
-        (default: the scoring's), at the next positions, run through ``layers`` against ``cache`` and
-        then dropped from it."""
-        stack, length = self.stack, positions.numel()
-        scorer = self.scoring.scorer if scorer is None else scorer
+        """Scores [T] of a leaf's T cached tokens at ``positions`` [T] from its scorer's probe rows (at the
+        next positions), run through ``layers`` against ``cache`` and then dropped from it."""
+        stack, scorer, length = self.stack, self.scoring.scorer, positions.numel()
         probe_ids = scorer.probe_ids(piece_ids)
         rows = probe_ids.numel()
         start = int(positions.max()) + 1

@@ -62,9 +62,7 @@ class HomerConfig(BaseModel):
         replay: how ``query_aware`` rebuilds the root from the leaf tier: ``tree`` replays the
             paper's merge tree (each level prunes again with the question), ``flat`` keeps the
             ``final_cache_len`` best tokens of all leaves by their leaf scores and runs the upper
-            layers once over that single node; with ``shared_scorer="reconstruction"`` its tier also
-            keeps the shared root's score of every token (``LeafTier.prior``, built at about twice
-            the leaf compute), which each question's selection adds to its own.
+            layers once over that single node.
         shared_root: how the ``shared`` root is selected: ``flat`` (default: each leaf's scores
             once, the best ``final_cache_len`` tokens of the whole document, then the upper layers
             over that single node, as ``replay="flat"``) or ``tree`` (paper: every merged node

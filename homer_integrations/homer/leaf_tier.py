@@ -57,8 +57,6 @@ class LeafTier:
         keys, values: per leaf layer [1, Hkv, L, d], the pieces of all leaves in document order.
         hidden: [1, L, D] after the leaf layers.
         word_ids: [L] unit index of each document token (word/sentence pruning), or None.
-        prior: [L] the shared root's score of each document token (reconstruction probe, standardised
-            per leaf), which the flat replay adds to a question's scores; None when not built.
         seconds: wall time spent building it.
     """
 
@@ -72,7 +70,6 @@ class LeafTier:
     values: tuple[torch.Tensor, ...]
     hidden: torch.Tensor
     word_ids: torch.Tensor | None
-    prior: torch.Tensor | None = None
     seconds: float = 0.0
 
     @property
@@ -101,7 +98,7 @@ class LeafTier:
 
     @property
     def nbytes(self) -> int:
-        extra = [self.prefix_hidden, self.hidden] + [t for t in (self.word_ids, self.prior) if t is not None]
+        extra = [self.prefix_hidden, self.hidden] + ([] if self.word_ids is None else [self.word_ids])
         kv = self.prefix_keys + self.prefix_values + self.keys + self.values
         return tensors_nbytes(kv) + tensors_nbytes(extra)
 
@@ -132,8 +129,6 @@ class LeafTier:
         tensors["hidden"] = self.hidden[0].contiguous()
         if self.word_ids is not None:
             tensors["word_ids"] = self.word_ids.contiguous()
-        if self.prior is not None:
-            tensors["prior"] = self.prior.contiguous()
         meta = {
             "format": SERIAL_FORMAT,
             "version": str(SERIAL_VERSION),
@@ -165,7 +160,6 @@ class LeafTier:
                 values=tuple(tensors[f"v.{i}"][None] for i in range(layers)),
                 hidden=tensors["hidden"][None],
                 word_ids=tensors.get("word_ids"),
-                prior=tensors.get("prior"),
                 seconds=float(meta.get("seconds", "0")),
             )
         except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
@@ -186,9 +180,7 @@ class LeafTier:
             raise ValueError(f"leaf tier prefix/hidden lengths do not match the plan ({P} + {L} tokens)")
         if self.word_ids is not None and self.word_ids.shape != (L,):
             raise ValueError("leaf tier word ids do not cover the document")
-        if self.prior is not None and self.prior.shape != (L,):
-            raise ValueError("leaf tier prior scores do not cover the document")
-        floats = [*kv, *pkv, self.hidden, self.prefix_hidden] + ([] if self.prior is None else [self.prior])
+        floats = [*kv, *pkv, self.hidden, self.prefix_hidden]
         if not all(t.dtype.is_floating_point and bool(torch.isfinite(t).all()) for t in floats):
             raise ValueError("leaf tier tensors hold NaN, infinite or non-float values")
 

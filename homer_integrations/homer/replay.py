@@ -22,7 +22,6 @@ from homer_integrations.homer.merging import merge_siblings
 from homer_integrations.homer.pruning import keep_mask, standardise
 from homer_integrations.homer.schedule import LayerSchedule
 from homer_integrations.homer.score_units import ScoreMemory
-from homer_integrations.homer.scoring import Scoring
 
 FlatLeafFn = Callable[[int, int], "tuple[Chunk, torch.Tensor | None]"]
 """(leaf index, target length) -> that leaf through the leaf layers, unpruned, and its scores [T] (None
@@ -32,9 +31,6 @@ when it fits the target)."""
 class TierCompressor(HomerCompressor):
     """``HomerCompressor`` plus the leaf tier: build it once per document, replay every question from it."""
 
-    _prior: torch.Tensor | None = None
-    prior_reserve: int = 0
-
     @torch.inference_mode()
     def build_leaf_tier(
         self,
@@ -43,13 +39,9 @@ class TierCompressor(HomerCompressor):
         word_ids: torch.Tensor | None = None,
         key: str = "",
         progress: ProgressFn | None = None,
-        prior: tuple[Scoring, torch.Tensor | None] | None = None,
     ) -> LeafTier:
         """Run every leaf's prefix [P] + piece through the leaf layers once, without a suffix, and keep
         what a question needs (see ``LeafTier``). The split is planned for ``suffix_reserve`` suffix tokens.
-
-        ``prior``: a probing scoring and its unit ids [L]; each leaf is then also scored as the shared
-        root scores it (``LeafTier.prior``, for the flat replay), at about twice the leaf compute.
         """
         start = time.perf_counter()
         stack, s = self.stack, self.settings
@@ -60,13 +52,10 @@ class TierCompressor(HomerCompressor):
         keys = [stack.empty(doc_shape) for _ in layers]
         values = [stack.empty(doc_shape) for _ in layers]
         hidden = stack.empty((1, plan.document_len, prefix.hidden.shape[2]))
-        prior_scores = None if prior is None else torch.zeros(plan.document_len)
         P = plan.prefix_len
         for index in range(plan.num_leaves):
             span = plan.piece(index)
             part = self._leaf_part(prefix, document_ids[span], span.start, layers)
-            if prior is not None and prior_scores is not None:
-                prior_scores[span] = self._prior_scores(part, document_ids[span], layers, *prior)
             hidden[:, span] = part.hidden[:, P:]
             for k, v, pk, pv in zip(keys, values, part.keys, part.values, strict=True):
                 k[:, :, span] = pk[:, :, P:]
@@ -85,23 +74,8 @@ class TierCompressor(HomerCompressor):
             values=tuple(values),
             hidden=hidden,
             word_ids=word_ids,
-            prior=prior_scores,
             seconds=time.perf_counter() - start,
         )
-
-    def _prior_scores(
-        self, part: LeafSlice, piece_ids: torch.Tensor, layers: range, scoring: Scoring, units: torch.Tensor | None
-    ) -> torch.Tensor:
-        """A leaf's document tokens [n] as the flat shared root ranks them: ``scoring``'s probe, its units
-        but memory, standardised over the leaf."""
-        P = part.hidden.shape[1] - piece_ids.numel()
-        probed = self._probe(
-            cache_from_tensors(part.keys, part.values), part.position_ids, piece_ids, layers, scoring.scorer
-        )
-        flags = part.origin >= 0
-        node = Chunk(part.hidden, part.position_ids, flags, part.origin, probed, P, 0)
-        words = None if units is None else torch.where(flags, units[part.origin.clamp(min=0)], -1)
-        return standardise(scoring.without(ScoreMemory).rank(probed, node, words), flags)[P:]
 
     @torch.inference_mode()
     def replay(self, tier: LeafTier, suffix_ids: torch.Tensor, progress: ProgressFn | None = None) -> CompressionResult:
@@ -152,7 +126,7 @@ class TierCompressor(HomerCompressor):
         schedule = self._schedule(plan)
         layers = schedule.layers_at(0)
         prefix = self._prefix_part(prefix_ids, layers)
-        self._word_ids, self._prior = word_ids, None
+        self._word_ids = word_ids
 
         def leaf(index: int, target_len: int) -> tuple[Chunk, torch.Tensor | None]:
             span = plan.piece(index)
@@ -187,23 +161,8 @@ class TierCompressor(HomerCompressor):
             if height == 0:
                 chunk, scores = leaf(first, leaf_target)
                 if scores is not None:
-                    ranked = standardise(
-                        self.scoring.without(ScoreMemory).rank(scores, chunk, self._words(chunk)), chunk.reducible
-                    )
-                    if self._prior is not None and self.prior_reserve:
-                        # the shared root's ranking, but the question's best tokens of this leaf come first
-                        doc = chunk.origin >= 0
-                        combined = torch.full_like(ranked, float("-inf"))
-                        combined[doc] = self._prior[chunk.origin[doc]]
-                        k = min(self.prior_reserve // plan.num_leaves, int(chunk.reducible.sum()))
-                        top = ranked.masked_fill(~chunk.reducible, float("-inf")).topk(k).indices
-                        combined[top] = 1e4 + ranked[top]
-                        ranked = combined
-                    elif self._prior is not None:  # the question's judgement plus the shared root's
-                        doc = chunk.origin >= 0
-                        ranked[doc] += self._prior[chunk.origin[doc]]
-                        ranked = standardise(ranked, chunk.reducible)
-                    chunk.memory = ranked
+                    ranked = self.scoring.without(ScoreMemory).rank(scores, chunk, self._words(chunk))
+                    chunk.memory = standardise(ranked, chunk.reducible)
                 if progress is not None:
                     progress(int(chunk.reducible.sum()))
             else:
@@ -259,7 +218,7 @@ class TierCompressor(HomerCompressor):
             raise ValueError(
                 f"the leaf tier ran {tier.leaf_layers} leaf layers, these settings run {len(schedule.layers_at(0))}"
             )
-        self._word_ids, self._prior = tier.word_ids, tier.prior
+        self._word_ids = tier.word_ids
         return plan, schedule
 
     def _replayed_leaf(

@@ -196,17 +196,3 @@ def test_shared_root_selection_is_a_setting_of_the_key(tokenizer, calib, text, s
         assert len(layers) > 1
     other = "tree" if shared_root == "flat" else "flat"
     assert engine.cache_key("a", "b", "c") != make_engine(tokenizer, calib, shared_root=other).cache_key("a", "b", "c")
-
-
-def test_flat_replay_tiers_keep_the_shared_roots_scores(tokenizer, calib, text):
-    flat = make_engine(tokenizer, calib, replay="flat")
-    layout = flat.layout("Who?", "query_aware")
-    tier, _ = flat.leaf_tier(layout.prefix, text)
-    assert tier.prior is not None and tier.prior.shape == (tier.document_tokens,)
-    assert torch.isfinite(tier.prior).all() and tier.prior.std() > 0
-    tree = make_engine(tokenizer, calib)  # the default tree replay needs no prior
-    assert tree.leaf_tier(layout.prefix, text)[0].prior is None
-    assert flat.tier_key("a", "b") != tree.tier_key("a", "b"), "a tier with a prior is another entry"
-    asked = flat.run(text, "Who is Mr. Bingley?", mode="query_aware", max_new_tokens=3)
-    asked.text()
-    assert asked.info.cache_tokens <= flat.config.final_cache_len

@@ -1,7 +1,5 @@
 """The leaf tier: a question replayed from the stored leaves equals a compression from scratch."""
 
-from dataclasses import replace
-
 import pytest
 import torch
 
@@ -205,34 +203,3 @@ def test_flat_reconstruction_root_prunes_each_leaf_once_by_its_probe_scores(kind
     torch.testing.assert_close(
         first.scores[first.reducible], standardise(scores, reducible)[reducible], atol=1e-3, rtol=0
     )
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_tier_prior_is_the_flat_roots_leaf_ranking_and_steers_the_flat_replay(kind):
-    model = tiny_model(kind, vocab_size=256)
-    prefix, doc, suffix = ids(model, 5, 1), ids(model, 800, 2), ids(model, RESERVE, 3)
-    sentences = torch.arange(800) // 7
-    root = uncalibrated().with_reconstruction(ids(model, 6, 4))
-    shared = compressor(model, final_cache_len=96, scoring=root)
-    events = []
-    shared.observer = events.append
-    shared.compress_flat(prefix, doc, suffix, word_ids=sentences)
-    comp = compressor(model, final_cache_len=96, scoring=uncalibrated(words=True))
-    tier = comp.build_leaf_tier(prefix, doc, word_ids=torch.arange(800) // 2, prior=(root, sentences))
-    first = events[0]  # leaf 0, pruned alone by its ranked probe scores
-    torch.testing.assert_close(
-        tier.prior[first.origin[first.reducible]], first.scores[first.reducible], atol=1e-4, rtol=0
-    )
-    back = LeafTier.from_tensors(*tier.to_tensors())
-    assert torch.equal(back.prior, tier.prior)
-    # the prior enters the selection: a span it rates far above the rest survives whole
-    boosted = tier.prior.clone()
-    boosted[300:308] += 100.0  # a few tokens: far above the rest of their leaf after standardising
-    kept = comp.replay_flat(replace(tier, prior=boosted), suffix).origin
-    assert set(range(300, 308)) <= set(kept.tolist())
-    # a flat prior changes nothing; without one the replay is the question's alone
-    plain = comp.replay_flat(replace(tier, prior=None), suffix)
-    assert not set(range(300, 308)) <= set(plain.origin.tolist()), "the question alone does not keep that span"
-    assert torch.equal(comp.replay_flat(replace(tier, prior=torch.zeros(800)), suffix).origin, plain.origin)
-    with pytest.raises(ValueError, match="prior"):
-        replace(tier, prior=torch.zeros(10)).check()
