@@ -123,7 +123,7 @@ def _not_on_disk() -> Any:
 def disk_reload(engine: HomerModel, document: str, repeats: int) -> dict:
     """Seconds to load the compressed cache from disk in a fresh ``DocumentCache`` (median of ``repeats``)."""
     layout = engine.layout()
-    key = engine.cache_key(layout.prefix, document, layout.suffix)
+    key = engine.keys.root(layout.prefix, document, layout.suffix)
     doc = engine.document_cache.get(key)
     assert doc is not None, "compress first"
     with tempfile.TemporaryDirectory(prefix="homer-bench-") as tmp:
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     options = GenerationOptions(max_new_tokens=args.max_new_tokens)
     log(f"model {engine.model_name} on {engine.model.device}; calibrating if needed")
-    engine.calibration_bias()
+    engine.calibration.bias()
     result = {"environment": environment(engine, args), "runs": []}
     for n in tokens:
         result["runs"].append(

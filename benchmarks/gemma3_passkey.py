@@ -94,7 +94,7 @@ def main() -> None:
             max_chunk_len=chunk or max(args.chunk), warmup_layers=args.warmup, calibration_segments=16, mode="shared"
         )
         engine = HomerModel(model, tokenizer, config, model_name=GEMMA3_270M.name, progress=False, scoring=scoring)
-        engine.calibration_bias()  # computed (or loaded) once, outside the timings
+        engine.calibration.bias()  # computed (or loaded) once, outside the timings
         hits, seconds = 0, 0.0
         for sample in samples:
             answer, took, cached = ask(engine, sample.document, mode)

@@ -41,7 +41,7 @@ def one(method: str, tokens: int, model_name: str, threads: int) -> dict:
     torch.set_num_threads(threads)
     model, tok = load_model(model_name)
     engine = HomerModel(model, tok, HomerConfig(), model_name=model_name, progress=False)
-    engine.calibration_bias()  # loaded from the package, not part of the measurement
+    engine.calibration.bias()  # loaded from the package, not part of the measurement
     text = bundled_text("prideprejudice")
     ids = tok(text, add_special_tokens=False)["input_ids"]
     reps = -(-tokens // len(ids))

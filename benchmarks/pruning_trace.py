@@ -60,7 +60,7 @@ def layer_ranks(engine: HomerModel, document: str, key: list[int]) -> list[float
     word_of = torch.full((ids.numel(),), -1)
     word_of[P : P + n_doc] = words[span]
     positions = torch.arange(ids.numel())
-    bias = engine.calibration_bias()
+    bias = engine.calibration.bias()
     hidden = stack.embed(ids)
     rope = stack.rotary(hidden, positions)
     cache = DynamicCache()

@@ -11,7 +11,6 @@ import functools
 import hashlib
 import json
 import logging
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -22,14 +21,15 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from homer_integrations.cache.keys import DocumentKeys
 from homer_integrations.cache.store import Store
 from homer_integrations.document_cache import CacheSource, DocumentCache
-from homer_integrations.homer.calibration import CalibrationKey, CalibrationStore
+from homer_integrations.homer.calibration import Calibration, CalibrationStore
 from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, CompressionStats
 from homer_integrations.homer.compressor import CompressionResult, CompressorSettings, PruneObserver
 from homer_integrations.homer.config import HomerConfig, Mode, ModelDefaults, check_mode
 from homer_integrations.homer.decoder import DecoderStack
-from homer_integrations.homer.fingerprint import TextDigests, tokenizer_fingerprint, weights_fingerprint
+from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_fingerprint
 from homer_integrations.homer.generation import DecodeState, FinishReason, GenerationOptions, decode
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.prompt import (
@@ -44,7 +44,7 @@ from homer_integrations.homer.prompt import (
 from homer_integrations.homer.replay import TierCompressor
 from homer_integrations.homer.scoring import REPEAT_PROMPT, Scoring
 from homer_integrations.models import DEFAULT_MODEL, embedded_defaults, load_model
-from homer_integrations.paths import PACKAGE_DATA, bundled_text, cache_root
+from homer_integrations.paths import PACKAGE_DATA, cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -160,14 +160,41 @@ class HomerModel:
         self.context_window = max_positions
         self.document_cache = DocumentCache.open(store, disk_budget) if document_cache is None else document_cache
         self.progress = progress
-        self._calibration = CalibrationStore(
+        store = CalibrationStore(
             calibration_dir or cache_root() / "calibration", bundled_dir=PACKAGE_DATA / "calibration"
         )
-        self._bias: torch.Tensor | None = None
-        self._bias_lock = threading.Lock()
-        self._fingerprint = weights_fingerprint(model)
-        self._tokenizer_id = tokenizer_fingerprint(tokenizer)
-        self._document_digest = TextDigests()
+        self.calibration = Calibration(
+            store,
+            self.stack,
+            self.config.max_chunk_len,
+            self.config.calibration_segments,
+            tokenizer,
+            needed=self.scoring.needs_calibration,
+        )
+        """The pruning bias table for this model and settings (``bias()``: computed once, then cached on disk)."""
+        c = self.config
+        identity = {
+            "algorithm": ALGORITHM_VERSION,
+            "model": weights_fingerprint(model),
+            "tokenizer": tokenizer_fingerprint(tokenizer),
+            "dtype": str(self.stack.dtype),
+        }
+        root = {
+            "settings": c.model_dump(mode="json", exclude={"mode", "reask_question", "replay"}),
+            "scoring": repr(self.scoring),
+            "calibration": self.calibration.id,
+        }
+        tier = {
+            "settings": {
+                "kind": "leaf_tier",
+                "max_chunk_len": c.max_chunk_len,
+                "warmup_layers": c.warmup_layers,
+                "document_suffix": c.document_suffix,  # the split is planned for the shared suffix's length
+                "unit": self.question_scoring.unit,
+            }
+        }
+        self.keys = DocumentKeys(identity, root, tier)
+        """Document-cache keys of this engine's entries (``root``, ``full``, ``tier``)."""
         self.prune_observer: PruneObserver | None = None
         """Diagnostics: called with every node's ``PruneEvent`` during compressions computed from now on."""
 
@@ -250,72 +277,6 @@ class HomerModel:
             self.tokenizer, question, c.document_suffix, query_aware, c.system_prompt, c.reask_question
         )
 
-    def calibration_bias(self) -> torch.Tensor | None:
-        """The pruning bias table for this model and settings; computed once, then cached on disk."""
-        if not self.scoring.needs_calibration:
-            return None
-        with self._bias_lock:
-            if self._bias is None:
-                key = CalibrationKey.for_stack(self.stack, self.config.max_chunk_len)
-                self._bias = self._calibration.get_or_compute(
-                    self.stack,
-                    key,
-                    bundled_text("northangerabbey"),
-                    self.tokenizer,
-                    self.config.calibration_segments,
-                    progress=self.progress is not False,
-                )
-            return self._bias
-
-    def calibration_path(self) -> Path | None:
-        """Where this model's calibration table is read from (bundled or user cache), None if not yet computed."""
-        if not self.scoring.needs_calibration:
-            return None
-        return self._calibration.locate(CalibrationKey.for_stack(self.stack, self.config.max_chunk_len))
-
-    def _calibration_id(self) -> str:
-        if not self.scoring.needs_calibration:
-            return "none"
-        return CalibrationKey.for_stack(self.stack, self.config.max_chunk_len).id
-
-    def cache_key(self, prefix: str, document: str, suffix: str) -> str:
-        """Document-cache key of a compressed root: model identity, dtype, settings, calibration,
-        affixes and text."""
-        settings = self.config.model_dump(mode="json", exclude={"mode", "reask_question", "replay"})
-        parts = {"settings": settings, "scoring": repr(self.scoring), "calibration": self._calibration_id()}
-        return self._key(parts, prefix, document, suffix)
-
-    def full_key(self, prefix: str, document: str, suffix: str) -> str:
-        """Document-cache key of a ``full`` (uncompressed) entry: no HOMER setting changes it."""
-        return self._key({"settings": {"kind": "full"}}, prefix, document, suffix)
-
-    def tier_key(self, prefix: str, document: str) -> str:
-        """Document-cache key of a leaf tier: only what the leaves' layers depend on (no scorer, no suffix)."""
-        c = self.config
-        settings = {
-            "kind": "leaf_tier",
-            "max_chunk_len": c.max_chunk_len,
-            "warmup_layers": c.warmup_layers,
-            "document_suffix": c.document_suffix,  # the split is planned for the shared suffix's length
-            "unit": self.question_scoring.unit,
-        }
-        return self._key({"settings": settings}, prefix, document, "")
-
-    def _key(self, parts: dict[str, Any], prefix: str, document: str, suffix: str) -> str:
-        parts = {
-            **parts,
-            "algorithm": ALGORITHM_VERSION,
-            "model": self._fingerprint,
-            "tokenizer": self._tokenizer_id,
-            "dtype": str(self.stack.dtype),
-            "prefix": markup(prefix).segments,  # markup and content spelling the same text tokenize apart
-            "suffix": markup(suffix).segments,
-        }
-        h = hashlib.sha256(json.dumps(parts, sort_keys=True).encode())
-        h.update(b"\0")
-        h.update(self._document_digest(document))
-        return h.hexdigest()
-
     @property
     def cache_spec(self) -> CacheSpec:
         """What this model's compressed documents look like; disk cache entries are checked against it."""
@@ -331,7 +292,7 @@ class HomerModel:
         )
 
     @property
-    def full_cache_spec(self) -> CacheSpec:
+    def _full_cache_spec(self) -> CacheSpec:
         """``cache_spec`` for ``full`` entries: uncompressed, positions and length up to the model's window."""
         return replace(self.cache_spec, max_positions=self.context_window, max_tokens=self.context_window)
 
@@ -365,11 +326,11 @@ class HomerModel:
             tier, source = self.leaf_tier(prefix, document)
             return self._replay(tier, suffix, question), source, tier.seconds if source == "computed" else 0.0
         full = mode == "full"
-        key = self.cache_key(prefix, document, suffix) if not full else self.full_key(prefix, document, suffix)
+        key = self.keys.root(prefix, document, suffix) if not full else self.keys.full(prefix, document, suffix)
         doc, source = self.document_cache.get_or_compute(
             key,
             lambda: self._compress_now(key, prefix, document, suffix, full=full),
-            spec=self.full_cache_spec if full else self.cache_spec,
+            spec=self._full_cache_spec if full else self.cache_spec,
         )
         return doc, source, doc.stats.seconds if source == "computed" else 0.0
 
@@ -385,7 +346,7 @@ class HomerModel:
 
     def leaf_tier(self, prefix: str, document: str) -> tuple[LeafTier, CacheSource]:
         """The document's leaf tier (cached like a root): what every query-aware question replays from."""
-        key = self.tier_key(prefix, document)
+        key = self.keys.tier(prefix, document)
         return self.document_cache.get_or_compute(
             key, lambda: self._build_tier(key, prefix, document), spec=self.cache_spec
         )
@@ -428,7 +389,12 @@ class HomerModel:
             suffix_reserve=self._planned_suffix_len() if query_aware else 0,
             want_logits=query_aware and not c.reask_question,
         )
-        return TierCompressor(self.stack, settings, self.calibration_bias() if prunes else None, self.prune_observer)
+        return TierCompressor(
+            self.stack,
+            settings,
+            self.calibration.bias(progress=self.progress is not False) if prunes else None,
+            self.prune_observer,
+        )
 
     def _planned_suffix_len(self) -> int:
         """Suffix tokens a leaf tier's split is planned for: the shared suffix's, so the tier splits the
@@ -536,7 +502,7 @@ class HomerModel:
         )
 
     # ----------------------------------------------------------------------------- answering
-    def continue_from(
+    def _continue_from(
         self,
         document: CompressedDocument,
         continuation: str,
@@ -599,7 +565,7 @@ class HomerModel:
                 "this document was compressed query-aware for another question; compress it again "
                 "with this question, or use shared mode to reuse one cache for every question"
             )
-        stream = self.continue_from(document, layout.continuation, options)
+        stream = self._continue_from(document, layout.continuation, options)
         full = document.stats.max_chunk_len == self.context_window and document.stats.tree_height == 0
         stream.info.mode = "query_aware" if document.question is not None else "full" if full else "shared"
         return stream
@@ -620,7 +586,7 @@ class HomerModel:
         started = time.perf_counter()
         mode = check_mode(mode) or ("query_aware" if question is not None else "shared")
         doc, source, built = self._compress(prefix, document, suffix, question, mode)
-        stream = self.continue_from(
+        stream = self._continue_from(
             doc, continuation, options, cache_source=source, compress_seconds=time.perf_counter() - started
         )
         stream.info.mode = mode

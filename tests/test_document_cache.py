@@ -532,27 +532,27 @@ def test_the_key_changes_with_every_component(tokenizer, calib_dir: Path, texts:
     base = make_engine(tokenizer, calib_dir)
     twin = make_engine(tokenizer, calib_dir)  # same weights, same settings
     prefix, suffix = base.layout().prefix, base.layout().suffix
-    key = base.cache_key(prefix, texts[0], suffix)
-    assert twin.cache_key(prefix, texts[0], suffix) == key
+    key = base.keys.root(prefix, texts[0], suffix)
+    assert twin.keys.root(prefix, texts[0], suffix) == key
     variants = {
-        "prefix": base.cache_key(prefix + " ", texts[0], suffix),
-        "suffix": base.cache_key(prefix, texts[0], suffix + "."),
-        "text": base.cache_key(prefix, texts[0][:-1], suffix),
-        "text, one character": base.cache_key(prefix, texts[0].replace("e", "é", 1), suffix),
-        "settings": make_engine(tokenizer, calib_dir, CONFIG.model_copy(update={"warmup_layers": 2})).cache_key(
+        "prefix": base.keys.root(prefix + " ", texts[0], suffix),
+        "suffix": base.keys.root(prefix, texts[0], suffix + "."),
+        "text": base.keys.root(prefix, texts[0][:-1], suffix),
+        "text, one character": base.keys.root(prefix, texts[0].replace("e", "é", 1), suffix),
+        "settings": make_engine(tokenizer, calib_dir, CONFIG.model_copy(update={"warmup_layers": 2})).keys.root(
             prefix, texts[0], suffix
         ),
-        "scoring": make_engine(tokenizer, calib_dir, scoring=uncalibrated()).cache_key(prefix, texts[0], suffix),
-        "calibration": make_engine(tokenizer, calib_dir, CONFIG.model_copy(update={"max_chunk_len": 256})).cache_key(
+        "scoring": make_engine(tokenizer, calib_dir, scoring=uncalibrated()).keys.root(prefix, texts[0], suffix),
+        "calibration": make_engine(tokenizer, calib_dir, CONFIG.model_copy(update={"max_chunk_len": 256})).keys.root(
             prefix, texts[0], suffix
         ),
-        "dtype": make_engine(tokenizer, calib_dir, model=tiny_model("llama").to(torch.bfloat16)).cache_key(
+        "dtype": make_engine(tokenizer, calib_dir, model=tiny_model("llama").to(torch.bfloat16)).keys.root(
             prefix, texts[0], suffix
         ),
-        "weights": make_engine(tokenizer, calib_dir, model=tiny_model("llama", seed=1)).cache_key(
+        "weights": make_engine(tokenizer, calib_dir, model=tiny_model("llama", seed=1)).keys.root(
             prefix, texts[0], suffix
         ),
-        "architecture": make_engine(tokenizer, calib_dir, model=tiny_model("qwen2")).cache_key(
+        "architecture": make_engine(tokenizer, calib_dir, model=tiny_model("qwen2")).keys.root(
             prefix, texts[0], suffix
         ),
     }
@@ -560,14 +560,14 @@ def test_the_key_changes_with_every_component(tokenizer, calib_dir: Path, texts:
     assert len(set(variants.values())) == len(variants)
     # the configured mode is only a default per call: a root is the same whichever mode the engine defaults to
     other_mode = make_engine(tokenizer, calib_dir, CONFIG.model_copy(update={"mode": "query_aware"}))
-    assert other_mode.cache_key(prefix, texts[0], suffix) == key
-    assert other_mode.tier_key(prefix, texts[0]) != key and base.full_key(prefix, texts[0], suffix) != key
+    assert other_mode.keys.root(prefix, texts[0], suffix) == key
+    assert other_mode.keys.tier(prefix, texts[0]) != key and base.keys.full(prefix, texts[0], suffix) != key
 
 
 def test_the_question_is_part_of_a_query_aware_key(tokenizer, calib_dir: Path, texts: list[str]) -> None:
     qa = make_engine(tokenizer, calib_dir, CONFIG.model_copy(update={"mode": "query_aware"}))
     a, b = qa.layout("Who is Jane?"), qa.layout("Who is Lydia?")
-    assert qa.cache_key(a.prefix, texts[0], a.suffix) != qa.cache_key(b.prefix, texts[0], b.suffix)
+    assert qa.keys.root(a.prefix, texts[0], a.suffix) != qa.keys.root(b.prefix, texts[0], b.suffix)
 
 
 # ----------------------------------------------------------------------------- listing, labels, clear

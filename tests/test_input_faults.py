@@ -269,7 +269,7 @@ def test_an_injected_document_is_compressed_as_plain_text(engine: HomerModel, to
     assert stream.info.document_tokens != len(tokenizer(document, add_special_tokens=False)["input_ids"])
     # the same text as plain str prefix/suffix (caller-formatted) and as the engine's layout key apart
     layout = engine.layout("Who?")
-    assert engine.cache_key(layout.prefix, document, layout.suffix) != engine.cache_key(
+    assert engine.keys.root(layout.prefix, document, layout.suffix) != engine.keys.root(
         str(layout.prefix), document, str(layout.suffix)
     )
 

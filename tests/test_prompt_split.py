@@ -60,7 +60,7 @@ def test_stuff_prompt_finds_the_context_for_every_question(engine, book):
 def test_the_split_shares_its_cache_key_with_engine_run(engine, book):
     split = split_prompt(engine, user(STUFF.format(context=book, question="Who?")))
     layout = engine.layout("Who?")
-    assert engine.cache_key(split.prefix, split.document, split.suffix) == engine.cache_key(
+    assert engine.keys.root(split.prefix, split.document, split.suffix) == engine.keys.root(
         layout.prefix, book, layout.suffix
     )
 

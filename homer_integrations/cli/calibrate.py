@@ -24,9 +24,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("this configuration uses no calibration\n")
         return EXIT_OK
     started = time.perf_counter()
-    engine.calibration_bias()
+    engine.calibration.bias()
     took = time.perf_counter() - started
-    where = engine.calibration_path()
+    where = engine.calibration.path()
     sys.stdout.write(
         f"calibration for {engine.model_name} (max_chunk_len={engine.config.max_chunk_len}) "
         f"ready in {seconds(took)}: {where or 'kept in memory'}\n"

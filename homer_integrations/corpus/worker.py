@@ -109,10 +109,10 @@ class CorpusWorker:
         """The cache key of ``text``'s stored entry in ``mode`` (the leaf tier's in ``query_aware``)."""
         layout = engine.layout("", mode)
         if mode == "query_aware":
-            return engine.tier_key(layout.prefix, text)
+            return engine.keys.tier(layout.prefix, text)
         if mode == "full":
-            return engine.full_key(layout.prefix, text, layout.suffix)
-        return engine.cache_key(layout.prefix, text, layout.suffix)
+            return engine.keys.full(layout.prefix, text, layout.suffix)
+        return engine.keys.root(layout.prefix, text, layout.suffix)
 
     def compress(self, job: DocumentJob) -> DocumentOutcome:
         """Store ``job``'s entry unless it is stored; a document the model refuses comes back ``failed``."""

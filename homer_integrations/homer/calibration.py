@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.fingerprint import rope_settings, weights_fingerprint
 from homer_integrations.homer.prompt import encode
 from homer_integrations.homer.scorers import attention_logits
+from homer_integrations.paths import bundled_text
 
 logger = logging.getLogger(__name__)
 
@@ -171,3 +173,40 @@ class CalibrationStore:
         bias = compute_bias(stack, ids, key.max_chunk_len, segments, progress=progress)
         self.save(key, bias, segments)
         return bias
+
+
+class Calibration:
+    """One engine's bias table: found in ``store`` (bundled or the user's) or computed once, on first need.
+
+    ``needed`` False (a scorer that reads no bias): ``bias()`` and ``path()`` are None, nothing is
+    computed, and ``id`` is ``"none"``. Thread-safe: concurrent first callers compute it once.
+    """
+
+    def __init__(
+        self, store: CalibrationStore, stack: DecoderStack, max_chunk_len: int, segments: int, tokenizer, needed: bool
+    ) -> None:
+        self.store, self.stack, self.segments, self.tokenizer = store, stack, segments, tokenizer
+        self.key = CalibrationKey.for_stack(stack, max_chunk_len) if needed else None
+        self._bias: torch.Tensor | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def id(self) -> str:
+        """What a document-cache key records of the calibration."""
+        return "none" if self.key is None else self.key.id
+
+    def bias(self, progress: bool = True) -> torch.Tensor | None:
+        """The table [num_layers, max_chunk_len]; calibrates on the bundled novel the first time (minutes)."""
+        if self.key is None:
+            return None
+        with self._lock:
+            if self._bias is None:
+                text = bundled_text("northangerabbey")
+                self._bias = self.store.get_or_compute(
+                    self.stack, self.key, text, self.tokenizer, self.segments, progress=progress
+                )
+            return self._bias
+
+    def path(self) -> Path | None:
+        """Where the table is read from (bundled or user cache); None if not computed yet or not needed."""
+        return None if self.key is None else self.store.locate(self.key)

@@ -113,15 +113,15 @@ def test_bad_inputs_get_clear_errors(engine, tokenizer):
 
 
 def test_cache_key_changes_with_every_component(engine, tokenizer, tmp_path):
-    base = engine.cache_key("p", "doc", "s")
-    assert engine.cache_key("p", "doc", "s") == base
+    base = engine.keys.root("p", "doc", "s")
+    assert engine.keys.root("p", "doc", "s") == base
     assert (
         len(
             {
                 base,
-                engine.cache_key("P", "doc", "s"),
-                engine.cache_key("p", "doc2", "s"),
-                engine.cache_key("p", "doc", "S"),
+                engine.keys.root("P", "doc", "s"),
+                engine.keys.root("p", "doc2", "s"),
+                engine.keys.root("p", "doc", "S"),
             }
         )
         == 4
@@ -138,7 +138,7 @@ def test_cache_key_changes_with_every_component(engine, tokenizer, tmp_path):
         HomerConfig(max_chunk_len=128, warmup_layers=3, mode="query_aware"),
         progress=False,
     )
-    keys = {m.cache_key("p", "doc", "s") for m in (other_settings, other_weights, other_mode)}
+    keys = {m.keys.root("p", "doc", "s") for m in (other_settings, other_weights, other_mode)}
     assert base not in keys and len(keys) == 3
 
 

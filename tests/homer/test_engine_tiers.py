@@ -94,7 +94,7 @@ def test_one_engine_serves_both_tiers_per_call(tokenizer, calib, text):
     assert engine.layout("Who?", "query_aware").suffix != engine.layout("Who?").suffix
     # the root's key does not depend on the configured mode: one root serves both configurations
     qa_engine = make_engine(tokenizer, calib, mode="query_aware")
-    assert qa_engine.cache_key("p", "doc", "s") == engine.cache_key("p", "doc", "s")
+    assert qa_engine.keys.root("p", "doc", "s") == engine.keys.root("p", "doc", "s")
 
 
 def test_tier_is_kept_on_disk_and_served_to_a_fresh_process(tokenizer, calib, text, tmp_path):
@@ -114,7 +114,7 @@ def test_a_damaged_tier_on_disk_is_recomputed(tokenizer, calib, text, tmp_path):
     writer = make_engine(tokenizer, calib, DocumentCache(tmp_path), mode="query_aware")
     expected = writer.answer(text, "Who?", max_new_tokens=4)
     layout = writer.layout("Who?")
-    key = writer.tier_key(layout.prefix, text)
+    key = writer.keys.tier(layout.prefix, text)
     tier = writer.document_cache.get(key)
     assert isinstance(tier, LeafTier)
     bad = LeafTier(**{**tier.__dict__, "hidden": torch.full_like(tier.hidden, float("nan"))})
@@ -172,7 +172,7 @@ def test_reconstruction_root_is_one_depth_first_compression(tokenizer, calib, te
     assert shared.info.mode == "shared" and shared.info.cache_source == "computed"
     assert shared.info.cache_tokens <= engine.config.final_cache_len < shared.info.document_tokens
     assert [e.kind for e in engine.document_cache.entries()] == ["root"], "no leaf tier for the shared root"
-    assert engine.cache_key("a", "b", "c") != base.cache_key("a", "b", "c")
+    assert engine.keys.root("a", "b", "c") != base.keys.root("a", "b", "c")
     again = engine.run(text, "Where?", max_new_tokens=3)
     again.text()
     assert again.info.cache_source == "memory"
@@ -195,4 +195,4 @@ def test_shared_root_selection_is_a_setting_of_the_key(tokenizer, calib, text, s
     else:  # the paper's tree prunes again at the merged nodes' layers
         assert len(layers) > 1
     other = "tree" if shared_root == "flat" else "flat"
-    assert engine.cache_key("a", "b", "c") != make_engine(tokenizer, calib, shared_root=other).cache_key("a", "b", "c")
+    assert engine.keys.root("a", "b", "c") != make_engine(tokenizer, calib, shared_root=other).keys.root("a", "b", "c")

@@ -23,7 +23,7 @@ def test_a_digest_is_the_texts_sha256_and_is_kept_for_the_next_call():
 def test_cache_keys_tell_documents_apart_and_repeat_for_the_same_text(tokenizer):
     engine = HomerModel(tiny_model(), tokenizer, HomerConfig(max_chunk_len=256), model_name="tiny", progress=False)
     layout = engine.layout("")
-    one = engine.cache_key(layout.prefix, "a document " * 50, layout.suffix)
-    assert one == engine.cache_key(layout.prefix, "a document " * 50, layout.suffix)
-    assert one != engine.cache_key(layout.prefix, "a document " * 49 + "a documenT ", layout.suffix)
-    assert engine.tier_key(layout.prefix, "a document " * 50) != one
+    one = engine.keys.root(layout.prefix, "a document " * 50, layout.suffix)
+    assert one == engine.keys.root(layout.prefix, "a document " * 50, layout.suffix)
+    assert one != engine.keys.root(layout.prefix, "a document " * 49 + "a documenT ", layout.suffix)
+    assert engine.keys.tier(layout.prefix, "a document " * 50) != one

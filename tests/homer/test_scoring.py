@@ -37,11 +37,11 @@ def test_engine_scoring_skips_calibration_and_enters_the_cache_key(tokenizer, tm
     random = HomerModel(
         model, tokenizer, config, calibration_dir=tmp_path, progress=False, scoring=Scoring(RandomScorer())
     )
-    assert random.calibration_bias() is None and not list(tmp_path.iterdir()), "no calibration computed"
+    assert random.calibration.bias() is None and not list(tmp_path.iterdir()), "no calibration computed"
     other = HomerModel(
         model, tokenizer, config, calibration_dir=tmp_path, progress=False, scoring=Scoring(RandomScorer(seed=1))
     )
-    assert random.cache_key("p", "doc", "s") != other.cache_key("p", "doc", "s")
+    assert random.keys.root("p", "doc", "s") != other.keys.root("p", "doc", "s")
     doc = random.compress("word " * 400, question="")
     assert doc.stats.cache_tokens <= 128 and doc.stats.document_tokens > 128
 
