@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,9 @@ RESULTS_FILE = RESULTS / "ruler.jsonl"
 SAMPLES = SampleStore(RESULTS / "ruler_samples")
 WORK = RESULTS / ".work" if "RULER_RESULTS" in os.environ else HERE / ".work" / "ruler"
 MODEL = "qwen2.5-coder-0.5b-instruct"
-HOMER_METHODS = ("plain", "homer_shared", "homer_query_aware")
+HOMER_METHODS = ("plain", "homer_shared", "homer_query_aware", "homer_query_aware_qattn")
+"""``homer_query_aware_qattn``: the per-question path with the ``question_attention`` ablation (every
+suffix row's most softmax attention) and the sentence bonus instead of the last-token recipe."""
 KVPRESS_METHODS = ("kvzip", "snapkv", "expected_attention", "streaming_llm", "knorm", "snapkv_question")
 METHODS = HOMER_METHODS + KVPRESS_METHODS
 CALIBRATED_CHUNKS = (2048, 4096)
@@ -164,7 +166,7 @@ def homer_rows(args: argparse.Namespace) -> None:
             mcl = args.max_chunk_len or chunk_length(context_tokens, budget)
             mode = "shared" if args.method == "homer_shared" else "query_aware"
             config = HomerConfig(max_chunk_len=mcl, final_cache_len=budget, mode=mode)
-            engine = HomerModel(model, tok, config, model_name=MODEL, progress=False)
+            engine = HomerModel(model, tok, config, model_name=MODEL, progress=False, scoring=_scoring(args, config))
         prompt = homer_prompt(engine, sample, mode)
         stream = _answer(engine, prompt, sample, mode)
         prediction = stream.text()
@@ -195,6 +197,18 @@ def homer_rows(args: argparse.Namespace) -> None:
         with args.out.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(f"{args.method} x{row['ratio']:g} {task} {length} #{index}: {prediction[:60]!r}", flush=True)
+
+
+def _scoring(args: argparse.Namespace, config: Any) -> Any:
+    """The method's scoring when it is not the package's (None: the package's)."""
+    if not args.method.endswith("_qattn"):
+        return None
+    from ablations import ABLATIONS
+
+    from homer_integrations.homer.score_units import ScoreMemory, SentenceBonus
+    from homer_integrations.homer.scoring import Scoring
+
+    return replace(ABLATIONS["question_attention"](Scoring.from_config(config)), units=(SentenceBonus(), ScoreMemory()))
 
 
 def _answer(engine: Any, prompt: Prompt, sample: RulerSample, mode: str) -> Any:
