@@ -389,7 +389,8 @@ class DocumentCache:
             if loaded is not None:  # written by another process while we waited for the lock
                 return self._loaded(key, loaded, label, locked=True), "disk"
             doc = self._compute(key, compute)
-            self._write(key, doc, label)
+            if self._write(key, doc, label) and isinstance(doc, LeafTier):
+                doc = self._remapped(key, doc, spec)
             return doc, "computed"
         finally:
             if lock is not None:
@@ -425,15 +426,29 @@ class DocumentCache:
             raise Unusable(f"cannot read the manifest: {exc}") from exc
         if raw is None:
             return None
-        doc, manifest = EntryCodec.decode(key, raw, lambda: store.read_tensors(key), spec)
+        doc, manifest = EntryCodec.decode(key, raw, lambda: store.read_tensors(key), spec, store.tensors_file(key))
         return to_device(doc, manifest.get("device"), self.device), manifest
 
-    def _write(self, key: str, doc: Entry, label: str | None) -> None:
-        """Store ``doc``'s entry (atomically); on failure warn and keep it in memory only."""
+    def _remapped(self, key: str, tier: LeafTier, spec: CacheSpec | None) -> LeafTier:
+        """The leaf tier just written, memory-mapped from its file (so the built copy can be freed);
+        ``tier`` itself when the store has no local file or the read fails."""
+        assert self.store is not None
+        if tier.hidden.device.type != "cpu" or self.store.tensors_file(key) is None:
+            return tier
+        try:
+            loaded = self._read(key, spec)
+        except Unusable as exc:
+            logger.warning("could not map the leaf tier just written for %s: %s", key[:12], exc)
+            return tier
+        return loaded[0] if loaded is not None and isinstance(loaded[0], LeafTier) else tier
+
+    def _write(self, key: str, doc: Entry, label: str | None) -> bool:
+        """Store ``doc``'s entry (atomically); on failure warn, keep it in memory only and return False."""
         assert self.store is not None
         try:
             manifest, tensors = EntryCodec.encode(key, doc, label)
             self.store.write(key, manifest, tensors)
+            return True
         except (OSError, SafetensorError, ValueError) as exc:
             warnings.warn(
                 f"could not write the document cache entry {self.store.where(key)}: {exc}; keeping it in memory only",
@@ -441,6 +456,7 @@ class DocumentCache:
                 stacklevel=6,
             )
             self.store.remove(key)
+            return False
 
     def _write_label(self, key: str, label: str | None, *, locked: bool = False) -> bool:
         """Rewrite the label in ``key``'s stored manifest (best effort); False when there is none.

@@ -14,11 +14,12 @@ import json
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
@@ -70,11 +71,23 @@ def document_nbytes(doc: Entry) -> int:
     return doc.nbytes + sum(t.numel() * t.element_size() for t in extra)
 
 
-def entry_checksum(key: str, data: bytes) -> str:
-    """The manifest's sha256: over ``key``, a NUL byte and the safetensors bytes, binding the file to its key."""
+def resident_nbytes(doc: Entry) -> int:
+    """Bytes of ``doc`` held in process memory: a memory-mapped leaf tier's pages belong to the OS
+    page cache (read in as a question touches them, dropped under memory pressure), so 0."""
+    return 0 if isinstance(doc, LeafTier) and doc.mapped else document_nbytes(doc)
+
+
+def entry_checksum(key: str, data: bytes | Path) -> str:
+    """The manifest's sha256: over ``key``, a NUL byte and the safetensors bytes (or file, read in
+    blocks), binding the file to its key."""
     h = hashlib.sha256(key.encode("utf-8", "surrogatepass"))
     h.update(b"\0")
-    h.update(data)
+    if isinstance(data, Path):
+        with data.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+    else:
+        h.update(data)
     return h.hexdigest()
 
 
@@ -143,13 +156,19 @@ class EntryCodec:
 
     @staticmethod
     def decode(
-        key: str, raw_manifest: bytes, read_tensors: Callable[[], bytes], spec: CacheSpec | None = None
+        key: str,
+        raw_manifest: bytes,
+        read_tensors: Callable[[], bytes],
+        spec: CacheSpec | None = None,
+        tensors_file: Path | None = None,
     ) -> tuple[Entry, dict[str, Any]]:
         """The verified entry and its manifest; raises ``Unusable`` if anything is off.
 
         ``read_tensors`` is called only once the manifest passed (it may raise ``FileNotFoundError``
         or ``OSError``). With ``spec`` the entry must also fit the model (``validate``); without one
-        the model-independent checks apply (``check_consistent``).
+        the model-independent checks apply (``check_consistent``). ``tensors_file``: the same bytes
+        as a local file; a leaf tier is then memory-mapped from it (``LeafTier.mapped``) instead of
+        read into memory, so a tier larger than the memory budget never has to be held whole.
         """
         try:
             manifest = json.loads(raw_manifest)
@@ -161,22 +180,28 @@ class EntryCodec:
             raise Unusable(f"format version {manifest.get('version')!r}, this version reads {FORMAT_VERSION}")
         if manifest.get("key") != key:
             raise Unusable("the manifest belongs to another document")
+        size = manifest.get("size")
+        if type(size) is not int:
+            raise Unusable(f"the manifest's size {size!r} ({type(size).__name__}) is not a whole number of bytes")
+        mapped = tensors_file is not None and manifest.get("kind") == KINDS[LeafTier]
         try:
-            data = read_tensors()
+            data: bytes | Path = tensors_file if mapped else read_tensors()  # type: ignore[assignment]
+            found = data.stat().st_size if isinstance(data, Path) else len(data)
+            if found != size:
+                raise Unusable(f"the safetensors file has {found} bytes, the manifest says {size}")
+            if entry_checksum(key, data) != manifest.get("sha256"):
+                raise Unusable("the safetensors file fails its sha256 checksum (for this key)")
         except FileNotFoundError as exc:
             raise Unusable("the safetensors file is missing") from exc
         except OSError as exc:
             raise Unusable(f"cannot read the safetensors file: {exc}") from exc
-        size = manifest.get("size")
-        if type(size) is not int:
-            raise Unusable(f"the manifest's size {size!r} ({type(size).__name__}) is not a whole number of bytes")
-        if len(data) != size:
-            raise Unusable(f"the safetensors file has {len(data)} bytes, the manifest says {size}")
-        if entry_checksum(key, data) != manifest.get("sha256"):
-            raise Unusable("the safetensors file fails its sha256 checksum (for this key)")
         try:
-            doc = entry_from_tensors(load_safetensors(data), safetensors_metadata(data))
-        except (SafetensorError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+            doc = (
+                _mapped_tier(data)
+                if isinstance(data, Path)
+                else entry_from_tensors(load_safetensors(data), safetensors_metadata(data))
+            )
+        except (SafetensorError, ValueError, KeyError, TypeError, RuntimeError, OSError) as exc:
             raise Unusable(f"the safetensors file does not hold a compressed document ({exc})") from exc
         if doc.key != key:
             raise Unusable("the safetensors file holds another document")
@@ -217,6 +242,15 @@ def safetensors_metadata(data: bytes) -> dict[str, str]:
     if not isinstance(metadata, dict):
         raise ValueError("no metadata in the safetensors header")
     return {str(k): str(v) for k, v in metadata.items()}
+
+
+def _mapped_tier(path: Path) -> LeafTier:
+    """The leaf tier in ``path`` with its tensors memory-mapped (safetensors maps the file; nothing is
+    copied until a question slices a leaf). The mapping outlives the file's replacement or removal."""
+    with safe_open(str(path), framework="pt") as f:
+        tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - safe_open is not a dict
+        meta = f.metadata() or {}
+    return replace(LeafTier.from_tensors(tensors, meta), mapped=True)
 
 
 def entry_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> Entry:

@@ -62,6 +62,9 @@ class LocalStore(Store):
     def read_tensors(self, key: str) -> bytes:
         return self.paths(key)[0].read_bytes()
 
+    def tensors_file(self, key: str) -> Path:
+        return self.paths(key)[0]
+
     def touch(self, key: str) -> None:
         with contextlib.suppress(OSError):
             os.utime(self.paths(key)[1])

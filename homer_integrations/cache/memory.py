@@ -8,26 +8,29 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from homer_integrations.cache.entry import Entry, document_nbytes
+from homer_integrations.cache.entry import Entry, document_nbytes, resident_nbytes
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class Slot:
-    """One entry held in memory; ``unverified``: read from a store without a ``CacheSpec``."""
+    """One entry held in memory; ``unverified``: read from a store without a ``CacheSpec``.
+    ``nbytes``: the entry's size; ``resident``: what of it counts against the budget (``resident_nbytes``)."""
 
     doc: Entry
     nbytes: int
     created: float
     label: str | None
     unverified: bool = False
+    resident: int = 0
 
 
 class MemoryLRU:
-    """Entries by key within ``budget_bytes`` (``document_nbytes`` each); thread-safe.
+    """Entries by key within ``budget_bytes`` (``resident_nbytes`` each); thread-safe.
 
-    An entry larger than the whole budget is not kept (``put`` returns False).
+    An entry larger than the whole budget is not kept (``put`` returns False). A memory-mapped leaf
+    tier costs nothing here: its pages are the OS's to keep or drop.
     """
 
     def __init__(self, budget_bytes: int) -> None:
@@ -72,19 +75,20 @@ class MemoryLRU:
 
     def put(self, key: str, doc: Entry, label: str | None, *, unverified: bool = False) -> bool:
         """Keep ``doc`` as the most recently used, evicting the least recently used over budget."""
-        nbytes = document_nbytes(doc)
+        nbytes, resident = document_nbytes(doc), resident_nbytes(doc)
         with self._lock:
             old = self._pop(key)
             label = label if label is not None or old is None else old.label
-            if nbytes > self.budget_bytes:
+            if resident > self.budget_bytes:
                 logger.info("document %s (%d bytes) exceeds the memory budget; not kept in memory", key[:12], nbytes)
                 return False
-            while self._slots and self._nbytes + nbytes > self.budget_bytes:
+            while self._slots and self._nbytes + resident > self.budget_bytes:
                 _, evicted = self._slots.popitem(last=False)
-                self._nbytes -= evicted.nbytes
+                self._nbytes -= evicted.resident
                 self.evictions += 1
-            self._slots[key] = Slot(doc, nbytes, old.created if old else time.time(), label, unverified)
-            self._nbytes += nbytes
+            created = old.created if old else time.time()
+            self._slots[key] = Slot(doc, nbytes, created, label, unverified, resident)
+            self._nbytes += resident
             return True
 
     def relabel(self, key: str, label: str | None) -> bool:
@@ -111,5 +115,5 @@ class MemoryLRU:
     def _pop(self, key: str) -> Slot | None:
         slot = self._slots.pop(key, None)
         if slot is not None:
-            self._nbytes -= slot.nbytes
+            self._nbytes -= slot.resident
         return slot

@@ -89,6 +89,11 @@ class Store(ABC):
             return False
         return self.remove(key)
 
+    def tensors_file(self, key: str) -> Path | None:
+        """``key``'s safetensors file as a local path that can be memory-mapped; None when the store
+        has no local files (then ``read_tensors`` is the only way in)."""
+        return None
+
     def touch(self, key: str) -> None:  # noqa: B027 - optional: only stores with a budget track use
         """Mark ``key`` as just used (stores with a budget evict the least recently used)."""
 

@@ -58,6 +58,7 @@ class LeafTier:
         hidden: [1, L, D] after the leaf layers.
         word_ids: [L] unit index of each document token (word/sentence pruning), or None.
         seconds: wall time spent building it.
+        mapped: the tensors are views of a memory-mapped cache file, not process memory.
     """
 
     key: str
@@ -71,6 +72,7 @@ class LeafTier:
     hidden: torch.Tensor
     word_ids: torch.Tensor | None
     seconds: float = 0.0
+    mapped: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -88,6 +90,7 @@ class LeafTier:
         move = lambda ts: tuple(t.to(device) for t in ts)  # noqa: E731
         return replace(
             self,
+            mapped=False,
             prefix_keys=move(self.prefix_keys),
             prefix_values=move(self.prefix_values),
             prefix_hidden=self.prefix_hidden.to(device),

@@ -196,3 +196,39 @@ def test_shared_root_selection_is_a_setting_of_the_key(tokenizer, calib, text, s
         assert len(layers) > 1
     other = "tree" if shared_root == "flat" else "flat"
     assert engine.keys.root("a", "b", "c") != make_engine(tokenizer, calib, shared_root=other).keys.root("a", "b", "c")
+
+
+def test_a_stored_tier_is_memory_mapped_and_not_counted_against_the_memory_budget(tokenizer, calib, text, tmp_path):
+    question, later = "Who is Mr. Bingley?", "Where is Netherfield?"
+    in_ram = make_engine(tokenizer, calib, DocumentCache(), mode="query_aware")
+    expected = [in_ram.answer(text, q, max_new_tokens=6) for q in (question, later)]
+    tier_bytes = in_ram.document_cache.entries()[0].nbytes
+
+    # a memory budget a tenth of the tier: held in RAM it could not be kept, mapped it costs nothing
+    cache = DocumentCache(tmp_path, memory_budget_bytes=tier_bytes // 10)
+    engine = make_engine(tokenizer, calib, cache, mode="query_aware")
+    first = engine.run(text, question, max_new_tokens=6)
+    assert first.text() == expected[0] and first.info.cache_source == "computed"
+    second = engine.run(text, later, max_new_tokens=6)
+    assert second.text() == expected[1], "a replay from the mapped file answers as one from memory"
+    assert second.info.cache_source == "memory" and cache.stats().computations == 1
+    key = engine.keys.tier(engine.layout(question).prefix, text)
+    tier = cache.get(key)
+    assert isinstance(tier, LeafTier) and tier.mapped
+    assert cache.stats().memory_bytes < tier_bytes // 10
+    (entry,) = cache.entries()
+    assert entry.in_memory and entry.nbytes == tier_bytes, "statistics still report the tier's size"
+
+    # a fresh process maps it from disk; a flipped byte in the file is caught by the checksum
+    reader = make_engine(tokenizer, calib, DocumentCache(tmp_path), mode="query_aware")
+    assert reader.answer(text, later, max_new_tokens=6) == expected[1]
+    assert reader.document_cache.get(key).mapped
+    path = tmp_path / next(p.name for p in tmp_path.glob("*.safetensors"))
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    damaged = make_engine(tokenizer, calib, DocumentCache(tmp_path), mode="query_aware")
+    with pytest.warns(UserWarning, match="checksum"):
+        stream = damaged.run(text, later, max_new_tokens=6)
+        assert stream.text() == expected[1]
+    assert stream.info.cache_source == "computed"
