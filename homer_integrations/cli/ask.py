@@ -25,14 +25,12 @@ if TYPE_CHECKING:
     from homer_integrations.documents import ParsedDocument
     from homer_integrations.engine import AnswerInfo, HomerModel
     from homer_integrations.homer.generation import GenerationOptions
+    from homer_integrations.question_sets import KeywordQuestion
 
-DEMO_QUESTIONS = (
-    "Who is Mr. Bingley?",
-    "What does Mr. Darcy say about Elizabeth at the ball?",
-    "Which of the Bennet sisters does Mr. Bingley admire most?",
-)
-"""What ``--demo`` asks when no ``-q`` is given: written for the opening chapters of the bundled
-Pride and Prejudice (the Makefile's demo reads its first 60,000 characters, about 15k tokens)."""
+DEMO_QUESTIONS = 4
+"""How many questions ``--demo`` asks: spread through the part of the bundled question set
+(``homer_integrations.question_sets``) whose answers the excerpt holds, each checked against its
+expected keywords on screen."""
 
 
 def add_parser(commands: Any) -> None:
@@ -40,7 +38,11 @@ def add_parser(commands: Any) -> None:
     ask.set_defaults(run=run)
     ask.add_argument("file", type=Path, metavar="FILE")
     ask.add_argument("-q", "--question", dest="questions", action="append", default=[], metavar="QUESTION")
-    ask.add_argument("--demo", action="store_true", help="without -q: ask three questions about the bundled novel")
+    ask.add_argument(
+        "--demo",
+        action="store_true",
+        help="without -q: ask questions of the bundled set about the bundled novel and check the answers",
+    )
     ask.add_argument("--max-chars", type=options.positive_int, metavar="N", help="use only the first N characters")
     options.max_file_option(ask)
     options.model_options(ask)
@@ -65,10 +67,11 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    questions = _questions(args)
+    _check_questions(args)
     parsed = read(args.file, args.max_file_mb)  # before torch loads: bad input fails fast
     generation = _generation(args)
     text = _excerpt(parsed.text, args.max_chars)
+    questions = args.questions or _demo_questions(text)
     config = options.config(args)
     cache = loading.open_cache(args)
     started = time.perf_counter()
@@ -81,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
         _answer(engine, cache, parsed.name, text, i, question, generation, args, out)
         for i, question in enumerate(questions)
     ]
+    if not args.json:
+        _print_checks(results, out)
     summary = {
         "file": str(args.file),
         "model": engine.model_name,
@@ -99,15 +104,29 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _questions(args: argparse.Namespace) -> list[str]:
-    questions = [q for q in args.questions if q.strip()]
-    if len(questions) != len(args.questions):
+def _check_questions(args: argparse.Namespace) -> None:
+    if any(not q.strip() for q in args.questions):
         raise CliError("a question is empty", EXIT_USAGE)
-    if questions:
-        return questions
-    if not args.demo:
+    if not args.questions and not args.demo:
         raise CliError("give at least one question with -q QUESTION (or --demo)", EXIT_USAGE)
-    return list(DEMO_QUESTIONS)
+
+
+def _demo_questions(text: str) -> list[KeywordQuestion]:
+    """``DEMO_QUESTIONS`` of the bundled set whose answers ``text`` holds; ``text`` must be the bundled novel."""
+    from homer_integrations.question_sets import question_set
+
+    qset = question_set()
+    novel = qset.document.read_text(encoding="utf-8")
+    if not novel.startswith(text[:2000]):
+        raise CliError(
+            f"--demo asks the bundled questions about {qset.document.name} ({qset.document}); "
+            f"for another document give -q QUESTION",
+            EXIT_USAGE,
+        )
+    asked = qset.within(len(text))
+    if not asked.questions:
+        raise CliError("--demo: the excerpt is too short to hold any bundled question's answer", EXIT_USAGE)
+    return list(asked.spread(DEMO_QUESTIONS))
 
 
 def _generation(args: argparse.Namespace) -> GenerationOptions:
@@ -152,13 +171,16 @@ def _answer(
     label: str,
     text: str,
     i: int,
-    question: str,
+    asked: str | KeywordQuestion,
     generation: GenerationOptions,
     args: argparse.Namespace,
     out: TextIO,
 ) -> dict[str, Any]:
-    """Answer question ``i`` (compressing first if needed), streaming it to ``out`` unless ``--json``."""
+    """Answer question ``i`` (compressing first if needed), streaming it to ``out`` unless ``--json``.
+
+    A bundled ``KeywordQuestion`` (``--demo``) is also checked against its expected keywords."""
     show = not args.json
+    question = asked if isinstance(asked, str) else asked.question
     if show:
         out.write(f"\nQ{i + 1}: {question}\n")
         out.flush()
@@ -179,9 +201,20 @@ def _answer(
                 shown = shown or bool(visible)
         except ValueError as exc:
             raise CliError(f"{args.file}: {exc}") from None
+    record = answer_record(question, "".join(pieces), stream.info)
+    if not isinstance(asked, str):
+        record |= {"expected": asked.expected(), "correct": asked.check(record["answer"])}
     if show:
         out.write("\n")
-    return answer_record(question, "".join(pieces), stream.info)
+        if "correct" in record:
+            out.write(f"   {'right' if record['correct'] else 'wrong'}: expected {record['expected']}\n")
+    return record
+
+
+def _print_checks(results: list[dict[str, Any]], out: TextIO) -> None:
+    checked = [r["correct"] for r in results if "correct" in r]
+    if checked:
+        out.write(f"\n{sum(checked)} of {len(checked)} answers hold the expected keywords\n")
 
 
 def answer_record(question: str, answer: str, info: AnswerInfo) -> dict[str, Any]:
