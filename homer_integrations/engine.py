@@ -45,6 +45,7 @@ from homer_integrations.homer.replay import TierCompressor
 from homer_integrations.homer.scoring import REPEAT_PROMPT, Scoring
 from homer_integrations.models import DEFAULT_MODEL, embedded_defaults, load_model
 from homer_integrations.paths import PACKAGE_DATA, cache_root
+from homer_integrations.quantization import Quantization
 
 logger = logging.getLogger(__name__)
 
@@ -211,11 +212,15 @@ class HomerModel:
         progress: bool | None = None,
         store: str | Path | Store | None = None,
         disk_budget: int | None = None,
+        quantize: Quantization | None = None,
         **model_kwargs: Any,
     ) -> HomerModel:
-        """Load a model by local path, hub id or embedded name (None = the embedded default model)."""
+        """Load a model by local path, hub id or embedded name (None = the embedded default model).
+
+        ``quantize="int8"``: int8 linear layers on the CPU (faster decoding; see README "int8 on CPU").
+        """
         name = path_or_id or DEFAULT_MODEL
-        model, tokenizer = load_model(name, dtype=dtype, device=device, **model_kwargs)
+        model, tokenizer = load_model(name, dtype=dtype, device=device, quantize=quantize, **model_kwargs)
         return cls(
             model,
             tokenizer,

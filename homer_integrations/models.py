@@ -21,6 +21,8 @@ from filelock import FileLock
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from homer_integrations.paths import cache_root
+from homer_integrations.quantization import QUANTIZATIONS, Quantization
+from homer_integrations.quantization import quantize as quantize_model
 
 logger = logging.getLogger(__name__)
 
@@ -234,14 +236,21 @@ def load_embedded(
 
 
 def load_model(
-    path_or_id: str, dtype: torch.dtype | str = "auto", device: str | torch.device | None = None, **kwargs
+    path_or_id: str,
+    dtype: torch.dtype | str = "auto",
+    device: str | torch.device | None = None,
+    quantize: Quantization | None = None,
+    **kwargs,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load any local path or hub id (an embedded model's name works too).
 
-    Raises ``ValueError`` for a device this torch cannot use and ``ModelNotAvailableError`` for a
-    local path that does not exist, both before any weights load.
+    ``quantize="int8"``: int8 linear layers for CPU inference (``homer_integrations.quantization``).
+    Raises ``ValueError`` for a device this torch cannot use or a quantization that does not fit
+    it, and ``ModelNotAvailableError`` for a local path that does not exist, before any weights load.
     """
     device = resolve_device(device)
+    if quantize is not None and (quantize not in QUANTIZATIONS or (device is not None and device.type != "cpu")):
+        raise ValueError(f"quantize={quantize!r}: only {', '.join(QUANTIZATIONS)} on the CPU is supported")
     if path_or_id in EMBEDDED_MODELS:
         model, tokenizer = load_embedded(EMBEDDED_MODELS[path_or_id], torch.float32 if dtype == "auto" else dtype)
     else:
@@ -250,4 +259,6 @@ def load_model(
         tokenizer = AutoTokenizer.from_pretrained(path_or_id)
     if device is not None:
         model = model.to(device)
+    if quantize is not None:
+        model = quantize_model(model, quantize)
     return model, tokenizer

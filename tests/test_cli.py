@@ -117,7 +117,7 @@ def tiny_cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer) -> list
     from tests.conftest import tiny_model
 
     parts = (tiny_model(), tokenizer)
-    monkeypatch.setattr(loading, "load_parts", lambda name, dtype, device: parts)
+    monkeypatch.setattr(loading, "load_parts", lambda name, dtype, device, quantize=None: parts)
     monkeypatch.setenv("HOMER_INTEGRATIONS_CACHE", str(tmp_path / "cache"))
     return ["--model", "tiny", "--max-chunk-len", "128", "--warmup-layers", "3", "--no-disk-cache"]
 

@@ -40,7 +40,7 @@ def test_within_and_spread_pick_from_the_excerpt_in_document_order() -> None:
 
 
 def test_unknown_or_malformed_sets_are_refused(tmp_path, monkeypatch) -> None:
-    with pytest.raises(ValueError, match="no bundled question set 'nope'.*prideprejudice"):
+    with pytest.raises(ValueError, match=r"no bundled question set 'nope'.*prideprejudice"):
         question_set("nope")
     (tmp_path / "bad.json").write_text(json.dumps({"document": "x.txt", "questions": [{"id": "a"}]}))
     monkeypatch.setattr(question_sets, "QUESTIONS_DIR", tmp_path)

@@ -35,11 +35,11 @@ def open_cache(args: argparse.Namespace) -> DocumentCache:
 
 
 @functools.lru_cache(maxsize=2)
-def load_parts(name: str, dtype: str, device: str | None) -> tuple[Any, Any]:
+def load_parts(name: str, dtype: str, device: str | None, quantize: str | None = None) -> tuple[Any, Any]:
     """(model, tokenizer), loaded once per process: ``main`` may be called many times (tests, notebooks)."""
     from homer_integrations.models import load_model
 
-    return load_model(name, dtype=dtype, device=device)
+    return load_model(name, dtype=dtype, device=device, quantize=quantize)  # type: ignore[arg-type]
 
 
 def engine(
@@ -53,7 +53,7 @@ def engine(
     name = args.model or DEFAULT_MODEL
     check_device(args.device)
     try:
-        model, tokenizer = load_parts(name, args.dtype, args.device)
+        model, tokenizer = load_parts(name, args.dtype, args.device, getattr(args, "quantize", None))
     except ModelNotAvailableError as exc:
         raise CliError(str(exc)) from None
     except (OSError, ValueError, ImportError) as exc:

@@ -51,6 +51,9 @@ def model_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
     parser.add_argument("--device", metavar="DEVICE", help="e.g. cpu, cuda, cuda:1 (default: where it loads)")
+    parser.add_argument(
+        "--quantize", choices=("int8",), help="int8 linear layers on the CPU (float32 models): faster decoding"
+    )
 
 
 def homer_options(parser: argparse.ArgumentParser, *, warmup: bool = True) -> None:

@@ -49,7 +49,9 @@ class CalibrationKey:
     @classmethod
     def for_stack(cls, stack: DecoderStack, max_chunk_len: int) -> CalibrationKey:
         return cls(
-            model_fingerprint=weights_fingerprint(stack.model),
+            # a quantized model is calibrated as the float model it came from (``quantization.quantize``)
+            model_fingerprint=getattr(stack.model.config, "homer_calibration_fingerprint", None)
+            or weights_fingerprint(stack.model),
             rope=json.dumps(rope_settings(stack.model), sort_keys=True, default=str),
             max_chunk_len=max_chunk_len,
             dtype=str(stack.dtype).removeprefix("torch."),

@@ -40,12 +40,14 @@ def weights_fingerprint(model: PreTrainedModel, sample: int = 2048) -> str:
         "vocab": c.vocab_size,
         "rope": _rope_settings(c),
     }
+    if getattr(c, "homer_quantization", None):  # only then: float models keep their fingerprints
+        arch["quantization"] = c.homer_quantization
     h.update(json.dumps(arch, sort_keys=True, default=str).encode())
     backbone = model.model
     tensors = [
         backbone.embed_tokens.weight,
-        backbone.layers[0].self_attn.q_proj.weight,
-        backbone.layers[-1].mlp.down_proj.weight,
+        dense_weight(backbone.layers[0].self_attn.q_proj),
+        dense_weight(backbone.layers[-1].mlp.down_proj),
         backbone.norm.weight,
     ]
     for t in tensors:
@@ -53,6 +55,12 @@ def weights_fingerprint(model: PreTrainedModel, sample: int = 2048) -> str:
         part = torch.cat([flat[:sample], flat[-sample:]]).float().cpu().contiguous()
         h.update(part.numpy().tobytes())
     return h.hexdigest()[:32]
+
+
+def dense_weight(linear: torch.nn.Module) -> torch.Tensor:
+    """A linear layer's weight as a float tensor, plain or dynamically quantized (``weight()``)."""
+    weight = linear.weight
+    return weight().dequantize() if callable(weight) else weight
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

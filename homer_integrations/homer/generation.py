@@ -96,7 +96,7 @@ def token_mask(
     """The grammar walker of ``options.response_format`` for one answer, or None without a format."""
     if options.response_format is None:
         return None
-    vocab = model.get_output_embeddings().weight.shape[0]
+    vocab = model.get_output_embeddings().out_features
     fmt = options.response_format.within(options.max_new_tokens)
     return TokenMask(fmt, ll_tokenizer(tokenizer, vocab, eos))
 
