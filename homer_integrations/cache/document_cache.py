@@ -47,6 +47,7 @@ from homer_integrations.cache.entry import (
     Entry,
     EntryCodec,
     Unusable,
+    mapped_tier,
     relabelled,
     to_device,
 )
@@ -390,7 +391,7 @@ class DocumentCache:
                 return self._loaded(key, loaded, label, locked=True), "disk"
             doc = self._compute(key, compute)
             if self._write(key, doc, label) and isinstance(doc, LeafTier):
-                doc = self._remapped(key, doc, spec)
+                doc = self._remapped(key, doc)
             return doc, "computed"
         finally:
             if lock is not None:
@@ -429,18 +430,19 @@ class DocumentCache:
         doc, manifest = EntryCodec.decode(key, raw, lambda: store.read_tensors(key), spec, store.tensors_file(key))
         return to_device(doc, manifest.get("device"), self.device), manifest
 
-    def _remapped(self, key: str, tier: LeafTier, spec: CacheSpec | None) -> LeafTier:
-        """The leaf tier just written, memory-mapped from its file (so the built copy can be freed);
-        ``tier`` itself when the store has no local file or the read fails."""
+    def _remapped(self, key: str, tier: LeafTier) -> LeafTier:
+        """The leaf tier just written (under ``key``'s lock), memory-mapped from its file so the built
+        copy can be freed; ``tier`` itself when the store has no local file or the mapping fails.
+        Not re-verified by checksum: this process wrote the file a moment ago."""
         assert self.store is not None
-        if tier.hidden.device.type != "cpu" or self.store.tensors_file(key) is None:
+        path = self.store.tensors_file(key)
+        if path is None or tier.hidden.device.type != "cpu":
             return tier
         try:
-            loaded = self._read(key, spec)
-        except Unusable as exc:
+            return mapped_tier(path)
+        except (SafetensorError, ValueError, KeyError, OSError) as exc:
             logger.warning("could not map the leaf tier just written for %s: %s", key[:12], exc)
             return tier
-        return loaded[0] if loaded is not None and isinstance(loaded[0], LeafTier) else tier
 
     def _write(self, key: str, doc: Entry, label: str | None) -> bool:
         """Store ``doc``'s entry (atomically); on failure warn, keep it in memory only and return False."""

@@ -197,7 +197,7 @@ class EntryCodec:
             raise Unusable(f"cannot read the safetensors file: {exc}") from exc
         try:
             doc = (
-                _mapped_tier(data)
+                mapped_tier(data)
                 if isinstance(data, Path)
                 else entry_from_tensors(load_safetensors(data), safetensors_metadata(data))
             )
@@ -244,7 +244,7 @@ def safetensors_metadata(data: bytes) -> dict[str, str]:
     return {str(k): str(v) for k, v in metadata.items()}
 
 
-def _mapped_tier(path: Path) -> LeafTier:
+def mapped_tier(path: Path) -> LeafTier:
     """The leaf tier in ``path`` with its tensors memory-mapped (safetensors maps the file; nothing is
     copied until a question slices a leaf). The mapping outlives the file's replacement or removal."""
     with safe_open(str(path), framework="pt") as f:

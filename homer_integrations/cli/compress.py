@@ -44,7 +44,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--retries", type=options.non_negative_int, default=2, metavar="N", help="restarts of a dead worker (default 2)"
     )
-    options.model_options(parser)
+    options.model_options(parser, quantize=False)  # corpus workers load float models only
     parser.add_argument("--mode", choices=MODES, help="the entry stored (default shared; query_aware: leaf tier)")
     options.homer_options(parser)
     options.max_file_option(parser)

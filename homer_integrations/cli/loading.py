@@ -53,7 +53,7 @@ def engine(
     name = args.model or DEFAULT_MODEL
     check_device(args.device)
     try:
-        model, tokenizer = load_parts(name, args.dtype, args.device, getattr(args, "quantize", None))
+        model, tokenizer = load_parts(name, args.dtype, args.device, args.quantize)
     except ModelNotAvailableError as exc:
         raise CliError(str(exc)) from None
     except (OSError, ValueError, ImportError) as exc:

@@ -43,7 +43,8 @@ def byte_size(text: str) -> int:
     return int(value)
 
 
-def model_options(parser: argparse.ArgumentParser) -> None:
+def model_options(parser: argparse.ArgumentParser, *, quantize: bool = True) -> None:
+    """``--model``, ``--dtype``, ``--device`` and, for commands that load the model here, ``--quantize``."""
     parser.add_argument(
         "--model",
         metavar="NAME_OR_PATH",
@@ -51,9 +52,10 @@ def model_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
     parser.add_argument("--device", metavar="DEVICE", help="e.g. cpu, cuda, cuda:1 (default: where it loads)")
-    parser.add_argument(
-        "--quantize", choices=("int8",), help="int8 linear layers on the CPU (float32 models): faster decoding"
-    )
+    if quantize:
+        parser.add_argument(
+            "--quantize", choices=("int8",), help="int8 linear layers on the CPU (float32 models): faster decoding"
+        )
 
 
 def homer_options(parser: argparse.ArgumentParser, *, warmup: bool = True) -> None:
