@@ -5,12 +5,14 @@
     homer-qa cache ls | info | clear
     homer-qa calibrate --model smollm2-135m-instruct
     homer-qa compress docs/ --store s3://bucket/homer [--ray ADDRESS] [--workers N]
+    homer-qa serve [--model NAME]     # later asks skip the imports and the model load
 
 The document is compressed once (a progress bar shows tokens per second) and kept in the disk
 cache, so a second run answers from disk. Problems with the input are one line on stderr and a
 non-zero exit code, never a traceback. One module per command (``ask``, ``cache``, ``calibrate``,
-``compress``), each with ``add_parser`` and ``run``; what they share is in ``common``, ``options``
-and ``loading``. Nothing heavy (torch, transformers) is imported until a command needs it.
+``compress``, ``serve``), each with ``add_parser`` and ``run``; what they share is in ``common``,
+``options`` and ``loading``. Nothing heavy (torch, transformers) is imported until a command needs
+it, and while a ``homer-qa serve`` runs, ``ask`` hands its command line to it (``remote``).
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ import os
 import sys
 import warnings
 from argparse import ArgumentParser
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from homer_integrations.cli import ask, cache, calibrate, compress
+from homer_integrations.cli import ask, cache, calibrate, compress, remote, serve
 from homer_integrations.cli.ask import DEMO_QUESTIONS
 from homer_integrations.cli.common import (
     EXIT_INTERRUPTED,
@@ -38,7 +40,7 @@ from homer_integrations.cli.common import (
 # which on a busy machine made CPU inference several times slower.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-__all__ = ["DEMO_QUESTIONS", "MODES", "CliError", "build_parser", "main"]
+__all__ = ["DEMO_QUESTIONS", "MODES", "CliError", "build_parser", "main", "run_here"]
 
 
 def build_parser() -> ArgumentParser:
@@ -49,19 +51,38 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log progress (-v INFO, -vv DEBUG)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (ask, cache, calibrate, compress):
+    for command in (ask, cache, calibrate, compress, serve):
         command.add_parser(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``homer-qa`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
+    """Run ``homer-qa`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit code.
+
+    An ``ask`` goes to a running ``homer-qa serve`` when there is one (unless ``--no-server``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if args.command == "ask" and not args.no_server and (server := remote.find_server()) is not None:
+        code = _guarded(lambda: remote.forward(server, argv))
+        if code is not None:
+            return code
     configure_logging(args.verbose)
+    return _guarded(lambda: args.run(args))
+
+
+def run_here(argv: Sequence[str]) -> int:
+    """Run ``homer-qa *argv`` in this process, never through a server (what ``serve`` runs)."""
+    args = build_parser().parse_args(list(argv))
+    configure_logging(args.verbose)
+    return _guarded(lambda: args.run(args))
+
+
+def _guarded(command: Callable[[], int | None]) -> int | None:
+    """``command()``, with problems reported as one line and an exit code, never a traceback."""
     try:
         with warnings.catch_warnings():
             warnings.showwarning = show_warning
-            return args.run(args)
+            return command()
     except CliError as exc:
         error(str(exc))
         return exc.exit_code

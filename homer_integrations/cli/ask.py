@@ -64,6 +64,11 @@ def add_parser(commands: Any) -> None:
     gen.add_argument("--stop", action="append", default=[], metavar="STR", help="stop string (repeatable)")
     ask.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     ask.add_argument("--no-progress", action="store_true", help="no progress bar while compressing")
+    ask.add_argument(
+        "--no-server",
+        action="store_true",
+        help="answer in this process even while a 'homer-qa serve' runs (by default it answers)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
