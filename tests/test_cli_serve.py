@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from homer_integrations.cli import loading, main, remote, run_here
+from homer_integrations.cli import loading, remote, run_here
 from homer_integrations.cli.serve import CommandServer, announced
 from tests.test_cli import run_cli
 
