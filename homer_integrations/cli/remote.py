@@ -61,6 +61,17 @@ def find_server() -> ServerAddress | None:
         return None
 
 
+def listening(server: ServerAddress) -> bool:
+    """Whether something accepts connections at ``server``'s address."""
+    import socket
+
+    try:
+        socket.create_connection(server.host_port, timeout=CONNECT_TIMEOUT).close()
+        return True
+    except OSError:
+        return False
+
+
 def forward(server: ServerAddress, argv: list[str]) -> int | None:
     """Run ``homer-qa *argv`` on ``server``, relaying its output here; its exit code.
 

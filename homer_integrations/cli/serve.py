@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from homer_integrations.models import DEFAULT_MODEL, ModelNotAvailableError
 
     running = remote.find_server()
-    if running is not None and _answers(running):
+    if running is not None and remote.listening(running):
         raise CliError(f"a homer-qa server is already running at {running.url} (pid {running.pid})", EXIT_USAGE)
     name = args.model or DEFAULT_MODEL
     loading.check_device(args.device)
@@ -137,17 +137,6 @@ def announced(server: CommandServer) -> Iterator[Path]:
     finally:
         if remote.find_server() == address:  # a later server may have taken the file over
             path.unlink(missing_ok=True)
-
-
-def _answers(server: remote.ServerAddress) -> bool:
-    """Whether something listens at ``server``'s address."""
-    import socket
-
-    try:
-        socket.create_connection(server.host_port, timeout=remote.CONNECT_TIMEOUT).close()
-        return True
-    except OSError:
-        return False
 
 
 class _Handler(BaseHTTPRequestHandler):
