@@ -447,8 +447,10 @@ class DocumentCache:
     def _write(self, key: str, doc: Entry, label: str | None) -> bool:
         """Store ``doc``'s entry (atomically); on failure warn, keep it in memory only and return False."""
         assert self.store is not None
+        staged: Path | None = None
         try:
-            manifest, tensors = EntryCodec.encode(key, doc, label)
+            staged = self.store.staging_file(key)
+            manifest, tensors = EntryCodec.encode(key, doc, label, into=staged)
             self.store.write(key, manifest, tensors)
             return True
         except (OSError, SafetensorError, ValueError) as exc:
@@ -459,6 +461,10 @@ class DocumentCache:
             )
             self.store.remove(key)
             return False
+        finally:
+            if staged is not None:  # renamed into place, or left over from a failed write
+                with contextlib.suppress(OSError):
+                    staged.unlink(missing_ok=True)
 
     def _write_label(self, key: str, label: str | None, *, locked: bool = False) -> bool:
         """Rewrite the label in ``key``'s stored manifest (best effort); False when there is none.

@@ -22,6 +22,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
+from safetensors.torch import save_file as save_safetensors_file
 
 from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, check_consistent, validate
 from homer_integrations.homer.leaf_tier import SERIAL_FORMAT as LEAF_TIER_FORMAT
@@ -132,16 +133,23 @@ class EntryCodec:
     """Turns an entry into (manifest, tensors) bytes and back, verifying everything it reads."""
 
     @staticmethod
-    def encode(key: str, doc: Entry, label: str | None) -> tuple[bytes, bytes]:
-        """(manifest, safetensors) bytes of ``doc`` stored under ``key``."""
+    def encode(key: str, doc: Entry, label: str | None, into: Path | None = None) -> tuple[bytes, bytes | Path]:
+        """(manifest, safetensors) of ``doc`` stored under ``key``: the safetensors as bytes, or written
+        tensor by tensor into the file ``into`` (no second in-memory copy of a large leaf tier)."""
         tensors, metadata = doc.to_tensors()
-        data = save_safetensors({k: t.detach().cpu().contiguous() for k, t in tensors.items()}, metadata)
+        cpu = {k: t.detach().cpu().contiguous() for k, t in tensors.items()}
+        data: bytes | Path
+        if into is None:
+            data = save_safetensors(cpu, metadata)
+        else:
+            save_safetensors_file(cpu, into, metadata)
+            data = into
         manifest = {
             "format": MANIFEST_FORMAT,
             "version": FORMAT_VERSION,
             "key": key,
             "sha256": entry_checksum(key, data),
-            "size": len(data),
+            "size": data.stat().st_size if isinstance(data, Path) else len(data),
             "created": time.time(),
             "label": label,
             "tokens": doc.num_tokens,

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import uuid
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -69,7 +70,7 @@ class FsspecStore(Store):
     def read_tensors(self, key: str) -> bytes:
         return bytes(self.fs.cat_file(self.paths(key)[0]))
 
-    def write(self, key: str, manifest: bytes, tensors: bytes) -> None:
+    def write(self, key: str, manifest: bytes, tensors: bytes | Path) -> None:
         tensors_path, manifest_path = self.paths(key)
         self._put(tensors_path, tensors)
         self._put(manifest_path, manifest)
@@ -126,15 +127,15 @@ class FsspecStore(Store):
         return LeaseLock(self.fs, path, ttl=self.lease_ttl, timeout=timeout)
 
     # ----------------------------------------------------------------------------- helpers
-    def _put(self, path: str, data: bytes) -> None:
-        """Write ``path`` so a reader sees the old file or the whole new one."""
+    def _put(self, path: str, data: bytes | Path) -> None:
+        """Write ``path`` (from bytes or a local file) so a reader sees the old file or the whole new one."""
         self._make_dirs()
         if self.object_store:
-            self.fs.pipe_file(path, data)
+            self._upload(path, data)
             return
         name = path.rsplit("/", 1)[-1]
         tmp = f"{self.root}/{TMP_DIR}/{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-        self.fs.pipe_file(tmp, data)
+        self._upload(tmp, data)
         try:
             if isinstance(self.fs, LocalFileSystem):
                 os.replace(self.fs._strip_protocol(tmp), self.fs._strip_protocol(path))
@@ -145,6 +146,12 @@ class FsspecStore(Store):
         except BaseException:
             self._rm_file(tmp)
             raise
+
+    def _upload(self, path: str, data: bytes | Path) -> None:
+        if isinstance(data, Path):
+            self.fs.put_file(str(data), path)
+        else:
+            self.fs.pipe_file(path, data)
 
     def _make_dirs(self) -> None:
         """Folders a non-object store needs before its first write (object stores have none)."""

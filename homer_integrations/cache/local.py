@@ -69,15 +69,22 @@ class LocalStore(Store):
         with contextlib.suppress(OSError):
             os.utime(self.paths(key)[1])
 
-    def write(self, key: str, manifest: bytes, tensors: bytes) -> None:
-        size = len(manifest) + len(tensors)
+    def staging_file(self, key: str) -> Path:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = _temp_name(self.paths(key)[0])
+        path.touch(exist_ok=False)
+        return path
+
+    def write(self, key: str, manifest: bytes, tensors: bytes | Path) -> None:
+        size = len(manifest) + (tensors.stat().st_size if isinstance(tensors, Path) else len(tensors))
         if self.budget_bytes is not None and size > self.budget_bytes:
             raise EntryTooLarge(f"the entry's {size:,} bytes exceed the disk budget of {self.budget_bytes:,} bytes")
         tensors_path, manifest_path = self.paths(key)
         self.directory.mkdir(parents=True, exist_ok=True)
         staged: list[Path] = []
         try:
-            staged = [_stage(tensors_path, tensors), _stage(manifest_path, manifest)]
+            staged = [_synced(tensors) if isinstance(tensors, Path) else _stage(tensors_path, tensors)]
+            staged.append(_stage(manifest_path, manifest))
             with self._budget_lock():
                 if self.budget_bytes is not None:
                     self._evict(self.budget_bytes - size, keep=key)
@@ -191,9 +198,21 @@ class LocalStore(Store):
         return found
 
 
+def _temp_name(path: Path) -> Path:
+    """A unique temporary name beside ``path`` (``TEMP_NAME``: ``clear`` removes leftovers)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def _synced(path: Path) -> Path:
+    """``path`` (a staged file) flushed to disk before it is renamed in."""
+    with path.open("rb+") as f:
+        os.fsync(f.fileno())
+    return path
+
+
 def _stage(path: Path, data: bytes) -> Path:
     """``data`` written and fsync'd to a temporary name beside ``path``; the caller renames it in."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp = _temp_name(path)
     try:
         with tmp.open("wb") as f:
             f.write(data)

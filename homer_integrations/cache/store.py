@@ -13,7 +13,9 @@ fsspec knows: ``s3://``, ``gs://``, ``file://``, ``memory://``).
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import tempfile
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -56,8 +58,11 @@ class Store(ABC):
         """``key``'s safetensors bytes (``FileNotFoundError`` when missing)."""
 
     @abstractmethod
-    def write(self, key: str, manifest: bytes, tensors: bytes) -> None:
-        """Store an entry atomically: the tensors first, then the manifest that vouches for them."""
+    def write(self, key: str, manifest: bytes, tensors: bytes | Path) -> None:
+        """Store an entry atomically: the tensors first, then the manifest that vouches for them.
+
+        ``tensors``: the bytes, or a file from ``staging_file(key)`` holding them (moved or copied in;
+        the caller removes what is left of it)."""
 
     @abstractmethod
     def write_manifest(self, key: str, manifest: bytes) -> None:
@@ -88,6 +93,14 @@ class Store(ABC):
         if raw is None or own_manifest(raw) is None:
             return False
         return self.remove(key)
+
+    def staging_file(self, key: str) -> Path:
+        """A new empty local file to write ``key``'s tensors into before ``write``: entries are
+        serialised there tensor by tensor rather than into one more in-memory copy. This default is
+        a temporary file of the system's; a local store stages beside its entries so ``write`` renames."""
+        fd, name = tempfile.mkstemp(prefix=".homer-", suffix=TENSORS + ".tmp")
+        os.close(fd)
+        return Path(name)
 
     def tensors_file(self, key: str) -> Path | None:
         """``key``'s safetensors file as a local path that can be memory-mapped; None when the store

@@ -96,3 +96,20 @@ def test_own_manifest_and_relabelled(cache_docs: list[CompressedDocument]) -> No
     assert own_manifest(b" " * (1 << 21)) is None
     assert json.loads(relabelled(raw, doc.key, "new"))["label"] == "new"
     assert relabelled(raw, "another key", "new") is None
+
+
+def test_an_entry_written_into_a_file_is_the_bytes_entry(
+    cache_docs: list[CompressedDocument], cache_engine: HomerModel, tmp_path
+) -> None:
+    doc = cache_docs[0]
+    raw, data = EntryCodec.encode(doc.key, doc, "book.txt")
+    path = tmp_path / "staged.safetensors"
+    raw_file, written = EntryCodec.encode(doc.key, doc, "book.txt", into=path)
+    assert written == path and path.stat().st_size == len(data)  # the same tensors (headers may order keys apart)
+    manifest, from_file = json.loads(raw), json.loads(raw_file)
+    assert from_file["sha256"] == entry_checksum(doc.key, path)
+    for m in (manifest, from_file):
+        del m["created"], m["sha256"]
+    assert from_file == manifest
+    loaded, _ = EntryCodec.decode(doc.key, raw_file, path.read_bytes, cache_engine.cache_spec)
+    assert_same_tensors(loaded, doc)

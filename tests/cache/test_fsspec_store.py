@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -31,7 +32,12 @@ def files(url: str) -> dict[str, bytes]:
     return {p[len(root.rstrip("/")) + 1 :]: bytes(fs.cat_file(p)) for p in fs.find(root)}
 
 
-def test_round_trip_listing_and_clear(store_url: str, cache_docs: list[CompressedDocument]) -> None:
+def test_round_trip_listing_and_clear(
+    store_url: str, cache_docs: list[CompressedDocument], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    staging = tmp_path / "staging"  # where entries are serialised before they are uploaded
+    staging.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(staging))
     doc, other = cache_docs[:2]
     fs, root = fsspec.core.url_to_fs(store_url)
     fs.makedirs(root, exist_ok=True)
@@ -43,6 +49,7 @@ def test_round_trip_listing_and_clear(store_url: str, cache_docs: list[Compresse
     stored = files(store_url)
     assert {f"{doc.key}.json", f"{doc.key}.safetensors", "notes.json"} <= set(stored)
     assert not [name for name in stored if name.startswith(".tmp/")]  # nothing half written is left
+    assert not list(staging.iterdir()), "the staged tensors files are removed once uploaded"
 
     reader = DocumentCache(store_url)
     loaded, source = reader.get_or_compute(doc.key, Counter(doc, before=pytest.fail))

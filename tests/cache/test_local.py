@@ -61,6 +61,7 @@ def test_an_entry_over_the_whole_budget_is_kept_in_memory_only(
     with pytest.warns(DocumentCacheWarning, match="exceed the disk budget"):
         assert cache.get_or_compute(doc.key, Counter(doc)) == (doc, "computed")
     assert stored_bytes(tmp_path) == 0 and cache.get_or_compute(doc.key, Counter(doc))[1] == "memory"
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")], "the staged tensors file went"
     with pytest.raises(ValueError):
         DocumentCache(tmp_path, disk_budget_bytes=-1)
 
