@@ -459,6 +459,7 @@ class HomerModel:
                 self._words(document, document_ids, self.question_scoring),
                 key=key,
                 progress=bar.update,
+                allocate=self.document_cache.allocator(key) if self.stack.device.type == "cpu" else None,
             )
         logger.info(
             "leaf tier of %d document tokens: %d leaves x %d layers, %.1f MB, %.1fs",

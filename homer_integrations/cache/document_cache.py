@@ -54,9 +54,10 @@ from homer_integrations.cache.entry import (
 from homer_integrations.cache.flight import LockTimeout, SingleFlight
 from homer_integrations.cache.local import LocalStore
 from homer_integrations.cache.memory import MemoryLRU, Slot
+from homer_integrations.cache.staged import StagedTensors
 from homer_integrations.cache.store import Store, open_store
 from homer_integrations.homer.compressed import CacheSpec, CompressedDocument
-from homer_integrations.homer.leaf_tier import LeafTier
+from homer_integrations.homer.leaf_tier import Allocate, Layout, LeafTier
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +159,7 @@ class DocumentCache:
         self.device = torch.device(device) if device is not None else None
         self._flights: SingleFlight[tuple[Entry, CacheSource]] = SingleFlight()
         self._counts = _Counters()
+        self._staged: dict[str, StagedTensors] = {}  # a leaf tier being built into its entry's file
 
     @classmethod
     def open(cls, store: str | Path | Store | None = None, disk_budget: int | None = None) -> DocumentCache:
@@ -390,16 +392,61 @@ class DocumentCache:
             if loaded is not None:  # written by another process while we waited for the lock
                 return self._loaded(key, loaded, label, locked=True), "disk"
             doc = self._compute(key, compute)
+            built_in = self._staged.get(key)
             if self._write(key, doc, label) and isinstance(doc, LeafTier):
-                doc = self._remapped(key, doc)
+                # a tier built in its staged file already lives in the stored file (renamed, same pages)
+                doc = (
+                    replace(doc, mapped=True)
+                    if built_in is not None and built_in.backs(doc.hidden)
+                    else self._remapped(key, doc)
+                )  # type: ignore[assignment]
             return doc, "computed"
         finally:
+            self._drop_staged(key)
             if lock is not None:
                 lock.release()
 
+    # ----------------------------------------------------------------------------- staged leaf tiers
+    def allocator(self, key: str) -> Allocate | None:
+        """Storage for ``key``'s leaf tier (CPU) inside the file that becomes its stored entry, so the
+        tier is never held whole in process memory (``StagedTensors``); None without a store. Pass it
+        to the build inside ``get_or_compute``'s ``compute``; if the file cannot be made, the tensors
+        are allocated in memory instead."""
+        if self.store is None:
+            return None
+        store = self.store
+
+        def allocate(layout: Layout) -> dict[str, torch.Tensor]:
+            self._drop_staged(key)
+            path = None
+            try:
+                path = store.staging_file(key)
+                staged = StagedTensors(path, layout)
+            except (OSError, ValueError, RuntimeError) as exc:
+                logger.warning("building the leaf tier %s in memory: cannot stage it in a file (%s)", key[:12], exc)
+                if path is not None:
+                    path.unlink(missing_ok=True)
+                return {name: torch.empty(shape, dtype=dtype) for name, (shape, dtype) in layout.items()}
+            self._staged[key] = staged
+            return staged.tensors
+
+        return allocate
+
+    def _drop_staged(self, key: str) -> None:
+        """Forget ``key``'s staged file and remove it if it was not renamed into the store (a failed
+        build or write; a tier built in it stays readable through its mapping)."""
+        staged = self._staged.pop(key, None)
+        if staged is not None:
+            with contextlib.suppress(OSError):
+                staged.path.unlink(missing_ok=True)
+
     def _compute(self, key: str, compute: Callable[[], E]) -> E:
         self._counts.add("misses", "computations")
-        doc = compute()
+        try:
+            doc = compute()
+        except BaseException:
+            self._drop_staged(key)
+            raise
         if not isinstance(doc, CompressedDocument | LeafTier):
             raise TypeError(f"compute() returned {type(doc).__name__}, not a CompressedDocument or LeafTier")
         if doc.key != key:
@@ -445,12 +492,20 @@ class DocumentCache:
             return tier
 
     def _write(self, key: str, doc: Entry, label: str | None) -> bool:
-        """Store ``doc``'s entry (atomically); on failure warn, keep it in memory only and return False."""
+        """Store ``doc``'s entry (atomically); on failure warn, keep it in memory only and return False.
+
+        The tensors are serialised into a staged file (no second copy in memory), or, for a leaf tier
+        built into its staged file (``allocator``), that file only gets its header."""
         assert self.store is not None
+        built_in = self._staged.pop(key, None)
         staged: Path | None = None
         try:
-            staged = self.store.staging_file(key)
-            manifest, tensors = EntryCodec.encode(key, doc, label, into=staged)
+            if built_in is not None and isinstance(doc, LeafTier) and built_in.backs(doc.hidden):
+                staged = built_in.finish(doc.to_tensors()[1])
+                manifest, tensors = EntryCodec.encode(key, doc, label, into=staged, written=True)
+            else:
+                staged = self.store.staging_file(key)
+                manifest, tensors = EntryCodec.encode(key, doc, label, into=staged)
             self.store.write(key, manifest, tensors)
             return True
         except (OSError, SafetensorError, ValueError) as exc:
@@ -462,9 +517,9 @@ class DocumentCache:
             self.store.remove(key)
             return False
         finally:
-            if staged is not None:  # renamed into place, or left over from a failed write
-                with contextlib.suppress(OSError):
-                    staged.unlink(missing_ok=True)
+            for path in {staged, built_in.path if built_in is not None else None} - {None}:
+                with contextlib.suppress(OSError):  # renamed into place, or left over from a failed write
+                    path.unlink(missing_ok=True)  # type: ignore[union-attr]
 
     def _write_label(self, key: str, label: str | None, *, locked: bool = False) -> bool:
         """Rewrite the label in ``key``'s stored manifest (best effort); False when there is none.

@@ -133,17 +133,23 @@ class EntryCodec:
     """Turns an entry into (manifest, tensors) bytes and back, verifying everything it reads."""
 
     @staticmethod
-    def encode(key: str, doc: Entry, label: str | None, into: Path | None = None) -> tuple[bytes, bytes | Path]:
+    def encode(
+        key: str, doc: Entry, label: str | None, into: Path | None = None, *, written: bool = False
+    ) -> tuple[bytes, bytes | Path]:
         """(manifest, safetensors) of ``doc`` stored under ``key``: the safetensors as bytes, or written
-        tensor by tensor into the file ``into`` (no second in-memory copy of a large leaf tier)."""
-        tensors, metadata = doc.to_tensors()
-        cpu = {k: t.detach().cpu().contiguous() for k, t in tensors.items()}
+        tensor by tensor into the file ``into`` (no second in-memory copy of a large leaf tier);
+        ``written``: ``into`` already holds them (a tier built in its staged file)."""
         data: bytes | Path
-        if into is None:
-            data = save_safetensors(cpu, metadata)
-        else:
-            save_safetensors_file(cpu, into, metadata)
+        if into is not None and written:
             data = into
+        else:
+            tensors, metadata = doc.to_tensors()
+            cpu = {k: t.detach().cpu().contiguous() for k, t in tensors.items()}
+            if into is None:
+                data = save_safetensors(cpu, metadata)
+            else:
+                save_safetensors_file(cpu, into, metadata)
+                data = into
         manifest = {
             "format": MANIFEST_FORMAT,
             "version": FORMAT_VERSION,

@@ -14,6 +14,7 @@ The split is planned for a suffix of ``plan.planned_suffix_len`` tokens (the sha
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -24,6 +25,12 @@ from homer_integrations.homer.kv import tensors_nbytes
 
 SERIAL_FORMAT = "homer-leaf-tier"
 SERIAL_VERSION = 1
+
+Layout = dict[str, tuple[tuple[int, ...], torch.dtype]]
+"""Tensor name -> (shape, dtype): what a tier of given dimensions holds (``LeafTier.layout``)."""
+Allocate = Callable[[Layout], dict[str, torch.Tensor]]
+"""Storage for a tier about to be built: a tensor per name of the layout, uninitialised (in process
+memory, or views of a file that will become the stored entry)."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,43 @@ class LeafTier:
         }
         return tensors, meta
 
+    @staticmethod
+    def layout(
+        plan: ChunkPlan,
+        leaf_layers: int,
+        kv_heads: int,
+        head_dim: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        words: bool,
+    ) -> Layout:
+        """Name -> (shape, dtype) of every tensor ``to_tensors`` gives for a tier of these dimensions
+        (what ``named`` takes), so storage for a tier can be laid out before it is built."""
+        P, L = plan.prefix_len, plan.document_len
+        names: Layout = {"word_ids": ((L,), torch.long)} if words else {}
+        for kind, n in (("pk", P), ("pv", P), ("k", L), ("v", L)):
+            names |= {f"{kind}.{i}": ((kv_heads, n, head_dim), dtype) for i in range(leaf_layers)}
+        return names | {"prefix_hidden": ((P, hidden_size), dtype), "hidden": ((L, hidden_size), dtype)}
+
+    @classmethod
+    def named(
+        cls, tensors: dict[str, torch.Tensor], key: str, plan: ChunkPlan, leaf_layers: int, seconds: float = 0.0
+    ) -> LeafTier:
+        """The tier whose tensors are ``tensors`` under ``to_tensors``' names (views, not copies)."""
+        return cls(
+            key=key,
+            plan=plan,
+            leaf_layers=leaf_layers,
+            prefix_keys=tuple(tensors[f"pk.{i}"][None] for i in range(leaf_layers)),
+            prefix_values=tuple(tensors[f"pv.{i}"][None] for i in range(leaf_layers)),
+            prefix_hidden=tensors["prefix_hidden"][None],
+            keys=tuple(tensors[f"k.{i}"][None] for i in range(leaf_layers)),
+            values=tuple(tensors[f"v.{i}"][None] for i in range(leaf_layers)),
+            hidden=tensors["hidden"][None],
+            word_ids=tensors.get("word_ids"),
+            seconds=seconds,
+        )
+
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> LeafTier:
         """Inverse of ``to_tensors``; raises ``ValueError`` on anything foreign, old or inconsistent."""
@@ -150,21 +194,8 @@ class LeafTier:
         if meta.get("version") != str(SERIAL_VERSION):
             raise ValueError(f"leaf tier format version {meta.get('version')!r} is not {SERIAL_VERSION}")
         try:
-            layers = int(meta["leaf_layers"])
             plan = ChunkPlan(**json.loads(meta["plan"]))
-            tier = cls(
-                key=meta["key"],
-                plan=plan,
-                leaf_layers=layers,
-                prefix_keys=tuple(tensors[f"pk.{i}"][None] for i in range(layers)),
-                prefix_values=tuple(tensors[f"pv.{i}"][None] for i in range(layers)),
-                prefix_hidden=tensors["prefix_hidden"][None],
-                keys=tuple(tensors[f"k.{i}"][None] for i in range(layers)),
-                values=tuple(tensors[f"v.{i}"][None] for i in range(layers)),
-                hidden=tensors["hidden"][None],
-                word_ids=tensors.get("word_ids"),
-                seconds=float(meta.get("seconds", "0")),
-            )
+            tier = cls.named(tensors, meta["key"], plan, int(meta["leaf_layers"]), float(meta.get("seconds", "0")))
         except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
             raise ValueError(f"incomplete leaf tier: {exc}") from exc
         tier.check()

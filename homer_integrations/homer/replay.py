@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -17,7 +18,7 @@ from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.compressor import CompressionResult, HomerCompressor, ProgressFn, PruneEvent
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
-from homer_integrations.homer.leaf_tier import LeafSlice, LeafTier
+from homer_integrations.homer.leaf_tier import Allocate, Layout, LeafSlice, LeafTier
 from homer_integrations.homer.merging import merge_siblings
 from homer_integrations.homer.pruning import keep_mask, standardise
 from homer_integrations.homer.schedule import LayerSchedule
@@ -39,43 +40,55 @@ class TierCompressor(HomerCompressor):
         word_ids: torch.Tensor | None = None,
         key: str = "",
         progress: ProgressFn | None = None,
+        allocate: Allocate | None = None,
     ) -> LeafTier:
         """Run every leaf's prefix [P] + piece through the leaf layers once, without a suffix, and keep
         what a question needs (see ``LeafTier``). The split is planned for ``suffix_reserve`` suffix tokens.
+        ``allocate``: where the tier's tensors live (default: process memory on the model's device); each
+        leaf is written into them as it finishes, so nothing else holds the whole tier.
         """
         start = time.perf_counter()
         stack, s = self.stack, self.settings
         plan = ChunkPlan.build(prefix_ids.numel(), document_ids.numel(), 0, s.max_chunk_len, s.suffix_reserve)
         layers = self._schedule(plan).layers_at(0)
         prefix = self._prefix_part(prefix_ids, layers)
-        doc_shape = (1, stack.num_kv_heads, plan.document_len, stack.head_dim)
-        keys = [stack.empty(doc_shape) for _ in layers]
-        values = [stack.empty(doc_shape) for _ in layers]
-        hidden = stack.empty((1, plan.document_len, prefix.hidden.shape[2]))
+        layout = LeafTier.layout(
+            plan,
+            len(layers),
+            stack.num_kv_heads,
+            stack.head_dim,
+            prefix.hidden.shape[2],
+            stack.dtype,
+            word_ids is not None,
+        )
+        storage = (allocate or self._in_memory)(layout)
+        tier = LeafTier.named(storage, key, plan, len(layers))
+        for mine, theirs in zip(tier.prefix_keys + tier.prefix_values, prefix.keys + prefix.values, strict=True):
+            mine.copy_(theirs)
+        tier.prefix_hidden.copy_(prefix.hidden)
+        if word_ids is not None:
+            storage["word_ids"].copy_(word_ids)
         P = plan.prefix_len
         for index in range(plan.num_leaves):
             span = plan.piece(index)
             part = self._leaf_part(prefix, document_ids[span], span.start, layers)
-            hidden[:, span] = part.hidden[:, P:]
-            for k, v, pk, pv in zip(keys, values, part.keys, part.values, strict=True):
+            tier.hidden[:, span] = part.hidden[:, P:]
+            for k, v, pk, pv in zip(tier.keys, tier.values, part.keys, part.values, strict=True):
                 k[:, :, span] = pk[:, :, P:]
                 v[:, :, span] = pv[:, :, P:]
             del part
             if progress is not None:
                 progress(span.stop - span.start)
-        return LeafTier(
-            key=key,
-            plan=plan,
-            leaf_layers=len(layers),
-            prefix_keys=tuple(prefix.keys),
-            prefix_values=tuple(prefix.values),
-            prefix_hidden=prefix.hidden,
-            keys=tuple(keys),
-            values=tuple(values),
-            hidden=hidden,
-            word_ids=word_ids,
-            seconds=time.perf_counter() - start,
-        )
+        return replace(tier, seconds=time.perf_counter() - start)
+
+    def _in_memory(self, layout: Layout) -> dict[str, torch.Tensor]:
+        """``Allocate`` in process memory: floats on the model's device, word ids on the CPU (where
+        a stored tier's are too)."""
+        device = self.stack.device
+        return {
+            name: torch.empty(shape, dtype=dtype, device=device if dtype.is_floating_point else "cpu")
+            for name, (shape, dtype) in layout.items()
+        }
 
     @torch.inference_mode()
     def replay(self, tier: LeafTier, suffix_ids: torch.Tensor, progress: ProgressFn | None = None) -> CompressionResult:

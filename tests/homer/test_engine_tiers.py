@@ -1,5 +1,7 @@
 """HomerModel's two tiers: the shared root and the per-question path replayed from the leaf tier."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -232,3 +234,50 @@ def test_a_stored_tier_is_memory_mapped_and_not_counted_against_the_memory_budge
         stream = damaged.run(text, later, max_new_tokens=6)
         assert stream.text() == expected[1]
     assert stream.info.cache_source == "computed"
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the process's memory maps (Linux)")
+def test_a_tier_is_built_inside_its_stored_file_not_in_process_memory(tokenizer, calib, text, tmp_path):
+    question = "Who is Mr. Bingley?"
+    in_ram = make_engine(tokenizer, calib, DocumentCache(), mode="query_aware")
+    expected = in_ram.answer(text, question, max_new_tokens=6)
+    reference = in_ram.document_cache.get(in_ram.keys.tier(in_ram.layout(question).prefix, text))
+
+    cache = DocumentCache(tmp_path)
+    engine = make_engine(tokenizer, calib, cache, mode="query_aware")
+    assert engine.answer(text, question, max_new_tokens=6) == expected
+    tier = cache.get(engine.keys.tier(engine.layout(question).prefix, text))
+    assert isinstance(tier, LeafTier) and tier.mapped
+    (stored,) = tmp_path.glob("*.safetensors")
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")], "no staged file is left"
+    address = tier.keys[0].untyped_storage().data_ptr()
+    owners = [
+        line.split(maxsplit=5)[-1]
+        for line in Path("/proc/self/maps").read_text().splitlines()
+        if int(line.split("-")[0], 16) <= address < int(line.split()[0].split("-")[1], 16)
+    ]
+    assert owners == [str(stored)], "the tier's K/V are pages of the stored entry, written during the build"
+    for mine, theirs in zip(
+        tier.keys + tier.values + (tier.hidden,), reference.keys + reference.values + (reference.hidden,), strict=True
+    ):
+        assert torch.equal(mine, theirs)
+    assert (
+        make_engine(tokenizer, calib, DocumentCache(tmp_path), mode="query_aware").answer(
+            text, question, max_new_tokens=6
+        )
+        == expected
+    ), "the file verifies and replays in a fresh cache"
+
+
+def test_a_failed_tier_build_leaves_no_staged_file(tmp_path):
+    cache = DocumentCache(tmp_path)
+    allocate = cache.allocator("k" * 64)
+
+    def build() -> LeafTier:
+        allocate({"hidden": ((4, 2), torch.float32)})
+        assert [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")], "the build writes into a staged file"
+        raise RuntimeError("interrupted")
+
+    with pytest.raises(RuntimeError, match="interrupted"):
+        cache.get_or_compute("k" * 64, build)
+    assert not [p for p in tmp_path.iterdir() if p.is_file()]
