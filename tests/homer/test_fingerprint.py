@@ -27,3 +27,28 @@ def test_cache_keys_tell_documents_apart_and_repeat_for_the_same_text(tokenizer)
     assert one == engine.keys.root(layout.prefix, "a document " * 50, layout.suffix)
     assert one != engine.keys.root(layout.prefix, "a document " * 49 + "a documenT ", layout.suffix)
     assert engine.keys.tier(layout.prefix, "a document " * 50) != one
+
+
+def test_the_shipped_calibration_is_found_by_the_default_models_fingerprint(smol_parts):
+    """The weights fingerprint is part of every calibration and cache key: if it changed, every
+    shipped calibration and every stored entry would silently stop being found."""
+    from homer_integrations.homer.calibration import CalibrationKey
+    from homer_integrations.homer.decoder import DecoderStack
+    from homer_integrations.models import SMOLLM2
+    from homer_integrations.paths import PACKAGE_DATA
+
+    model, _ = smol_parts
+    key = CalibrationKey.for_stack(DecoderStack(model), SMOLLM2.max_chunk_len)
+    shipped = {p.stem for p in (PACKAGE_DATA / "calibration").glob("*.safetensors")}
+    assert key.id in shipped
+
+
+def test_a_float_models_fingerprint_ignores_an_unset_quantization():
+    from homer_integrations.homer.fingerprint import weights_fingerprint
+
+    model = tiny_model()
+    before = weights_fingerprint(model)
+    model.config.homer_quantization = None
+    assert weights_fingerprint(model) == before
+    model.config.homer_quantization = "int8"
+    assert weights_fingerprint(model) != before
