@@ -9,11 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from homer_integrations.cli import DEMO_QUESTIONS, loading, main
+from homer_integrations.cli import DEMO_QUESTIONS, loading, main, remote
 from homer_integrations.paths import PACKAGE_DATA
 from homer_integrations.question_sets import question_set
 from tests.conftest import REPO
 from tests.test_documents import make_pdf
+
+
+@pytest.fixture(autouse=True)
+def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests run ``ask`` in this process even if the developer has a ``homer-qa serve`` running
+    (``tests/test_cli_serve.py`` tests the hand-over)."""
+    monkeypatch.setattr(remote, "find_server", lambda: None)
 
 
 @pytest.fixture(scope="module")
