@@ -43,6 +43,9 @@ def add_parser(commands: Any) -> None:
     serve = commands.add_parser(
         "serve",
         help="keep the model loaded so that every later 'homer-qa ask' answers without start-up time",
+        description="Listen on 127.0.0.1 and answer every 'homer-qa ask' started with the same cache root, "
+        "without its start-up time. The model given here is loaded first; an ask naming another model or "
+        "dtype loads that one on first use (the two most recent stay loaded). Ctrl-C or SIGTERM stops it.",
     )
     serve.set_defaults(run=run)
     serve.add_argument("--port", type=options.non_negative_int, default=0, help="TCP port (default: any free one)")
