@@ -24,6 +24,7 @@ the grid can be filled over several runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -127,7 +128,10 @@ def merge_pending() -> None:
     if not WORK.is_dir():
         return
     for pending in sorted(WORK.glob("rows-*.jsonl")):
-        lines = [json.loads(line) for line in pending.read_text().splitlines() if line.strip()]
+        lines = []
+        for line in pending.read_text().splitlines():
+            with contextlib.suppress(ValueError):  # a worker killed mid-line leaves half a row: dropped
+                lines.append(json.loads(line))
         RESULTS.mkdir(exist_ok=True)
         with RESULTS_FILE.open("a") as f:
             for row in lines:
