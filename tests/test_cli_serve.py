@@ -174,3 +174,16 @@ def test_the_console_scripts_serve_and_ask_with_the_embedded_model(book: Path, r
         out, _ = serve.communicate(timeout=60)
     assert serve.returncode == 0 and "homer-qa server stopped" in out
     assert not (root / remote.STATE_FILE).exists()
+
+
+def test_serve_reports_a_busy_port_and_a_missing_model_in_one_line(
+    capsys: pytest.CaptureFixture[str], root: Path, tmp_path: Path
+) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        code, _, err = run_cli(capsys, "serve", "--port", str(busy.getsockname()[1]))
+    assert code == 1 and err.startswith("homer-qa: error: cannot listen on 127.0.0.1:") and "Traceback" not in err
+    code, _, err = run_cli(capsys, "serve", "--model", str(tmp_path / "no-such-model"))
+    assert code == 1 and "no-such-model" in err and len(err.strip().splitlines()) == 1
+    assert not (root / remote.STATE_FILE).exists(), "nothing is announced when the server cannot start"

@@ -48,22 +48,30 @@ def engine(
     """A ``HomerModel`` like ``HomerModel.from_pretrained`` builds, over weights loaded once per process."""
     from homer_integrations import HomerModel
     from homer_integrations.homer.architectures import UnsupportedModelError
-    from homer_integrations.models import DEFAULT_MODEL, ModelNotAvailableError
+    from homer_integrations.models import DEFAULT_MODEL
 
     name = args.model or DEFAULT_MODEL
-    check_device(args.device)
-    try:
-        model, tokenizer = load_parts(name, args.dtype, args.device, args.quantize)
-    except ModelNotAvailableError as exc:
-        raise CliError(str(exc)) from None
-    except (OSError, ValueError, ImportError) as exc:
-        raise CliError(f"cannot load model {name!r}: {exc}") from None
+    model, tokenizer = parts(args)
     try:
         return HomerModel(model, tokenizer, config, model_name=name, document_cache=cache, progress=progress)
     except UnsupportedModelError as exc:
         raise CliError(f"model {name!r}: {exc}") from None
     except ValueError as exc:  # settings that do not fit the model
         raise CliError(f"model {name!r}: {exc}") from None
+
+
+def parts(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(model, tokenizer) that ``--model``, ``--dtype``, ``--device`` and ``--quantize`` name; problems as one line."""
+    from homer_integrations.models import DEFAULT_MODEL, ModelNotAvailableError
+
+    name = args.model or DEFAULT_MODEL
+    check_device(args.device)
+    try:
+        return load_parts(name, args.dtype, args.device, args.quantize)
+    except ModelNotAvailableError as exc:
+        raise CliError(str(exc)) from None
+    except (OSError, ValueError, ImportError) as exc:
+        raise CliError(f"cannot load model {name!r}: {exc}") from None
 
 
 def check_device(device: str | None) -> None:

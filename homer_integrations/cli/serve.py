@@ -54,24 +54,24 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; the model named by ``--model`` (default: the embedded one) is loaded first."""
-    from homer_integrations.models import DEFAULT_MODEL, ModelNotAvailableError
+    from homer_integrations.models import DEFAULT_MODEL
 
     running = remote.find_server()
     if running is not None and remote.listening(running):
         raise CliError(f"a homer-qa server is already running at {running.url} (pid {running.pid})", EXIT_USAGE)
-    name = args.model or DEFAULT_MODEL
-    loading.check_device(args.device)
     try:
-        loading.load_parts(name, args.dtype, args.device, args.quantize)
-    except ModelNotAvailableError as exc:
-        raise CliError(str(exc)) from None
-    server = CommandServer(("127.0.0.1", args.port), _run_command, args.verbose)
-    with server, announced(server), _stopped_by_sigterm():
-        print(f"homer-qa server at {server.url} (pid {os.getpid()}), model {name}; Ctrl-C stops it", flush=True)
-        try:
-            server.serve_forever()
-        except KeyboardInterrupt:
-            print("homer-qa server stopped", flush=True)
+        server = CommandServer(("127.0.0.1", args.port), _run_command, args.verbose)
+    except OSError as exc:
+        raise CliError(f"cannot listen on 127.0.0.1:{args.port}: {exc}") from None
+    with server:
+        loading.parts(args)  # loaded before the server is announced: the first ask finds it ready
+        name = args.model or DEFAULT_MODEL
+        with announced(server), _stopped_by_sigterm():
+            print(f"homer-qa server at {server.url} (pid {os.getpid()}), model {name}; Ctrl-C stops it", flush=True)
+            try:
+                server.serve_forever()
+            except KeyboardInterrupt:
+                print("homer-qa server stopped", flush=True)
     return EXIT_OK
 
 
