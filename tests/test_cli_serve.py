@@ -6,6 +6,7 @@ clients are real ``homer-qa`` processes, so what they import and print is what a
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from homer_integrations.cli import loading, remote, run_here
+from homer_integrations.cli import loading, remote, run_here, serve
 from homer_integrations.cli.serve import CommandServer, announced
 from tests.test_cli import run_cli
 
@@ -56,7 +57,7 @@ def server(root: Path, monkeypatch: pytest.MonkeyPatch, tokenizer) -> Iterator[C
 
     parts = (tiny_model(), tokenizer)
     monkeypatch.setattr(loading, "load_parts", lambda name, dtype, device, quantize=None: parts)
-    server = CommandServer(("127.0.0.1", 0), run_here)
+    server = CommandServer(("127.0.0.1", 0), serve._run_command)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     with server, announced(server):
         thread.start()
@@ -187,3 +188,17 @@ def test_serve_reports_a_busy_port_and_a_missing_model_in_one_line(
     code, _, err = run_cli(capsys, "serve", "--model", str(tmp_path / "no-such-model"))
     assert code == 1 and "no-such-model" in err and len(err.strip().splitlines()) == 1
     assert not (root / remote.STATE_FILE).exists(), "nothing is announced when the server cannot start"
+
+
+def test_the_server_runs_only_ask(server: CommandServer, tmp_path: Path) -> None:
+    """A nested ``serve`` (or ``cache clear``) sent with the token is refused, never run."""
+    events = []
+    for argv in (["serve"], ["cache", "clear"]):
+        connection = http.client.HTTPConnection(*server.address().host_port, timeout=30)
+        body = json.dumps({"argv": argv, "cwd": str(tmp_path)})
+        connection.request("POST", "/v1/run", body=body, headers={"Authorization": f"Bearer {server.token}"})
+        events.append([json.loads(line) for line in connection.getresponse()])
+        connection.close()
+    for got, command in zip(events, ("serve", "cache"), strict=True):
+        assert got[-1] == {"exit": 2}
+        assert f"runs only ask, not {command}" in "".join(e.get("text", "") for e in got)

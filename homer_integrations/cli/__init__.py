@@ -29,6 +29,7 @@ from homer_integrations.cli.ask import DEMO_QUESTIONS
 from homer_integrations.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_USAGE,
     MODES,
     CliError,
     configure_logging,
@@ -70,9 +71,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _guarded(lambda: args.run(args))
 
 
-def run_here(argv: Sequence[str]) -> int:
-    """Run ``homer-qa *argv`` in this process, never through a server (what ``serve`` runs)."""
+def run_here(argv: Sequence[str], commands: Sequence[str] | None = None) -> int:
+    """Run ``homer-qa *argv`` in this process, never through a server (what ``serve`` runs);
+    ``commands``: the only commands allowed (others are a usage error)."""
     args = build_parser().parse_args(list(argv))
+    if commands is not None and args.command not in commands:
+        error(f"this runs only {', '.join(commands)}, not {args.command}")
+        return EXIT_USAGE
     configure_logging(args.verbose)
     return _guarded(lambda: args.run(args))
 

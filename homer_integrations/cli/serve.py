@@ -93,9 +93,10 @@ def _stopped_by_sigterm() -> Iterator[None]:
 
 
 def _run_command(argv: list[str]) -> int:
+    """An ``ask`` sent by a client (anything else, a nested ``serve`` say, is refused)."""
     from homer_integrations.cli import run_here
 
-    return run_here(argv)
+    return run_here(argv, commands=("ask",))
 
 
 class CommandServer(ThreadingHTTPServer):
