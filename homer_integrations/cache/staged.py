@@ -17,6 +17,7 @@ the data. Files written here are read back by ``safetensors.safe_open`` like any
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -59,7 +60,12 @@ class StagedTensors:
         start = 8 + self._header_len
         size = start + offset
         with path.open("r+b") as f:
-            f.truncate(size)  # sparse until written
+            if hasattr(os, "posix_fallocate"):
+                # reserve the blocks now: a full disk is an OSError here (the caller builds in memory
+                # instead), not a SIGBUS when the build writes a page of a sparse mapping
+                os.posix_fallocate(f.fileno(), 0, size)
+            else:
+                f.truncate(size)
         data = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
         self.tensors: dict[str, torch.Tensor] = {}
         for name in names:

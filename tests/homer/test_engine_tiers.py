@@ -281,3 +281,25 @@ def test_a_failed_tier_build_leaves_no_staged_file(tmp_path):
     with pytest.raises(RuntimeError, match="interrupted"):
         cache.get_or_compute("k" * 64, build)
     assert not [p for p in tmp_path.iterdir() if p.is_file()]
+
+
+def test_a_disk_without_room_for_the_tier_builds_it_in_memory(tokenizer, calib, text, tmp_path, monkeypatch, caplog):
+    """No space for the staged file is found before the build (blocks are reserved up front), never
+    as a crash when a page of the mapping is written: the tier is built in memory and still answers."""
+    import errno
+    import os
+
+    question = "Who is Mr. Bingley?"
+    expected = make_engine(tokenizer, calib, DocumentCache(), mode="query_aware").answer(
+        text, question, max_new_tokens=6
+    )
+
+    def no_room(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_room, raising=False)
+    engine = make_engine(tokenizer, calib, DocumentCache(tmp_path), mode="query_aware")
+    with caplog.at_level("WARNING", logger="homer_integrations"):
+        assert engine.answer(text, question, max_new_tokens=6) == expected
+    assert "building the leaf tier" in caplog.text and "No space left" in caplog.text
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
