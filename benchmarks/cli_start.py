@@ -142,7 +142,8 @@ def main() -> None:
         f"`homer-qa ask` on a cached document ({model}, {args.chars:,} characters, medians of "
         f"{args.repeats} runs; {os.cpu_count()} CPUs).",
         "",
-        "| how | to the answer's first character | to exit | imports alone (a bare python -c) | model load (reported) |",
+        "| how | to the answer's first character | to exit | imports alone (a bare python -c) "
+        "| model load (reported) |",
         "|---|---|---|---|---|",
         f"| fresh process (`--no-server`) | {f['first_char_s']:.2f} s | {f['total_s']:.2f} s | "
         f"{result['imports_s']:.2f} s | {f['model_load_s']:.2f} s |",

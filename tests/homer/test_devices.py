@@ -92,27 +92,19 @@ def test_the_engine_answers_and_keeps_a_half_precision_cache_on_disk(
     model = model_on("llama", device, dtype, attn, vocab_size=len(tokenizer))
     config = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2)
     text = novel[:3000]
-    engine = HomerModel(
-        model,
-        tokenizer,
-        config,
-        calibration_dir=tmp_path / "cal",
-        progress=False,
-        document_cache=DocumentCache(tmp_path),
-    )
-    first = engine.run(text, "Who is Mr. Bingley?", max_new_tokens=4)
+
+    def engine() -> HomerModel:  # a new engine and cache object over the same directory: a fresh process
+        cache = DocumentCache(tmp_path)
+        return HomerModel(
+            model, tokenizer, config, calibration_dir=tmp_path / "cal", progress=False, document_cache=cache
+        )
+
+    first = engine().run(text, "Who is Mr. Bingley?", max_new_tokens=4)
     answer = first.text()
     assert first.info.output_tokens >= 1 and first.info.cache_source == "computed"
-    doc = engine.compress(text)
+    doc = engine().compress(text)
     assert doc.keys[0].dtype == dtype and doc.keys[0].device.type == device
 
-    fresh = HomerModel(
-        model,
-        tokenizer,
-        config,
-        calibration_dir=tmp_path / "cal",
-        progress=False,
-        document_cache=DocumentCache(tmp_path),
-    )
+    fresh = engine()
     again = fresh.run(text, "Who is Mr. Bingley?", max_new_tokens=4)
     assert again.text() == answer and again.info.cache_source == "disk"
