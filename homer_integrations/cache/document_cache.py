@@ -376,7 +376,10 @@ class DocumentCache:
                 DocumentCacheWarning,
                 stacklevel=5,
             )
-            return self._compute(key, compute), "computed"
+            try:
+                return self._compute(key, compute), "computed"
+            finally:
+                self._drop_staged(key)  # a tier built in a staged file stays readable through its mapping
         try:
             try:
                 loaded = self._read(key, spec)
@@ -392,14 +395,11 @@ class DocumentCache:
             if loaded is not None:  # written by another process while we waited for the lock
                 return self._loaded(key, loaded, label, locked=True), "disk"
             doc = self._compute(key, compute)
-            built_in = self._staged.get(key)
-            if self._write(key, doc, label) and isinstance(doc, LeafTier):
+            staged = self._staged.get(key)
+            in_place = staged if staged is not None and isinstance(doc, LeafTier) and staged.backs(doc.hidden) else None
+            if self._write(key, doc, label, in_place) and isinstance(doc, LeafTier):
                 # a tier built in its staged file already lives in the stored file (renamed, same pages)
-                doc = (
-                    replace(doc, mapped=True)
-                    if built_in is not None and built_in.backs(doc.hidden)
-                    else self._remapped(key, doc)
-                )  # type: ignore[assignment]
+                doc = replace(doc, mapped=True) if in_place is not None else self._remapped(key, doc)  # type: ignore[assignment]
             return doc, "computed"
         finally:
             self._drop_staged(key)
@@ -410,13 +410,13 @@ class DocumentCache:
     def allocator(self, key: str) -> Allocate | None:
         """Storage for ``key``'s leaf tier (CPU) inside the file that becomes its stored entry, so the
         tier is never held whole in process memory (``StagedTensors``); None without a store. Pass it
-        to the build inside ``get_or_compute``'s ``compute``; if the file cannot be made, the tensors
-        are allocated in memory instead."""
+        to the build inside ``get_or_compute``'s ``compute``; if the file cannot be made, it returns
+        None and the build allocates in memory instead."""
         if self.store is None:
             return None
         store = self.store
 
-        def allocate(layout: Layout) -> dict[str, torch.Tensor]:
+        def allocate(layout: Layout) -> dict[str, torch.Tensor] | None:
             self._drop_staged(key)
             path = None
             try:
@@ -426,7 +426,7 @@ class DocumentCache:
                 logger.warning("building the leaf tier %s in memory: cannot stage it in a file (%s)", key[:12], exc)
                 if path is not None:
                     path.unlink(missing_ok=True)
-                return {name: torch.empty(shape, dtype=dtype) for name, (shape, dtype) in layout.items()}
+                return None
             self._staged[key] = staged
             return staged.tensors
 
@@ -442,11 +442,7 @@ class DocumentCache:
 
     def _compute(self, key: str, compute: Callable[[], E]) -> E:
         self._counts.add("misses", "computations")
-        try:
-            doc = compute()
-        except BaseException:
-            self._drop_staged(key)
-            raise
+        doc = compute()
         if not isinstance(doc, CompressedDocument | LeafTier):
             raise TypeError(f"compute() returned {type(doc).__name__}, not a CompressedDocument or LeafTier")
         if doc.key != key:
@@ -491,18 +487,19 @@ class DocumentCache:
             logger.warning("could not map the leaf tier just written for %s: %s", key[:12], exc)
             return tier
 
-    def _write(self, key: str, doc: Entry, label: str | None) -> bool:
+    def _write(self, key: str, doc: Entry, label: str | None, in_place: StagedTensors | None = None) -> bool:
         """Store ``doc``'s entry (atomically); on failure warn, keep it in memory only and return False.
 
         The tensors are serialised into a staged file (no second copy in memory), or, for a leaf tier
-        built into its staged file (``allocator``), that file only gets its header."""
+        built in its staged file (``in_place``, see ``allocator``), that file only gets its header
+        (whatever is left of it is ``_drop_staged``'s)."""
         assert self.store is not None
-        built_in = self._staged.pop(key, None)
         staged: Path | None = None
         try:
-            if built_in is not None and isinstance(doc, LeafTier) and built_in.backs(doc.hidden):
-                staged = built_in.finish(doc.to_tensors()[1])
-                manifest, tensors = EntryCodec.encode(key, doc, label, into=staged, written=True)
+            if in_place is not None:
+                manifest, tensors = EntryCodec.encode(
+                    key, doc, label, into=in_place.finish(doc.to_tensors()[1]), written=True
+                )
             else:
                 staged = self.store.staging_file(key)
                 manifest, tensors = EntryCodec.encode(key, doc, label, into=staged)
@@ -517,9 +514,9 @@ class DocumentCache:
             self.store.remove(key)
             return False
         finally:
-            for path in {staged, built_in.path if built_in is not None else None} - {None}:
-                with contextlib.suppress(OSError):  # renamed into place, or left over from a failed write
-                    path.unlink(missing_ok=True)  # type: ignore[union-attr]
+            if staged is not None:  # renamed into place, or left over from a failed write
+                with contextlib.suppress(OSError):
+                    staged.unlink(missing_ok=True)
 
     def _write_label(self, key: str, label: str | None, *, locked: bool = False) -> bool:
         """Rewrite the label in ``key``'s stored manifest (best effort); False when there is none.

@@ -17,6 +17,7 @@ the data. Files written here are read back by ``safetensors.safe_open`` like any
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from pathlib import Path
@@ -49,7 +50,7 @@ class StagedTensors:
         offset = 0
         for name in names:
             shape, dtype = layout[name]
-            nbytes = dtype.itemsize * _numel(shape)
+            nbytes = dtype.itemsize * math.prod(shape)
             self._entries[name] = {
                 "dtype": DTYPES[dtype],
                 "shape": list(shape),
@@ -89,13 +90,6 @@ class StagedTensors:
 
     def _header(self, metadata: dict[str, str]) -> bytes:
         return json.dumps({"__metadata__": metadata, **self._entries}, separators=(",", ":")).encode()
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _round8(n: int) -> int:

@@ -21,7 +21,7 @@ import contextlib
 import os
 import sys
 import warnings
-from argparse import ArgumentParser
+from argparse import ArgumentParser, Namespace
 from collections.abc import Callable, Sequence
 
 from homer_integrations.cli import ask, cache, calibrate, compress, remote, serve
@@ -67,8 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = _guarded(lambda: remote.forward(server, argv))
         if code is not None:
             return code
-    configure_logging(args.verbose)
-    return _guarded(lambda: args.run(args))
+    return _run(args)
 
 
 def run_here(argv: Sequence[str], commands: Sequence[str] | None = None) -> int:
@@ -78,8 +77,13 @@ def run_here(argv: Sequence[str], commands: Sequence[str] | None = None) -> int:
     if commands is not None and args.command not in commands:
         error(f"this runs only {', '.join(commands)}, not {args.command}")
         return EXIT_USAGE
+    return _run(args)
+
+
+def _run(args: Namespace) -> int:
+    """The parsed command, run in this process."""
     configure_logging(args.verbose)
-    return _guarded(lambda: args.run(args))
+    return _guarded(lambda: args.run(args))  # type: ignore[return-value] - every command returns its code
 
 
 def _guarded(command: Callable[[], int | None]) -> int | None:

@@ -28,9 +28,9 @@ SERIAL_VERSION = 1
 
 Layout = dict[str, tuple[tuple[int, ...], torch.dtype]]
 """Tensor name -> (shape, dtype): what a tier of given dimensions holds (``LeafTier.layout``)."""
-Allocate = Callable[[Layout], dict[str, torch.Tensor]]
-"""Storage for a tier about to be built: a tensor per name of the layout, uninitialised (in process
-memory, or views of a file that will become the stored entry)."""
+Allocate = Callable[[Layout], "dict[str, torch.Tensor] | None"]
+"""Storage for a tier about to be built: a tensor per name of the layout, uninitialised (views of a
+file that will become the stored entry, say); None: the builder's default, process memory."""
 
 
 @dataclass(frozen=True)

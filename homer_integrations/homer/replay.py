@@ -61,7 +61,7 @@ class TierCompressor(HomerCompressor):
             stack.dtype,
             word_ids is not None,
         )
-        storage = (allocate or self._in_memory)(layout)
+        storage = (allocate(layout) if allocate is not None else None) or self._in_memory(layout)
         tier = LeafTier.named(storage, key, plan, len(layers))
         for mine, theirs in zip(tier.prefix_keys + tier.prefix_values, prefix.keys + prefix.values, strict=True):
             mine.copy_(theirs)
