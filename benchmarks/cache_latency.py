@@ -60,7 +60,7 @@ def log(message: str) -> None:
 
 def document_of(engine: HomerModel, tokens: int) -> str:
     """The first ``tokens`` tokens of the bundled novel (from its title page), as text."""
-    available = engine.count_tokens(bundled_text("prideprejudice"))
+    available = engine.prompting.count_tokens(bundled_text("prideprejudice"))
     if tokens > available:
         raise SystemExit(f"the bundled novel has only {available} tokens, fewer than {tokens}")
     return bundled_excerpt(engine.tokenizer, tokens, start_marker="")
@@ -69,7 +69,7 @@ def document_of(engine: HomerModel, tokens: int) -> str:
 @torch.inference_mode()
 def plain_prefill_answer(engine: HomerModel, document: str, question: str, options: GenerationOptions) -> dict:
     """Answer with the whole prompt prefilled from position 0 (no HOMER); TTFT and total seconds."""
-    layout = engine.layout(question)
+    layout = engine.prompting.layout(question)
     head = torch.cat(
         [
             encode(engine.tokenizer, layout.prefix, first=True),
@@ -122,8 +122,8 @@ def _not_on_disk() -> Any:
 
 def disk_reload(engine: HomerModel, document: str, repeats: int) -> dict:
     """Seconds to load the compressed cache from disk in a fresh ``DocumentCache`` (median of ``repeats``)."""
-    layout = engine.layout()
-    key = engine.keys.root(layout.prefix, document, layout.suffix)
+    layout = engine.prompting.layout()
+    key = engine.tiers.keys.root(layout.prefix, document, layout.suffix)
     doc = engine.document_cache.get(key)
     assert doc is not None, "compress first"
     with tempfile.TemporaryDirectory(prefix="homer-bench-") as tmp:
@@ -148,7 +148,7 @@ def measure(
     reload_repeats: int,
 ) -> dict:
     document = document_of(engine, tokens)
-    document_tokens = engine.count_tokens(document)
+    document_tokens = engine.prompting.count_tokens(document)
     log(f"{document_tokens} tokens: (c) cold compression + answer")
     engine.document_cache.clear()
     cold = cached_answer(engine, document, questions[0], options)
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     options = GenerationOptions(max_new_tokens=args.max_new_tokens)
     log(f"model {engine.model_name} on {engine.model.device}; calibrating if needed")
-    engine.calibration.bias()
+    engine.tiers.calibration.bias()
     result = {"environment": environment(engine, args), "runs": []}
     for n in tokens:
         result["runs"].append(

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     text = engine.tokenizer.decode(ids[2000 : 2000 + args.tokens])
     doc = engine.compress(text)
     # what follows the cached document when a user asks: the question in the chat template, the assistant's turn
-    question = encode(engine.tokenizer, engine.layout(QUESTION).continuation, formatted=True)
+    question = encode(engine.tokenizer, engine.prompting.layout(QUESTION).continuation, formatted=True)
 
     runs: dict[str, list[dict[str, float]]] = {"ours": [], "generate": []}
     for _ in range(args.repeats):

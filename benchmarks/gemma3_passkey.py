@@ -50,18 +50,18 @@ def ask(engine: HomerModel, document: str, mode: str) -> tuple[str, float, int]:
     """(answer, seconds, cached tokens) for one method; the question is in the suffix only when query-aware."""
     started = time.perf_counter()
     if mode == "query_aware":
-        stream = engine.answer_span(
+        stream = engine.answerer.answer_span(
             PREFIX, document, f"\n\n{QUESTION}", ANSWER_LEAD, OPTIONS, question=QUESTION, mode=mode
         )
     else:
-        stream = engine.answer_span(PREFIX, document, "\n\n", QUESTION + ANSWER_LEAD, OPTIONS, mode=mode)
+        stream = engine.answerer.answer_span(PREFIX, document, "\n\n", QUESTION + ANSWER_LEAD, OPTIONS, mode=mode)
     answer = stream.text()
     return answer, time.perf_counter() - started, stream.info.cache_tokens
 
 
 def survived(engine: HomerModel, document: str, key: str) -> bool:
     """Whether every token of the key is in the shared root (served from the engine's cache after ``ask``)."""
-    doc, _ = engine.compress_span(PREFIX, document, "\n\n", mode="shared")
+    doc, *_ = engine.tiers.compress(PREFIX, document, "\n\n", mode="shared")
     return set(key_token_indices(engine.tokenizer, document, key)) <= set(doc.origin.tolist())
 
 
@@ -94,7 +94,7 @@ def main() -> None:
             max_chunk_len=chunk or max(args.chunk), warmup_layers=args.warmup, calibration_segments=16, mode="shared"
         )
         engine = HomerModel(model, tokenizer, config, model_name=GEMMA3_270M.name, progress=False, scoring=scoring)
-        engine.calibration.bias()  # computed (or loaded) once, outside the timings
+        engine.tiers.calibration.bias()  # computed (or loaded) once, outside the timings
         hits, seconds = 0, 0.0
         for sample in samples:
             answer, took, cached = ask(engine, sample.document, mode)

@@ -39,7 +39,9 @@ def fresh_engine(base: HomerModel) -> HomerModel:
 
 def warm_up(engine: HomerModel) -> None:
     """One tiny generation, so neither side pays first-call costs."""
-    engine.generate(engine.chat_prompt([{"role": "user", "content": "Hello"}]), max_new_tokens=2).text()
+    engine.answerer.generate(
+        engine.prompting.chat_prompt([{"role": "user", "content": "Hello"}]), max_new_tokens=2
+    ).text()
 
 
 def ask_each(
@@ -153,7 +155,7 @@ def compare_with_direct(
     result = {
         "benchmark": f"{name}_overhead",
         "model": base.model_name,
-        "document_tokens": base.count_tokens(text),
+        "document_tokens": base.prompting.count_tokens(text),
         "max_chunk_len": base.config.max_chunk_len,
         "questions": len(questions),
         "max_new_tokens": options.max_new_tokens,

@@ -41,13 +41,13 @@ def one(method: str, tokens: int, model_name: str, threads: int) -> dict:
     torch.set_num_threads(threads)
     model, tok = load_model(model_name)
     engine = HomerModel(model, tok, HomerConfig(), model_name=model_name, progress=False)
-    engine.calibration.bias()  # loaded from the package, not part of the measurement
+    engine.tiers.calibration.bias()  # loaded from the package, not part of the measurement
     text = bundled_text("prideprejudice")
     ids = tok(text, add_special_tokens=False)["input_ids"]
     reps = -(-tokens // len(ids))
     ids = (ids * reps)[:tokens]
     document = tok.decode(ids)
-    layout = engine.layout("")
+    layout = engine.prompting.layout("")
     base_rss = rss_now()
     start = time.perf_counter()
     row = {"method": method, "tokens": tokens, "model": model_name, "threads": threads}
@@ -60,7 +60,7 @@ def one(method: str, tokens: int, model_name: str, threads: int) -> dict:
             row["kv_bytes"] = sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in out.cache.layers)
             row["prompt_tokens"] = full.numel()
         else:
-            doc, _ = engine.compress_span(layout.prefix, document, layout.suffix)
+            doc, *_ = engine.tiers.compress(layout.prefix, document, layout.suffix)
             row["kv_bytes"] = doc.stats.peak_kv_bytes
             row["cache_tokens"] = doc.num_tokens
             row["prompt_tokens"] = doc.stats.prompt_tokens

@@ -100,8 +100,8 @@ def run_sample(engine: HomerModel, method: str, sample: Sample, diagnostics: boo
         stream = engine.run(sample.document, QUESTION, **ANSWER_OPTIONS.model_dump())
         answer = stream.text()
         if diagnostics:
-            lay = engine.layout(QUESTION)
-            doc, _ = engine.compress_span(
+            lay = engine.prompting.layout(QUESTION)
+            doc, *_ = engine.tiers.compress(
                 lay.prefix, sample.document, lay.suffix, QUESTION if method == "query_aware" else None
             )
             kept = set(doc.origin.tolist())

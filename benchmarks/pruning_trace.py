@@ -7,7 +7,7 @@ Two views on the same passkey samples as ``passkey.py`` (shared mode, default se
 - ``layers``: the leaf that holds the needle, cut exactly as the engine cuts it, runs through ALL
   decoder layers; at each layer, the fraction of document words that the calibrated last-token
   score ranks above the key (0 = the key is the top word). Shows which layers could find it.
-- ``levels``: the real compression, observed through ``HomerModel.prune_observer``: at every node
+- ``levels``: the real compression, observed through ``DocumentTiers.prune_observer``: at every node
   on the key's path, the layer that scored it, the key's rank fraction among the node's document
   tokens (after word units, pooling and score memory) and whether it survived.
 
@@ -47,7 +47,7 @@ def rank_fraction(scores: torch.Tensor, candidates: torch.Tensor, target: int) -
 def layer_ranks(engine: HomerModel, document: str, key: list[int]) -> list[float]:
     """Key-word rank fraction at every layer of the needle's leaf run through the whole model."""
     tok, stack = engine.tokenizer, engine.stack
-    lay = engine.layout(QUESTION)
+    lay = engine.prompting.layout(QUESTION)
     prefix, suffix = encode(tok, lay.prefix, first=True), encode(tok, lay.suffix)
     doc_ids = encode(tok, document)
     words = unit_ids(tok, document, "word")
@@ -60,7 +60,7 @@ def layer_ranks(engine: HomerModel, document: str, key: list[int]) -> list[float
     word_of = torch.full((ids.numel(),), -1)
     word_of[P : P + n_doc] = words[span]
     positions = torch.arange(ids.numel())
-    bias = engine.calibration.bias()
+    bias = engine.tiers.calibration.bias()
     hidden = stack.embed(ids)
     rope = stack.rotary(hidden, positions)
     cache = DynamicCache()
@@ -87,11 +87,11 @@ def level_trace(engine: HomerModel, sample) -> tuple[list[dict], dict]:
             i = int(where[0, 0])
             events.append({"layer": e.layer, "rank": rank_fraction(e.scores, e.reducible, i), "kept": bool(e.keep[i])})
 
-    engine.prune_observer = observe
+    engine.tiers.prune_observer = observe
     try:
         row = run_sample(engine, "shared", sample, diagnostics=False)
     finally:
-        engine.prune_observer = None
+        engine.tiers.prune_observer = None
     return events, row
 
 

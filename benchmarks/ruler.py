@@ -84,7 +84,7 @@ def homer_prompt(engine: Any, sample: RulerSample, mode: str) -> Prompt:
     from homer_integrations.homer.prompt import concat
 
     question = sample.question.lstrip()
-    layout = engine.layout(question, mode=mode)
+    layout = engine.prompting.layout(question, mode=mode)
     return Prompt(
         prefix=concat(layout.prefix, sample.head),
         document=sample.document,
@@ -218,7 +218,7 @@ def _scoring(args: argparse.Namespace, config: Any) -> Any:
 def _answer(engine: Any, prompt: Prompt, sample: RulerSample, mode: str) -> Any:
     from homer_integrations.homer.generation import GenerationOptions
 
-    return engine.answer_span(
+    return engine.answerer.answer_span(
         prompt.prefix,
         prompt.document,
         prompt.suffix,

@@ -56,7 +56,7 @@ def record(args: argparse.Namespace) -> None:
         sample = make_sample(tok, args.tokens, seed)
         engine, _ = engine_for("per_question_flat" if args.question_aware else "shared_recon_flat", model, tok, MODEL)
         engine = type(engine)(
-            model, tok, engine.config, model_name=MODEL, progress=False, scoring=replace(engine.scoring, units=())
+            model, tok, engine.config, model_name=MODEL, progress=False, scoring=replace(engine.tiers.scoring, units=())
         )
         ids = encode(tok, sample.document)
         facts = []
@@ -103,7 +103,7 @@ def observe_leaves(engine) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], lis
             leaves.append((doc.clone(), event.scores[event.reducible].clone()))
             affixes.append(int((~event.reducible).sum()))
 
-    engine.prune_observer = observe
+    engine.tiers.prune_observer = observe
     return leaves, affixes
 
 

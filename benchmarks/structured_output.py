@@ -78,7 +78,7 @@ def documents(tokens: int, count: int, engine: HomerModel) -> list[tuple[str, st
         book = bundled_text(title)
         offset = int(len(book) * start)
         piece = book[offset : offset + tokens * 6]
-        ids = engine.token_ids(piece)[:tokens]
+        ids = engine.prompting.token_ids(piece)[:tokens]
         texts.append((f"{title}@{start}", engine.tokenizer.decode(ids)))
     return texts
 

@@ -3,7 +3,7 @@
 With a cache directory the tier is built inside its future entry file (``cache/staged.py``): its
 pages are the file's, in the OS page cache, written back and dropped under memory pressure. With a
 memory-only cache it is process memory. Each variant runs in a fresh process that loads the model,
-then builds the tier of ``--tokens`` tokens of the bundled novel (``HomerModel.leaf_tier``) while a
+then builds the tier of ``--tokens`` tokens of the bundled novel (``DocumentTiers.leaf_tier``) while a
 thread samples ``/proc/self/status`` every 20 ms; reported are the peaks of anonymous memory
 (``RssAnon``: what the process itself holds) and of file pages (``RssFile``) above the loaded
 model, beside the tier's size.
@@ -55,7 +55,7 @@ def one(variant: str, tokens: int, model_name: str, threads: int) -> dict:
             model, tok, HomerConfig(mode="query_aware"), model_name=model_name, progress=False, document_cache=cache
         )
         document = bundled_excerpt(tok, tokens)
-        prefix = engine.layout("", "query_aware").prefix
+        prefix = engine.prompting.layout("", "query_aware").prefix
         before = status()
         peaks = dict(before)
         done = threading.Event()
@@ -68,7 +68,7 @@ def one(variant: str, tokens: int, model_name: str, threads: int) -> dict:
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         started = time.perf_counter()
-        tier, _ = engine.leaf_tier(prefix, document)
+        tier, _ = engine.tiers.leaf_tier(prefix, document)
         seconds = time.perf_counter() - started
         done.set()
         sampler.join()

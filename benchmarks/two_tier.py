@@ -147,7 +147,7 @@ def correct(answer: str, expected: str) -> bool:
 def plain_answers(engine: HomerModel, sample: Sample) -> tuple[float, list[dict]]:
     """One uncompressed prefill of the document, every question fed after a copy of it."""
     tok = engine.tokenizer
-    lay = engine.layout("", mode="shared")
+    lay = engine.prompting.layout("", mode="shared")
     start = time.perf_counter()
     ids = torch.cat([encode(tok, lay.prefix, first=True), encode(tok, sample.document), encode(tok, lay.suffix)])
     out = engine.model(ids[None], use_cache=True, logits_to_keep=1)
@@ -157,7 +157,7 @@ def plain_answers(engine: HomerModel, sample: Sample) -> tuple[float, list[dict]
     for question in sample.questions:
         t0 = time.perf_counter()
         state = DecodeState()
-        cont = encode(tok, engine.layout(question, mode="shared").continuation)
+        cont = encode(tok, engine.prompting.layout(question, mode="shared").continuation)
         answer = "".join(decode(engine.model, tok, cache_from_tensors(keys, values), cont, ids.numel(), OPTIONS, state))
         rows.append({"answer": answer, "ttft": state.first_token_seconds, "seconds": time.perf_counter() - t0})
     return prepare, rows
@@ -195,7 +195,7 @@ def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
         shared_scorer="reconstruction" if recon else "last_token",
     )
     engine = HomerModel(model, tok, config, model_name=name, progress=False)
-    scoring = engine.scoring
+    scoring = engine.tiers.scoring
     if "words" in parts:
         scoring = RECONSTRUCTION_ABLATIONS["reconstruction_word_units"](scoring)
     if "every" in parts:
@@ -204,7 +204,7 @@ def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
         scoring = ABLATIONS["question_attention"](scoring)
         if "words" not in parts:
             scoring = replace(scoring, units=(SentenceBonus(), ScoreMemory()))
-    if scoring != engine.scoring:
+    if scoring != engine.tiers.scoring:
         engine = HomerModel(model, tok, config, model_name=name, progress=False, scoring=scoring)
     return engine, "shared" if method.startswith("shared") else "query_aware"
 

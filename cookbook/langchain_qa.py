@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> None:
     engine = chat.resolve_engine()
     book = opening(engine.tokenizer, args.tokens)
     print(f"model {chat.model_name}; HOMER max_chunk_len {engine.config.max_chunk_len}")
-    print(f"document: {engine.count_tokens(book)} tokens of Pride and Prejudice (from chapter 1)\n")
+    print(f"document: {engine.prompting.count_tokens(book)} tokens of Pride and Prejudice (from chapter 1)\n")
 
     chain = PROMPT | chat
     print("== LCEL chain: prompt | ChatHomer, the whole text in {context} every time ==\n")

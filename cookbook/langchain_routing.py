@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> None:
     chat = ChatHomer(model=args.model, max_tokens=args.max_new_tokens)
     engine = chat.resolve_engine()
     book = opening(engine.tokenizer, args.tokens)
-    print(f"model {chat.model_name}; document: {engine.count_tokens(book)} tokens of Pride and Prejudice\n")
+    print(f"model {chat.model_name}; document: {engine.prompting.count_tokens(book)} tokens of Pride and Prejudice\n")
     broad = "How do the Bennet parents differ in character and in their hopes?"
     runs = {**RUNS, by_length: ["Who is Mr. Long?", broad]}
     for strategy, questions in runs.items():

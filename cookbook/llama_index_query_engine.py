@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> None:
         f"model {llm.metadata.model_name}; window {llm.metadata.context_window} tokens; HOMER max_chunk_len "
         f"{engine.config.max_chunk_len}"
     )
-    print(f"document: {engine.count_tokens(text)} tokens of Pride and Prejudice (chapters 1-3)\n")
+    print(f"document: {engine.prompting.count_tokens(text)} tokens of Pride and Prejudice (chapters 1-3)\n")
 
     query_engine = HomerQueryEngine([doc], llm, streaming=True)
     for question in QUESTIONS:

@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> None:
     engine = llm.engine
     text = bundled_excerpt(engine.tokenizer, args.tokens)
     doc = Document(text=text, id_="pride-and-prejudice-opening")
-    print(f"model {llm.metadata.model_name}; document {engine.count_tokens(text)} tokens; BM25 over 256-token chunks\n")
+    tokens = engine.prompting.count_tokens(text)
+    print(f"model {llm.metadata.model_name}; document {tokens} tokens; BM25 over 256-token chunks\n")
 
     for strategy in ("rules", "self_route"):
         router = HomerRouterQueryEngine.from_documents([doc], llm, strategy=strategy)

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> None:
     engine = HomerModel.from_pretrained(args.model)
     config = engine.config
     novel = bundled_text("northangerabbey")
-    tokens = engine.count_tokens(novel)
+    tokens = engine.prompting.count_tokens(novel)
     kept = config.final_cache_len
     print(f"model {engine.model_name}; HOMER keeps {kept} tokens (max_chunk_len {config.max_chunk_len})")
     print(f"document: the whole of Northanger Abbey, {tokens:,} tokens ({tokens / config.final_cache_len:.0f}x)\n")

@@ -169,7 +169,7 @@ def split_prompt(
 
     Args:
         document: an explicit document; wins over everything else.
-        render: messages -> prompt text; default ``engine.chat_prompt`` (the chat template, whose
+        render: messages -> prompt text; default ``engine.prompting.chat_prompt`` (the chat template, whose
             ``PromptText`` keeps message contents plain). Use ``render_plain_text`` for a prompt that
             is already formatted; a renderer's plain ``str`` counts as formatted markup.
         long_prompt_tokens: prompts up to this many tokens with no known document run plainly;
@@ -181,7 +181,7 @@ def split_prompt(
     msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
     if not msgs:
         raise ValueError("no messages to answer")
-    render = render or engine.chat_prompt
+    render = render or engine.prompting.chat_prompt
     if document is not None:
         if not document.strip():
             raise ValueError("the explicit document is empty")
@@ -199,7 +199,7 @@ def split_prompt(
         index, start, end = where
         content = msgs[index]["content"]
         # a known text inside a larger long context would leave that context to the continuation
-        if engine.count_tokens(content[:start] + content[end:]) <= limit:
+        if engine.prompting.count_tokens(content[:start] + content[end:]) <= limit:
             return _split_at(engine, msgs, render, index, start, end, content[start:end], "known", mode)
 
     prompt = render(msgs)
@@ -207,7 +207,7 @@ def split_prompt(
         return PromptSplit(plain_prompt=prompt)
     index = max(range(len(msgs)), key=lambda i: len(msgs[i]["content"]))
     content = msgs[index]["content"]
-    span = find_document_span(content, lambda text: engine.count_tokens(text) <= limit // 2)
+    span = find_document_span(content, lambda text: engine.prompting.count_tokens(text) <= limit // 2)
     if span is None:
         return PromptSplit(plain_prompt=prompt)
     start, end = span
@@ -226,10 +226,10 @@ def _longer_than(engine: HomerModel, text: str, limit: int) -> bool:
         cut = text.rfind(" ", 0, size)
         if cut > 0:
             head = text.head(cut) if isinstance(text, PromptText) else text[:cut]
-            if engine.count_tokens(head) > limit:
+            if engine.prompting.count_tokens(head) > limit:
                 return True
         size *= 4
-    return engine.count_tokens(text) > limit
+    return engine.prompting.count_tokens(text) > limit
 
 
 def find_document_span(text: str, is_short: Callable[[str], bool]) -> tuple[int, int] | None:
@@ -292,13 +292,13 @@ def _split_at(
 
 # ------------------------------------------------------------------------------------- answering
 def start_answer(engine: HomerModel, split: PromptSplit, options: GenerationOptions) -> AnswerStream:
-    """Answer a split prompt in the mode it was split for (``HomerModel.answer_span``), or run it
+    """Answer a split prompt in the mode it was split for (``Answerer.answer_span``), or run it
     plainly when it has no document (``info.mode`` stays None then)."""
     if split.document is None:
-        return engine.generate(split.plain_prompt, **options.model_dump())
+        return engine.answerer.generate(split.plain_prompt, **options.model_dump())
     mode = split.mode or engine.config.mode
     question = split.suffix if mode == "query_aware" else None
-    stream = engine.answer_span(
+    stream = engine.answerer.answer_span(
         split.prefix, split.document, split.suffix, split.continuation, options, question=question, mode=mode
     )
     remember_document(engine, split.document)

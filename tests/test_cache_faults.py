@@ -68,13 +68,12 @@ def store(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.fixture()
-def on_disk(engine: HomerModel, store: Path, monkeypatch: pytest.MonkeyPatch, expected: str) -> HomerModel:
+def on_disk(engine: HomerModel, store: Path, expected: str) -> HomerModel:
     """The module's engine over a disk cache in ``store`` (a fresh cache object: a restarted program).
 
     Asks for ``expected`` first, so the clean documents and answer come from the memory cache.
     """
-    monkeypatch.setattr(engine, "document_cache", DocumentCache(store))
-    return engine
+    return engine.with_store(DocumentCache(store))
 
 
 def write_entry(directory: Path, doc: CompressedDocument, key: str) -> None:
@@ -169,7 +168,7 @@ def test_a_well_formed_entry_that_does_not_fit_the_model_is_recomputed(
     n = doc.position_ids.numel()
     reason = reason.replace("<2n>", str(2 * n)).replace("<n>", str(n))
     write_entry(store, forge(doc, other), doc.key)
-    assert_recomputed(store, doc, engine.cache_spec, f"fails validation: .*{reason}")
+    assert_recomputed(store, doc, engine.tiers.cache_spec, f"fails validation: .*{reason}")
     if model_independent:  # a cache used without a model spec still refuses it
         write_entry(store, forge(doc, other), doc.key)
         cache = DocumentCache(store)
@@ -181,10 +180,10 @@ def test_validate_accepts_the_clean_documents(
     engine: HomerModel, pair: tuple[CompressedDocument, CompressedDocument]
 ) -> None:
     for doc in pair:
-        validate(doc, engine.cache_spec)
+        validate(doc, engine.tiers.cache_spec)
         check_consistent(doc)
     with pytest.raises(ValueError, match="key/value layers, the model has 7"):
-        validate(pair[0], replace(engine.cache_spec, num_layers=7))
+        validate(pair[0], replace(engine.tiers.cache_spec, num_layers=7))
 
 
 @FAST
@@ -203,7 +202,7 @@ def test_any_other_shape_is_discarded(
     head_dim: int,
     dtype: torch.dtype,
 ) -> None:
-    spec, doc = engine.cache_spec, pair[0]
+    spec, doc = engine.tiers.cache_spec, pair[0]
     if (layers, heads, head_dim, dtype) == (spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.dtype):
         return
     shape = (1, heads, doc.num_tokens, head_dim)
@@ -228,7 +227,7 @@ def test_the_engine_answers_as_if_the_entry_were_clean(
         stream = on_disk.run(texts[0], QUESTION, max_new_tokens=6)
         assert stream.text() == expected
     assert stream.info.cache_source == "computed"
-    on_disk.document_cache = DocumentCache(store)  # restarted: the rewritten entry is served, silently
+    on_disk = on_disk.with_store(DocumentCache(store))  # restarted: the rewritten entry is served, silently
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         stream = on_disk.run(texts[0], QUESTION, max_new_tokens=6)
@@ -241,11 +240,11 @@ def test_an_entry_read_without_a_spec_is_checked_when_one_is_given(
     doc = pair[0]
     write_entry(store, FORGERIES["more_kv_heads"][0](*pair), doc.key)
     cache = DocumentCache(store)
-    assert cache.get(doc.key, spec=engine.cache_spec) is None
+    assert cache.get(doc.key, spec=engine.tiers.cache_spec) is None
     assert cache.get(doc.key) is not None  # no spec: nothing says it is wrong
     with pytest.warns(DocumentCacheWarning, match="fails validation"):
-        assert cache.get_or_compute(doc.key, Counter(doc), spec=engine.cache_spec) == (doc, "computed")
-    assert cache.get_or_compute(doc.key, Counter(doc, pytest.fail), spec=engine.cache_spec) == (doc, "memory")
+        assert cache.get_or_compute(doc.key, Counter(doc), spec=engine.tiers.cache_spec) == (doc, "computed")
+    assert cache.get_or_compute(doc.key, Counter(doc, pytest.fail), spec=engine.tiers.cache_spec) == (doc, "memory")
 
 
 # ----------------------------------------------------------------------------- another document's files
@@ -324,7 +323,7 @@ def test_random_byte_damage_never_serves_a_wrong_document(
     compute = Counter(doc)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result, source = DocumentCache(directory).get_or_compute(doc.key, compute, spec=engine.cache_spec)
+        result, source = DocumentCache(directory).get_or_compute(doc.key, compute, spec=engine.tiers.cache_spec)
     assert_same_tensors(result, doc)
     warned = any(issubclass(w.category, DocumentCacheWarning) for w in caught)
     assert (source, compute.calls, warned) in {("disk", 0, False), ("computed", 1, True)}
@@ -338,7 +337,10 @@ def test_a_manifest_size_that_is_not_an_integer_says_so(
         write_entry(store, doc, doc.key)
         _rewrite_manifest(store, doc.key, size=size(_paths(store, doc.key)[0].stat().st_size))
         with pytest.warns(DocumentCacheWarning, match="is not a whole number of bytes") as caught:
-            assert DocumentCache(store).get_or_compute(doc.key, Counter(doc), spec=engine.cache_spec)[1] == "computed"
+            assert (
+                DocumentCache(store).get_or_compute(doc.key, Counter(doc), spec=engine.tiers.cache_spec)[1]
+                == "computed"
+            )
         assert not any("the manifest says" in str(w.message) for w in caught)
 
 

@@ -531,28 +531,28 @@ def test_two_processes_compress_a_document_once(tmp_path: Path, docs: list[Compr
 def test_the_key_changes_with_every_component(tokenizer, calib_dir: Path, texts: list[str]) -> None:
     base = make_engine(tokenizer, calib_dir)
     twin = make_engine(tokenizer, calib_dir)  # same weights, same settings
-    prefix, suffix = base.layout().prefix, base.layout().suffix
-    key = base.keys.root(prefix, texts[0], suffix)
-    assert twin.keys.root(prefix, texts[0], suffix) == key
+    prefix, suffix = base.prompting.layout().prefix, base.prompting.layout().suffix
+    key = base.tiers.keys.root(prefix, texts[0], suffix)
+    assert twin.tiers.keys.root(prefix, texts[0], suffix) == key
     variants = {
-        "prefix": base.keys.root(prefix + " ", texts[0], suffix),
-        "suffix": base.keys.root(prefix, texts[0], suffix + "."),
-        "text": base.keys.root(prefix, texts[0][:-1], suffix),
-        "text, one character": base.keys.root(prefix, texts[0].replace("e", "é", 1), suffix),
-        "settings": make_engine(tokenizer, calib_dir, CONFIG.model_copy(update={"warmup_layers": 2})).keys.root(
+        "prefix": base.tiers.keys.root(prefix + " ", texts[0], suffix),
+        "suffix": base.tiers.keys.root(prefix, texts[0], suffix + "."),
+        "text": base.tiers.keys.root(prefix, texts[0][:-1], suffix),
+        "text, one character": base.tiers.keys.root(prefix, texts[0].replace("e", "é", 1), suffix),
+        "settings": make_engine(tokenizer, calib_dir, CONFIG.model_copy(update={"warmup_layers": 2})).tiers.keys.root(
             prefix, texts[0], suffix
         ),
-        "scoring": make_engine(tokenizer, calib_dir, scoring=uncalibrated()).keys.root(prefix, texts[0], suffix),
-        "calibration": make_engine(tokenizer, calib_dir, CONFIG.model_copy(update={"max_chunk_len": 256})).keys.root(
+        "scoring": make_engine(tokenizer, calib_dir, scoring=uncalibrated()).tiers.keys.root(prefix, texts[0], suffix),
+        "calibration": make_engine(
+            tokenizer, calib_dir, CONFIG.model_copy(update={"max_chunk_len": 256})
+        ).tiers.keys.root(prefix, texts[0], suffix),
+        "dtype": make_engine(tokenizer, calib_dir, model=tiny_model("llama").to(torch.bfloat16)).tiers.keys.root(
             prefix, texts[0], suffix
         ),
-        "dtype": make_engine(tokenizer, calib_dir, model=tiny_model("llama").to(torch.bfloat16)).keys.root(
+        "weights": make_engine(tokenizer, calib_dir, model=tiny_model("llama", seed=1)).tiers.keys.root(
             prefix, texts[0], suffix
         ),
-        "weights": make_engine(tokenizer, calib_dir, model=tiny_model("llama", seed=1)).keys.root(
-            prefix, texts[0], suffix
-        ),
-        "architecture": make_engine(tokenizer, calib_dir, model=tiny_model("qwen2")).keys.root(
+        "architecture": make_engine(tokenizer, calib_dir, model=tiny_model("qwen2")).tiers.keys.root(
             prefix, texts[0], suffix
         ),
     }
@@ -560,14 +560,14 @@ def test_the_key_changes_with_every_component(tokenizer, calib_dir: Path, texts:
     assert len(set(variants.values())) == len(variants)
     # the configured mode is only a default per call: a root is the same whichever mode the engine defaults to
     other_mode = make_engine(tokenizer, calib_dir, CONFIG.model_copy(update={"mode": "query_aware"}))
-    assert other_mode.keys.root(prefix, texts[0], suffix) == key
-    assert other_mode.keys.tier(prefix, texts[0]) != key and base.keys.full(prefix, texts[0], suffix) != key
+    assert other_mode.tiers.keys.root(prefix, texts[0], suffix) == key
+    assert other_mode.tiers.keys.tier(prefix, texts[0]) != key and base.tiers.keys.full(prefix, texts[0], suffix) != key
 
 
 def test_the_question_is_part_of_a_query_aware_key(tokenizer, calib_dir: Path, texts: list[str]) -> None:
     qa = make_engine(tokenizer, calib_dir, CONFIG.model_copy(update={"mode": "query_aware"}))
-    a, b = qa.layout("Who is Jane?"), qa.layout("Who is Lydia?")
-    assert qa.keys.root(a.prefix, texts[0], a.suffix) != qa.keys.root(b.prefix, texts[0], b.suffix)
+    a, b = qa.prompting.layout("Who is Jane?"), qa.prompting.layout("Who is Lydia?")
+    assert qa.tiers.keys.root(a.prefix, texts[0], a.suffix) != qa.tiers.keys.root(b.prefix, texts[0], b.suffix)
 
 
 # ----------------------------------------------------------------------------- listing, labels, clear
@@ -585,7 +585,7 @@ def test_entries_labels_info_and_clear(tokenizer, calib_dir: Path, tmp_path: Pat
     assert {k: e.label for k, e in listing.items()} == {key0: "chapter-1.txt", key1: "chapter-2.txt"}
     entry = listing[key0]
     assert entry.on_disk and not entry.in_memory and entry.tokens <= 128
-    assert entry.document_tokens == engine.count_tokens(texts[0]) and entry.nbytes > 0
+    assert entry.document_tokens == engine.prompting.count_tokens(texts[0]) and entry.nbytes > 0
     assert entry.disk_bytes > entry.nbytes and abs(entry.created - time.time()) < 600
     assert all(e.in_memory and e.on_disk for e in cache.entries())
 

@@ -173,8 +173,8 @@ class LayerCalls:
 
 
 def test_a_document_far_over_the_merge_tree_is_refused_before_tokenizing(engine: HomerModel) -> None:
-    assert engine.max_document_tokens() == 128 * 2**5
-    huge = "x" * (engine.max_document_chars + 1)
+    assert engine.prompting.max_document_tokens() == 128 * 2**5
+    huge = "x" * (engine.prompting.max_document_chars + 1)
     with pytest.raises(ValueError, match=r"the document has [\d,]+ characters, far more than .* merge tree"):
         engine.compress(huge)
     with pytest.raises(ValueError, match="raise max_chunk_len"):
@@ -185,7 +185,7 @@ def test_a_tokenized_document_over_the_merge_tree_is_refused_before_any_layer_ru
     engine: HomerModel, novel: str
 ) -> None:
     text = novel[:30_000]  # about 7k tokens; the tree holds about 3k next to the prompt
-    assert len(text) < engine.max_document_chars
+    assert len(text) < engine.prompting.max_document_chars
     calls = LayerCalls(engine.model)
     try:
         with pytest.raises(ValueError, match=r"the document has [\d,]+ tokens, more than this model's merge tree"):
@@ -239,7 +239,7 @@ def test_the_question_is_plain_and_the_template_markup_keeps_its_tokens(tokenize
 
 def test_message_content_is_plain_and_the_chat_markup_is_live(engine: HomerModel, tokenizer) -> None:
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Hi.{INJECTION}"}]
-    prompt = engine.chat_prompt(messages)
+    prompt = engine.prompting.chat_prompt(messages)
     assert prompt == tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def ids(text: str, split: bool = False) -> list[int]:
@@ -254,7 +254,7 @@ def test_message_content_is_plain_and_the_chat_markup_is_live(engine: HomerModel
     ]
     assert encode(tokenizer, prompt).tolist() == expected
     # what the model sees is exactly that: greedy answers agree with transformers' own generate
-    answer = engine.generate(prompt, max_new_tokens=6).text()
+    answer = engine.answerer.generate(prompt, max_new_tokens=6).text()
     tensor = torch.tensor([expected])
     out = engine.model.generate(tensor, attention_mask=torch.ones_like(tensor), max_new_tokens=6, do_sample=False)
     assert answer == tokenizer.decode(out[0, tensor.shape[1] :], skip_special_tokens=True)
@@ -268,8 +268,8 @@ def test_an_injected_document_is_compressed_as_plain_text(engine: HomerModel, to
     assert stream.info.document_tokens == len(plain)
     assert stream.info.document_tokens != len(tokenizer(document, add_special_tokens=False)["input_ids"])
     # the same text as plain str prefix/suffix (caller-formatted) and as the engine's layout key apart
-    layout = engine.layout("Who?")
-    assert engine.keys.root(layout.prefix, document, layout.suffix) != engine.keys.root(
+    layout = engine.prompting.layout("Who?")
+    assert engine.tiers.keys.root(layout.prefix, document, layout.suffix) != engine.tiers.keys.root(
         str(layout.prefix), document, str(layout.suffix)
     )
 

@@ -50,7 +50,7 @@ def test_stuff_prompt_finds_the_context_for_every_question(engine, book):
     for split, q in zip(splits, ("Who?", "Where is it?"), strict=True):
         assert split.found_by == "heuristic"
         assert split.document == book
-        assert split.prefix == engine.layout("").prefix  # chat template head + default system prompt
+        assert split.prefix == engine.prompting.layout("").prefix  # chat template head + default system prompt
         assert split.suffix == engine.config.document_suffix
         assert split.continuation.startswith("Use the following context to answer.\n\nQuestion: " + q)
         assert split.continuation.endswith("<|im_start|>assistant\n")
@@ -59,8 +59,8 @@ def test_stuff_prompt_finds_the_context_for_every_question(engine, book):
 
 def test_the_split_shares_its_cache_key_with_engine_run(engine, book):
     split = split_prompt(engine, user(STUFF.format(context=book, question="Who?")))
-    layout = engine.layout("Who?")
-    assert engine.keys.root(split.prefix, split.document, split.suffix) == engine.keys.root(
+    layout = engine.prompting.layout("Who?")
+    assert engine.tiers.keys.root(split.prefix, split.document, split.suffix) == engine.tiers.keys.root(
         layout.prefix, book, layout.suffix
     )
 
@@ -109,7 +109,7 @@ def test_conversation_after_the_document_goes_into_the_continuation(engine, book
 def test_a_short_prompt_is_plain(engine):
     split = split_prompt(engine, user("Hello\n\nthere\n\nfriend"))
     assert split.found_by == "plain" and split.document is None
-    assert split.prompt == engine.chat_prompt(user("Hello\n\nthere\n\nfriend"))
+    assert split.prompt == engine.prompting.chat_prompt(user("Hello\n\nthere\n\nfriend"))
 
 
 def test_explicit_document_wins_and_is_cut_out_where_it_stands(engine, book):
@@ -129,7 +129,7 @@ def test_explicit_document_missing_from_the_messages_goes_first_in_the_first_use
     # mode, so engine.run shares the cache
     for mode in ("shared", "query_aware", "full"):
         split = split_prompt(engine, user("Who is Mr. Bingley?"), document=book, mode=mode)
-        layout = engine.layout("Who is Mr. Bingley?", mode)
+        layout = engine.prompting.layout("Who is Mr. Bingley?", mode)
         spans = [(t.segments) for t in (split.prefix, split.suffix, split.continuation)]
         assert spans == [t.segments for t in (layout.prefix, layout.suffix, layout.continuation)], mode
 
@@ -246,11 +246,11 @@ def test_start_answer_runs_the_split_in_its_mode_like_engine_run(tokenizer, tmp_
 
 
 def test_long_prompts_are_told_from_short_ones_without_counting_them_whole(engine, book):
-    prompt = engine.chat_prompt(user(STUFF.format(context=book, question="Who?")))
-    tokens = engine.count_tokens(prompt)
+    prompt = engine.prompting.chat_prompt(user(STUFF.format(context=book, question="Who?")))
+    tokens = engine.prompting.count_tokens(prompt)
     for limit in (100, 256, tokens // 2, tokens - 1, tokens, tokens + 1):
         assert _longer_than(engine, prompt, limit) == (tokens > limit), limit
     # a head keeps the template's markup, so its control tokens count as one token each
     assert prompt.head(len(prompt)).segments == prompt.segments
-    assert prompt.head(12) == "<|im_start|>" and engine.count_tokens(prompt.head(12)) == 1
-    assert engine.count_tokens(str(prompt)[:12]) > 1
+    assert prompt.head(12) == "<|im_start|>" and engine.prompting.count_tokens(prompt.head(12)) == 1
+    assert engine.prompting.count_tokens(str(prompt)[:12]) > 1

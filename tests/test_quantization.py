@@ -22,7 +22,7 @@ def test_int8_model_tracks_fp32_logits_and_gets_its_own_cache_keys(tokenizer, tm
     assert weights_fingerprint(fp32) != weights_fingerprint(int8), "int8 caches never mix with fp32 ones"
 
     engines = [HomerModel(m, tokenizer, CFG, calibration_dir=tmp_path, progress=False) for m in (fp32, int8)]
-    assert engines[0].keys.root("p", "d", "s") != engines[1].keys.root("p", "d", "s")
+    assert engines[0].tiers.keys.root("p", "d", "s") != engines[1].tiers.keys.root("p", "d", "s")
     doc = engines[1].compress(novel[:3000])
     assert doc.num_tokens <= 128 and doc.stats.tree_height >= 2
     assert engines[1].answer(doc, "Who is Mr. Bingley?", max_new_tokens=3)
@@ -46,5 +46,5 @@ def test_int8_model_uses_the_float_models_calibration(tokenizer, tmp_path):
     int8 = HomerModel(quantize(tiny_model("qwen2"), "int8"), tokenizer, CFG, calibration_dir=tmp_path, progress=False)
     keys = [CalibrationKey.for_stack(e.stack, 128) for e in (fp32, int8)]
     assert keys[0] == keys[1]
-    assert fp32.calibration.id == int8.calibration.id
-    assert torch.equal(fp32.calibration.bias(progress=False), int8.calibration.bias(progress=False))
+    assert fp32.tiers.calibration.id == int8.tiers.calibration.id
+    assert torch.equal(fp32.tiers.calibration.bias(progress=False), int8.tiers.calibration.bias(progress=False))

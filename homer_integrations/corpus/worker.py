@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import os
@@ -83,12 +82,8 @@ class CorpusWorker:
         if spec.threads:
             torch.set_num_threads(spec.threads)
         cache = DocumentCache(spec.store, memory_budget_bytes=0, **spec.storage_options)
-        if engine is None:
-            engine = self._load(spec, cache)
-        else:  # the loaded model and settings, over this store, keeping nothing in memory
-            engine = copy.copy(engine)
-            engine.document_cache = cache
-        self.engine = engine
+        # a loaded engine keeps its model and settings, over this store, keeping nothing in memory
+        self.engine = engine = self._load(spec, cache) if engine is None else engine.with_store(cache)
         self.mode: Mode = spec.mode or engine.config.mode
         assert cache.store is not None
         self.store = cache.store
@@ -107,12 +102,12 @@ class CorpusWorker:
     @staticmethod
     def entry_key(engine: HomerModel, mode: Mode, text: str) -> str:
         """The cache key of ``text``'s stored entry in ``mode`` (the leaf tier's in ``query_aware``)."""
-        layout = engine.layout("", mode)
+        layout = engine.prompting.layout("", mode)
         if mode == "query_aware":
-            return engine.keys.tier(layout.prefix, text)
+            return engine.tiers.keys.tier(layout.prefix, text)
         if mode == "full":
-            return engine.keys.full(layout.prefix, text, layout.suffix)
-        return engine.keys.root(layout.prefix, text, layout.suffix)
+            return engine.tiers.keys.full(layout.prefix, text, layout.suffix)
+        return engine.tiers.keys.root(layout.prefix, text, layout.suffix)
 
     def compress(self, job: DocumentJob) -> DocumentOutcome:
         """Store ``job``'s entry unless it is stored; a document the model refuses comes back ``failed``."""
@@ -131,13 +126,13 @@ class CorpusWorker:
     def _compress(self, job: DocumentJob) -> tuple[int, Status]:
         """(document tokens, status): ``stored`` when another worker wrote the entry meanwhile (the
         store's single flight made this one wait for it, then load it)."""
-        engine, layout = self.engine, self.engine.layout("", self.mode)
+        engine, layout = self.engine, self.engine.prompting.layout("", self.mode)
         with engine.document_cache.labelled(job.label):
             if self.mode == "query_aware":
-                tier, source = engine.leaf_tier(layout.prefix, job.text)
+                tier, source = engine.tiers.leaf_tier(layout.prefix, job.text)
                 tokens = tier.document_tokens
             else:
-                doc, source = engine.compress_span(layout.prefix, job.text, layout.suffix, mode=self.mode)
+                doc, source, _ = engine.tiers.compress(layout.prefix, job.text, layout.suffix, mode=self.mode)
                 tokens = doc.stats.document_tokens
         return tokens, "compressed" if source == "computed" else "stored"
 

@@ -76,7 +76,7 @@ class Scoring:
         """Leaves scored by reconstruction (``ReconstructionScorer`` with ``prompt_ids`` [R] before the
         repeated piece), merged nodes by this scoring's scorer; ``RECONSTRUCTION_UNITS`` reshape both.
         ``with_question()`` of the result keeps those units: query-aware compressions take
-        ``with_question()`` of the recipe itself (``HomerModel.question_scoring``)."""
+        ``with_question()`` of the recipe itself (``DocumentTiers.question_scoring``)."""
         merged = self.scorer.with_question()  # never a probe inside a probe
         scorer = ReconstructionScorer(tuple(prompt_ids.tolist()), merged=merged)
         return replace(self, scorer=scorer, units=RECONSTRUCTION_UNITS)

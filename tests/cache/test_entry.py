@@ -30,7 +30,7 @@ def test_round_trip_is_bit_exact_and_the_manifest_describes_the_entry(
     manifest = json.loads(raw)
     assert manifest["version"] == FORMAT_VERSION and manifest["key"] == doc.key and manifest["label"] == "book.txt"
     assert manifest["sha256"] == entry_checksum(doc.key, data) and manifest["size"] == len(data)
-    loaded, back = EntryCodec.decode(doc.key, raw, lambda: data, cache_engine.cache_spec)
+    loaded, back = EntryCodec.decode(doc.key, raw, lambda: data, cache_engine.tiers.cache_spec)
     assert back == manifest
     assert_same_tensors(loaded, doc)
 
@@ -111,5 +111,5 @@ def test_an_entry_written_into_a_file_is_the_bytes_entry(
     for m in (manifest, from_file):
         del m["created"], m["sha256"]
     assert from_file == manifest
-    loaded, _ = EntryCodec.decode(doc.key, raw_file, path.read_bytes, cache_engine.cache_spec)
+    loaded, _ = EntryCodec.decode(doc.key, raw_file, path.read_bytes, cache_engine.tiers.cache_spec)
     assert_same_tensors(loaded, doc)

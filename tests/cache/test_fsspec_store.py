@@ -88,7 +88,7 @@ def test_a_corrupt_entry_is_recomputed_never_served(
             store.fs.pipe_file(dst, bytes(store.fs.cat_file(src)))
     cache, compute = DocumentCache(store_url), Counter(doc)
     with pytest.warns(DocumentCacheWarning, match="discarding unusable document cache entry"):
-        result, source = cache.get_or_compute(doc.key, compute, spec=cache_engine.cache_spec)
+        result, source = cache.get_or_compute(doc.key, compute, spec=cache_engine.tiers.cache_spec)
     assert (result, source, compute.calls) == (doc, "computed", 1) and cache.stats().discarded == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")

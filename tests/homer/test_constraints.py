@@ -85,7 +85,7 @@ def test_stop_strings_still_cut_a_constrained_answer(engine, text):
 
 
 def test_plain_prompts_are_constrained_too(engine):
-    stream = engine.generate("Name a colour:", response_format=["red", "green"], max_new_tokens=4)
+    stream = engine.answerer.generate("Name a colour:", response_format=["red", "green"], max_new_tokens=4)
     assert stream.text() in {"red", "green"} and stream.info.finish_reason == "stop"
 
 

@@ -28,11 +28,28 @@ def long_text(novel):
 def test_compress_statistics(engine, long_text):
     doc = engine.compress(long_text)
     s = doc.stats
-    assert s.document_tokens == engine.count_tokens(long_text)
+    assert s.document_tokens == engine.prompting.count_tokens(long_text)
     assert s.cache_tokens == doc.num_tokens <= 128
     assert s.tree_height >= 3 and s.leaves == 2**s.tree_height
     assert s.cache_bytes == doc.nbytes > 0 and s.peak_kv_bytes > 0 and s.seconds > 0
     assert engine.compress(long_text) is doc, "a second compress is a cache hit"
+
+
+def test_stats_count_the_engine_cache_and_another_store_leaves_it_alone(engine, long_text, tmp_path):
+    from homer_integrations.document_cache import DocumentCache
+
+    engine.compress(long_text)
+    before = engine.stats()
+    engine.compress(long_text)
+    after = engine.stats()
+    assert after.hits_memory == before.hits_memory + 1 and after.computations == before.computations
+    assert after.entries >= 1 and after.memory_bytes > 0
+
+    other = engine.with_store(DocumentCache(tmp_path))
+    assert other.document_cache is not engine.document_cache and other.tiers.keys is engine.tiers.keys
+    other.compress(long_text)
+    assert other.stats().computations == 1 and other.stats().disk_entries == 1
+    assert engine.stats().computations == after.computations, "the first engine's cache saw nothing"
 
 
 def test_stored_cache_is_never_mutated(engine, long_text):
@@ -85,7 +102,7 @@ def test_query_aware_mode_binds_the_question(tokenizer, tmp_path, long_text, rea
     assert doc.question == "Who?"
     # the paper answers from the root's last logits; re-asking feeds the question after the cache
     assert (doc.next_token_logits is None) == reask
-    assert ("Who?" in qa.layout("Who?").continuation) == reask
+    assert ("Who?" in qa.prompting.layout("Who?").continuation) == reask
     stream = qa.run(doc, "Who?", max_new_tokens=4)
     assert stream.text() == qa.answer(long_text, "Who?", max_new_tokens=4)
     assert (stream.info.input_tokens > 0) == reask
@@ -113,15 +130,15 @@ def test_bad_inputs_get_clear_errors(engine, tokenizer):
 
 
 def test_cache_key_changes_with_every_component(engine, tokenizer, tmp_path):
-    base = engine.keys.root("p", "doc", "s")
-    assert engine.keys.root("p", "doc", "s") == base
+    base = engine.tiers.keys.root("p", "doc", "s")
+    assert engine.tiers.keys.root("p", "doc", "s") == base
     assert (
         len(
             {
                 base,
-                engine.keys.root("P", "doc", "s"),
-                engine.keys.root("p", "doc2", "s"),
-                engine.keys.root("p", "doc", "S"),
+                engine.tiers.keys.root("P", "doc", "s"),
+                engine.tiers.keys.root("p", "doc2", "s"),
+                engine.tiers.keys.root("p", "doc", "S"),
             }
         )
         == 4
@@ -138,7 +155,7 @@ def test_cache_key_changes_with_every_component(engine, tokenizer, tmp_path):
         HomerConfig(max_chunk_len=128, warmup_layers=3, mode="query_aware"),
         progress=False,
     )
-    keys = {m.keys.root("p", "doc", "s") for m in (other_settings, other_weights, other_mode)}
+    keys = {m.tiers.keys.root("p", "doc", "s") for m in (other_settings, other_weights, other_mode)}
     assert base not in keys and len(keys) == 3
 
 
@@ -149,7 +166,7 @@ def test_single_chunk_document_answers_like_plain_generate(smol_engine):
     stream = smol_engine.run(doc, q, max_new_tokens=20)
     answer = stream.text()
     assert stream.info.compression.tree_height == 0
-    lay = smol_engine.layout(q)
+    lay = smol_engine.prompting.layout(q)
     tok = smol_engine.tokenizer
     # the same token ids HOMER sees: each span is tokenized on its own
     ids = torch.cat(

@@ -29,7 +29,7 @@ def make_engine(tokenizer, calib, cache=None, **overrides) -> HomerModel:
 
 def plain_generate(engine: HomerModel, doc: str, question: str, new_tokens: int) -> str:
     """transformers' own greedy ``generate`` over the engine's layout of ``doc`` and ``question``, uncompressed."""
-    lay, tok = engine.layout(question), engine.tokenizer
+    lay, tok = engine.prompting.layout(question), engine.tokenizer
     spans = [(lay.prefix, True), (doc, False), (lay.suffix, True), (lay.continuation, True)]
     ids = torch.cat([encode(tok, text, first=i == 0, formatted=fmt) for i, (text, fmt) in enumerate(spans)])[None]
     out = engine.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False)
@@ -67,15 +67,15 @@ def test_replayed_compression_equals_a_query_aware_compression_from_scratch(toke
     engine = make_engine(tokenizer, calib, mode="query_aware", shared_scorer="last_token")
     question = "Who is Mr. Bingley?"
     replayed = engine.compress(text[:4000], question=question)
-    layout = engine.layout(question)
-    prefix_ids, document_ids, suffix_ids = engine._encode_span(layout.prefix, text[:4000], layout.suffix)
-    tier, _ = engine.leaf_tier(layout.prefix, text[:4000])
-    assert tier.plan.planned_suffix_len == engine._planned_suffix_len() < suffix_ids.numel()
-    scratch = engine._compressor(True, query_aware=True).compress(
+    layout = engine.prompting.layout(question)
+    prefix_ids, document_ids, suffix_ids = engine.prompting.encode_span(layout.prefix, text[:4000], layout.suffix)
+    tier, _ = engine.tiers.leaf_tier(layout.prefix, text[:4000])
+    assert tier.plan.planned_suffix_len == engine.prompting.shared_suffix_len() < suffix_ids.numel()
+    scratch = engine.tiers.compressor(True, query_aware=True).compress(
         prefix_ids,
         document_ids,
         suffix_ids,
-        word_ids=engine._words(text[:4000], document_ids, engine.question_scoring),
+        word_ids=engine.tiers.unit_ids(text[:4000], document_ids, engine.tiers.question_scoring),
         plan=tier.plan.with_suffix(suffix_ids.numel()),
     )
     assert scratch.plan.height >= 3
@@ -93,10 +93,10 @@ def test_one_engine_serves_both_tiers_per_call(tokenizer, calib, text):
     assert (shared.info.mode, aware.info.mode) == ("shared", "query_aware")
     kinds = sorted(e.kind for e in engine.document_cache.entries())
     assert kinds == ["leaf_tier", "root"]
-    assert engine.layout("Who?", "query_aware").suffix != engine.layout("Who?").suffix
+    assert engine.prompting.layout("Who?", "query_aware").suffix != engine.prompting.layout("Who?").suffix
     # the root's key does not depend on the configured mode: one root serves both configurations
     qa_engine = make_engine(tokenizer, calib, mode="query_aware")
-    assert qa_engine.keys.root("p", "doc", "s") == engine.keys.root("p", "doc", "s")
+    assert qa_engine.tiers.keys.root("p", "doc", "s") == engine.tiers.keys.root("p", "doc", "s")
 
 
 def test_tier_is_kept_on_disk_and_served_to_a_fresh_process(tokenizer, calib, text, tmp_path):
@@ -115,8 +115,8 @@ def test_tier_is_kept_on_disk_and_served_to_a_fresh_process(tokenizer, calib, te
 def test_a_damaged_tier_on_disk_is_recomputed(tokenizer, calib, text, tmp_path):
     writer = make_engine(tokenizer, calib, DocumentCache(tmp_path), mode="query_aware")
     expected = writer.answer(text, "Who?", max_new_tokens=4)
-    layout = writer.layout("Who?")
-    key = writer.keys.tier(layout.prefix, text)
+    layout = writer.prompting.layout("Who?")
+    key = writer.tiers.keys.tier(layout.prefix, text)
     tier = writer.document_cache.get(key)
     assert isinstance(tier, LeafTier)
     bad = LeafTier(**{**tier.__dict__, "hidden": torch.full_like(tier.hidden, float("nan"))})
@@ -155,10 +155,10 @@ def test_full_mode_keeps_the_whole_prompt_and_answers_like_a_plain_prefill(token
 def test_the_leaf_tier_splits_the_document_as_the_shared_root_does(tokenizer, calib, text):
     engine = make_engine(tokenizer, calib)
     root = engine.compress(text)
-    layout = engine.layout("Who?", "query_aware")
-    tier, _ = engine.leaf_tier(layout.prefix, text)
-    shared = engine.layout("Who?", "shared")
-    prefix_ids, document_ids, suffix_ids = engine._encode_span(shared.prefix, text, shared.suffix)
+    layout = engine.prompting.layout("Who?", "query_aware")
+    tier, _ = engine.tiers.leaf_tier(layout.prefix, text)
+    shared = engine.prompting.layout("Who?", "shared")
+    prefix_ids, document_ids, suffix_ids = engine.prompting.encode_span(shared.prefix, text, shared.suffix)
     plan = ChunkPlan.build(prefix_ids.numel(), document_ids.numel(), suffix_ids.numel(), engine.config.max_chunk_len)
     assert tier.plan.height == root.stats.tree_height == plan.height
     assert tier.plan.piece_len == plan.piece_len and tier.plan.effective_len == plan.effective_len
@@ -167,14 +167,14 @@ def test_the_leaf_tier_splits_the_document_as_the_shared_root_does(tokenizer, ca
 def test_reconstruction_root_is_one_depth_first_compression(tokenizer, calib, text):
     base = make_engine(tokenizer, calib, shared_scorer="last_token")
     engine = make_engine(tokenizer, calib)  # the default shared scorer: reconstruction
-    scoring = base.scoring.with_reconstruction(encode(tokenizer, REPEAT_PROMPT))
-    assert engine.scoring == scoring == scoring.with_reconstruction(encode(tokenizer, REPEAT_PROMPT))
+    scoring = base.tiers.scoring.with_reconstruction(encode(tokenizer, REPEAT_PROMPT))
+    assert engine.tiers.scoring == scoring == scoring.with_reconstruction(encode(tokenizer, REPEAT_PROMPT))
     shared = engine.run(text, "Who?", max_new_tokens=3)
     shared.text()
     assert shared.info.mode == "shared" and shared.info.cache_source == "computed"
     assert shared.info.cache_tokens <= engine.config.final_cache_len < shared.info.document_tokens
     assert [e.kind for e in engine.document_cache.entries()] == ["root"], "no leaf tier for the shared root"
-    assert engine.keys.root("a", "b", "c") != base.keys.root("a", "b", "c")
+    assert engine.tiers.keys.root("a", "b", "c") != base.tiers.keys.root("a", "b", "c")
     again = engine.run(text, "Where?", max_new_tokens=3)
     again.text()
     assert again.info.cache_source == "memory"
@@ -188,7 +188,7 @@ def test_reconstruction_root_is_one_depth_first_compression(tokenizer, calib, te
 def test_shared_root_selection_is_a_setting_of_the_key(tokenizer, calib, text, shared_root):
     engine = make_engine(tokenizer, calib, shared_root=shared_root, final_cache_len=64)
     events = []
-    engine.prune_observer = events.append
+    engine.tiers.prune_observer = events.append
     doc = engine.compress(text)
     assert doc.stats.tree_height >= 2 and doc.stats.cache_tokens == 64
     layers = {e.layer for e in events}
@@ -197,7 +197,9 @@ def test_shared_root_selection_is_a_setting_of_the_key(tokenizer, calib, text, s
     else:  # the paper's tree prunes again at the merged nodes' layers
         assert len(layers) > 1
     other = "tree" if shared_root == "flat" else "flat"
-    assert engine.keys.root("a", "b", "c") != make_engine(tokenizer, calib, shared_root=other).keys.root("a", "b", "c")
+    assert engine.tiers.keys.root("a", "b", "c") != make_engine(tokenizer, calib, shared_root=other).tiers.keys.root(
+        "a", "b", "c"
+    )
 
 
 def test_a_stored_tier_is_memory_mapped_and_not_counted_against_the_memory_budget(tokenizer, calib, text, tmp_path):
@@ -214,7 +216,7 @@ def test_a_stored_tier_is_memory_mapped_and_not_counted_against_the_memory_budge
     second = engine.run(text, later, max_new_tokens=6)
     assert second.text() == expected[1], "a replay from the mapped file answers as one from memory"
     assert second.info.cache_source == "memory" and cache.stats().computations == 1
-    key = engine.keys.tier(engine.layout(question).prefix, text)
+    key = engine.tiers.keys.tier(engine.prompting.layout(question).prefix, text)
     tier = cache.get(key)
     assert isinstance(tier, LeafTier) and tier.mapped
     assert cache.stats().memory_bytes < tier_bytes // 10
@@ -241,12 +243,12 @@ def test_a_tier_is_built_inside_its_stored_file_not_in_process_memory(tokenizer,
     question = "Who is Mr. Bingley?"
     in_ram = make_engine(tokenizer, calib, DocumentCache(), mode="query_aware")
     expected = in_ram.answer(text, question, max_new_tokens=6)
-    reference = in_ram.document_cache.get(in_ram.keys.tier(in_ram.layout(question).prefix, text))
+    reference = in_ram.document_cache.get(in_ram.tiers.keys.tier(in_ram.prompting.layout(question).prefix, text))
 
     cache = DocumentCache(tmp_path)
     engine = make_engine(tokenizer, calib, cache, mode="query_aware")
     assert engine.answer(text, question, max_new_tokens=6) == expected
-    tier = cache.get(engine.keys.tier(engine.layout(question).prefix, text))
+    tier = cache.get(engine.tiers.keys.tier(engine.prompting.layout(question).prefix, text))
     assert isinstance(tier, LeafTier) and tier.mapped
     (stored,) = tmp_path.glob("*.safetensors")
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")], "no staged file is left"

@@ -22,11 +22,11 @@ def test_a_digest_is_the_texts_sha256_and_is_kept_for_the_next_call():
 
 def test_cache_keys_tell_documents_apart_and_repeat_for_the_same_text(tokenizer):
     engine = HomerModel(tiny_model(), tokenizer, HomerConfig(max_chunk_len=256), model_name="tiny", progress=False)
-    layout = engine.layout("")
-    one = engine.keys.root(layout.prefix, "a document " * 50, layout.suffix)
-    assert one == engine.keys.root(layout.prefix, "a document " * 50, layout.suffix)
-    assert one != engine.keys.root(layout.prefix, "a document " * 49 + "a documenT ", layout.suffix)
-    assert engine.keys.tier(layout.prefix, "a document " * 50) != one
+    layout = engine.prompting.layout("")
+    one = engine.tiers.keys.root(layout.prefix, "a document " * 50, layout.suffix)
+    assert one == engine.tiers.keys.root(layout.prefix, "a document " * 50, layout.suffix)
+    assert one != engine.tiers.keys.root(layout.prefix, "a document " * 49 + "a documenT ", layout.suffix)
+    assert engine.tiers.keys.tier(layout.prefix, "a document " * 50) != one
 
 
 def test_the_shipped_calibration_is_found_by_the_default_models_fingerprint(smol_parts):

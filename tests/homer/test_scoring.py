@@ -37,11 +37,11 @@ def test_engine_scoring_skips_calibration_and_enters_the_cache_key(tokenizer, tm
     random = HomerModel(
         model, tokenizer, config, calibration_dir=tmp_path, progress=False, scoring=Scoring(RandomScorer())
     )
-    assert random.calibration.bias() is None and not list(tmp_path.iterdir()), "no calibration computed"
+    assert random.tiers.calibration.bias() is None and not list(tmp_path.iterdir()), "no calibration computed"
     other = HomerModel(
         model, tokenizer, config, calibration_dir=tmp_path, progress=False, scoring=Scoring(RandomScorer(seed=1))
     )
-    assert random.keys.root("p", "doc", "s") != other.keys.root("p", "doc", "s")
+    assert random.tiers.keys.root("p", "doc", "s") != other.tiers.keys.root("p", "doc", "s")
     doc = random.compress("word " * 400, question="")
     assert doc.stats.cache_tokens <= 128 and doc.stats.document_tokens > 128
 
@@ -53,6 +53,6 @@ def test_one_split_per_scoring_and_the_reconstruction_roots_units(tokenizer):
     root = recipe.with_reconstruction(encode(tokenizer, REPEAT_PROMPT))
     assert root.units == RECONSTRUCTION_UNITS and root.unit == "sentence"
     engine = HomerModel(tiny_model("llama"), tokenizer, HomerConfig(max_chunk_len=128, warmup_layers=3), progress=False)
-    assert engine.scoring == root, "shared roots: reconstruction and sentence units"
-    assert engine.question_scoring == recipe.with_question(), "questions keep the recipe's units"
-    assert engine.question_scoring.unit == "word"
+    assert engine.tiers.scoring == root, "shared roots: reconstruction and sentence units"
+    assert engine.tiers.question_scoring == recipe.with_question(), "questions keep the recipe's units"
+    assert engine.tiers.question_scoring.unit == "word"

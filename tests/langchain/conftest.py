@@ -13,7 +13,7 @@ NOVEL_START = "It is a truth universally acknowledged"
 def novel_excerpt(smol_engine, novel) -> Callable[[int, int], str]:
     """``excerpt(tokens, skip=0)``: ``tokens`` tokens of the novel from chapter 1, after ``skip`` tokens,
     cut at a line end so the text stays natural."""
-    ids = smol_engine.token_ids(novel[novel.index(NOVEL_START) :][:200_000])
+    ids = smol_engine.prompting.token_ids(novel[novel.index(NOVEL_START) :][:200_000])
 
     def excerpt(tokens: int, skip: int = 0) -> str:
         text = smol_engine.tokenizer.decode(ids[skip : skip + tokens])

@@ -146,7 +146,7 @@ async def test_text_llm_async_stream_fires_token_callbacks(fresh_engine):
     assert "".join(pieces).strip() and "".join(recorder.tokens) == "".join(pieces)
     assert recorder.results[0].generations[0][0].generation_info["homer"]["document_found_by"] == "plain"
     assert await llm.ainvoke("Say hello.", stop=["hello", "Hello"]) == ""
-    assert llm.get_token_ids("Hello world") == fresh_engine.token_ids("Hello world")
+    assert llm.get_token_ids("Hello world") == fresh_engine.prompting.token_ids("Hello world")
     assert computations(fresh_engine) == 0
 
 

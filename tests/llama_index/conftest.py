@@ -47,5 +47,5 @@ def homer_llm(smol_engine):
 def excerpt(smol_engine, novel) -> str:
     """About 2,400 tokens of chapters 1-2 of Pride and Prejudice: three leaves at max_chunk_len 1024."""
     start = novel.index("It is a truth universally acknowledged")
-    ids = smol_engine.token_ids(novel[start:])[:2400]
+    ids = smol_engine.prompting.token_ids(novel[start:])[:2400]
     return smol_engine.tokenizer.decode(ids)

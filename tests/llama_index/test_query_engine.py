@@ -56,7 +56,7 @@ def test_five_queries_one_compression(llm, smol_engine, excerpt):
     assert sources == ["computed", "memory", "memory", "memory", "memory"]
 
     first = homer_stats(responses[0])
-    assert first["document_tokens"] == smol_engine.count_tokens(excerpt)
+    assert first["document_tokens"] == smol_engine.prompting.count_tokens(excerpt)
     assert first["cache_tokens"] <= smol_engine.config.max_chunk_len
     assert first["compression"]["leaves"] >= 3
     assert first["compression_ratio"] > 2
@@ -88,7 +88,7 @@ def test_llm_prompts_holding_the_document_reuse_its_cache(llm, smol_engine, exce
     answers = (explicit, templated, chat, explicit_chat)
     for stats in (a.additional_kwargs for a in answers):
         assert stats["cache_source"] == "memory"
-        assert stats["document_tokens"] == smol_engine.count_tokens(excerpt)
+        assert stats["document_tokens"] == smol_engine.prompting.count_tokens(excerpt)
         assert stats["cache_read"] > 0 and stats["cache_creation"] == 0
     end = [e for e in events.events if type(e).__name__ == "LLMCompletionEndEvent"][-1]
     assert end.response.additional_kwargs["cache_source"] == "memory"
@@ -96,7 +96,7 @@ def test_llm_prompts_holding_the_document_reuse_its_cache(llm, smol_engine, exce
 
 async def test_concurrent_aqueries_share_one_compression(llm, smol_engine, novel):
     start = novel.index("Not all that Mrs. Bennet")  # chapter 3: a document no other test compresses
-    text = smol_engine.tokenizer.decode(smol_engine.token_ids(novel[start:])[:2000])
+    text = smol_engine.tokenizer.decode(smol_engine.prompting.token_ids(novel[start:])[:2000])
     engine = HomerQueryEngine([Document(text=text, id_="pride-ch3")], llm=llm)
     before = computations(smol_engine)
 

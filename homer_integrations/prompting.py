@@ -1,0 +1,109 @@
+"""``Prompting``: the tokenizer side of an engine. It counts, renders and bounds the texts around
+a document for one model and one ``HomerConfig``; the framework adapters measure and split
+prompts with it."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from homer_integrations.homer.config import HomerConfig, Mode, check_mode
+from homer_integrations.homer.prompt import PromptText, PromptTexts, encode, render_chat, render_layout
+
+
+class Prompting:
+    """Token counts, prompt layouts and size limits for ``tokenizer`` under ``config`` (resolved).
+
+    ``num_layers`` bounds the merge tree's height; ``context_window`` is the model's window.
+    """
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, config: HomerConfig, num_layers: int, context_window: int
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.config = config
+        self.num_layers = num_layers
+        self.context_window = context_window
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` as plain text (a ``PromptText`` keeps its markup's control tokens)."""
+        return len(self.token_ids(text))
+
+    def token_ids(self, text: str) -> list[int]:
+        """Token ids of ``text`` as plain text (a ``PromptText`` keeps its markup's control tokens)."""
+        return encode(self.tokenizer, text).tolist()
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> PromptText:
+        """Render chat messages with the tokenizer's template (plain 'role: content' lines without one).
+
+        The contents stay plain text: a message that spells a control token does not become one.
+        """
+        return render_chat(self.tokenizer, messages)
+
+    def layout(self, question: str = "", mode: Mode | None = None) -> PromptTexts:
+        """Prefix / suffix / continuation texts around the document for ``question`` in ``mode``
+        (default: the configured one)."""
+        c = self.config
+        query_aware = (check_mode(mode) or c.mode) == "query_aware"
+        return render_layout(
+            self.tokenizer, question, c.document_suffix, query_aware, c.system_prompt, c.reask_question
+        )
+
+    def shared_suffix_len(self) -> int:
+        """Tokens of the shared layout's suffix (what a leaf tier's split is planned for)."""
+        return encode(self.tokenizer, self.layout("", "shared").suffix, formatted=True).numel()
+
+    def max_document_tokens(self, prefix_tokens: int = 0, suffix_tokens: int = 0) -> int:
+        """Most document tokens the merge tree can hold: a tree of height h needs h + 1 layers, so at
+        most ``2**(num_layers - 1)`` leaves of ``max_chunk_len - prefix_tokens - suffix_tokens`` tokens."""
+        return max(0, self.config.max_chunk_len - prefix_tokens - suffix_tokens) * 2 ** (self.num_layers - 1)
+
+    @functools.cached_property
+    def max_document_chars(self) -> int:
+        """A document longer than this many characters surely has more tokens than the merge tree holds.
+
+        The bound is ``max_document_tokens() * 4 * longest_token``: no token stands for more characters
+        than its vocabulary entry spells (``longest_token`` is the longest entry; byte-level and
+        sentencepiece spellings are never shorter than their text), and the factor 4 leaves room for
+        normalisers that compose characters. Texts over it are refused before they are tokenized.
+        """
+        longest = max(map(len, self.tokenizer.get_vocab()), default=1)
+        return self.max_document_tokens() * 4 * max(1, longest)
+
+    def check_document(self, document: str) -> None:
+        """Refuse an empty document, or one far longer than the merge tree holds (before tokenizing)."""
+        if not document or not document.strip():
+            raise ValueError("the document is empty")
+        if len(document) > self.max_document_chars:
+            raise ValueError(
+                f"the document has {len(document):,} characters, far more than this model's merge tree can "
+                f"hold ({self.max_document_tokens():,} tokens at max_chunk_len={self.config.max_chunk_len} over "
+                f"{self.num_layers} layers); split it, or raise max_chunk_len"
+            )
+
+    def encode_span(
+        self, prefix: str, document: str, suffix: str, *, full: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Token ids ``[P]``, ``[N]``, ``[S]`` of the three spans; a document the merge tree (or, ``full``,
+        the window) cannot hold is refused here, before calibration or any layer runs."""
+        prefix_ids = encode(self.tokenizer, prefix, first=True, formatted=True)
+        document_ids = encode(self.tokenizer, document)
+        suffix_ids = encode(self.tokenizer, suffix, formatted=True)
+        prompt_len = prefix_ids.numel() + document_ids.numel() + suffix_ids.numel()
+        if full and prompt_len >= self.context_window:
+            raise ValueError(
+                f"mode='full' keeps the whole prompt uncompressed, but it has {prompt_len:,} tokens, over the "
+                f"model's {self.context_window:,}-token window; use mode='shared' or 'query_aware'"
+            )
+        if full:
+            return prefix_ids, document_ids, suffix_ids
+        limit = self.max_document_tokens(prefix_ids.numel(), suffix_ids.numel())
+        if document_ids.numel() > limit:
+            raise ValueError(
+                f"the document has {document_ids.numel():,} tokens, more than this model's merge tree can hold "
+                f"({limit:,} at max_chunk_len={self.config.max_chunk_len} over {self.num_layers} layers); "
+                f"split it, or raise max_chunk_len"
+            )
+        return prefix_ids, document_ids, suffix_ids

@@ -1,0 +1,292 @@
+"""``DocumentTiers``: one engine's document entries. It computes, caches and replays them.
+
+Three kinds of entry stand for a document in the document cache:
+- the ``shared`` root: one compression with a question-independent suffix;
+- a ``full`` prefill: the whole prompt, uncompressed;
+- the leaf tier: what every ``query_aware`` question replays pruning and the upper levels from.
+
+The cache keys (``keys``), the pruning recipes (``scoring``, ``question_scoring``) and the
+calibration they use live here, beside the compressions that depend on them.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from homer_integrations.cache.keys import DocumentKeys
+from homer_integrations.document_cache import CacheSource, DocumentCache
+from homer_integrations.homer.calibration import Calibration, CalibrationStore
+from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, CompressionStats
+from homer_integrations.homer.compressor import CompressionResult, CompressorSettings, PruneObserver
+from homer_integrations.homer.config import Mode, check_mode
+from homer_integrations.homer.decoder import DecoderStack
+from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_fingerprint
+from homer_integrations.homer.leaf_tier import LeafTier
+from homer_integrations.homer.prompt import encode, markup, unit_ids
+from homer_integrations.homer.replay import TierCompressor
+from homer_integrations.homer.scoring import REPEAT_PROMPT, Scoring
+from homer_integrations.paths import PACKAGE_DATA, cache_root
+from homer_integrations.prompting import Prompting
+
+logger = logging.getLogger(__name__)
+
+ALGORITHM_VERSION = 1
+"""Bumped whenever compression changes its output for the same settings: old cache entries then miss."""
+
+
+class Compressed(NamedTuple):
+    """A document's cache for one call: ``source`` says where its cached entry came from; ``seconds``
+    is the time spent computing that entry (0 when it was cached)."""
+
+    document: CompressedDocument
+    source: CacheSource
+    seconds: float
+
+
+class DocumentTiers:
+    """Shared roots, full prefills and leaf tiers of one model and ``HomerConfig`` (resolved).
+
+    Args:
+        model, tokenizer, stack: the loaded model, its tokenizer and its decoder stack.
+        prompting: the engine's ``Prompting`` (layouts and size limits).
+        document_cache: where entries live.
+        scoring: the recipe (default: ``Scoring.from_config(config)``); shared roots use its
+            reconstruction variant when ``config.shared_scorer`` says so, query-aware compressions
+            its ``with_question()``.
+        calibration_dir: where computed calibration tables are kept.
+        progress: show progress bars (None: tqdm decides).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        stack: DecoderStack,
+        prompting: Prompting,
+        document_cache: DocumentCache,
+        *,
+        scoring: Scoring | None = None,
+        calibration_dir: Path | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        c = self.config = prompting.config
+        self.stack, self.prompting, self.document_cache, self.progress = stack, prompting, document_cache, progress
+        recipe = scoring or Scoring.from_config(c)
+        self.question_scoring = recipe.with_question()
+        """What query-aware compressions (the question in the suffix) prune by."""
+        self.scoring = recipe
+        """What shared compressions prune by."""
+        if scoring is None and c.shared_scorer == "reconstruction":
+            self.scoring = recipe.with_reconstruction(encode(tokenizer, REPEAT_PROMPT))
+        store = CalibrationStore(
+            calibration_dir or cache_root() / "calibration", bundled_dir=PACKAGE_DATA / "calibration"
+        )
+        self.calibration = Calibration(
+            store, stack, c.max_chunk_len, c.calibration_segments, tokenizer, needed=self.scoring.needs_calibration
+        )
+        """The pruning bias table for this model and settings (``bias()``: computed once, then cached on disk)."""
+        identity = {
+            "algorithm": ALGORITHM_VERSION,
+            "model": weights_fingerprint(model),
+            "tokenizer": tokenizer_fingerprint(tokenizer),
+            "dtype": str(stack.dtype),
+        }
+        root = {
+            "settings": c.model_dump(mode="json", exclude={"mode", "reask_question", "replay"}),
+            "scoring": repr(self.scoring),
+            "calibration": self.calibration.id,
+        }
+        tier = {
+            "settings": {
+                "kind": "leaf_tier",
+                "max_chunk_len": c.max_chunk_len,
+                "warmup_layers": c.warmup_layers,
+                "document_suffix": c.document_suffix,  # the split is planned for the shared suffix's length
+                "unit": self.question_scoring.unit,
+            }
+        }
+        self.keys = DocumentKeys(identity, root, tier)
+        """Document-cache keys of these entries (``root``, ``full``, ``tier``)."""
+        self.prune_observer: PruneObserver | None = None
+        """Diagnostics: called with every node's ``PruneEvent`` during compressions computed from now on."""
+        head = model.get_output_embeddings()
+        self.cache_spec = CacheSpec(
+            num_layers=stack.num_layers,
+            num_kv_heads=stack.num_kv_heads,
+            head_dim=stack.head_dim,
+            dtype=stack.dtype,
+            max_positions=c.max_chunk_len,
+            max_tokens=c.final_cache_len,
+            vocab_size=getattr(head, "out_features", None),
+        )
+        """What compressed roots look like; disk cache entries are checked against it."""
+        window = prompting.context_window
+        self.full_cache_spec = replace(self.cache_spec, max_positions=window, max_tokens=window)
+        """``cache_spec`` of ``full`` entries: uncompressed, positions and length up to the model's window."""
+
+    def with_cache(self, document_cache: DocumentCache) -> DocumentTiers:
+        """These tiers (same keys and settings) over another document cache."""
+        other = copy.copy(self)
+        other.document_cache = document_cache
+        return other
+
+    def compress(
+        self, prefix: str, document: str, suffix: str, question: str | None = None, mode: Mode | None = None
+    ) -> Compressed:
+        """The cache of prefix + document + suffix texts in ``mode`` (default: ``query_aware`` when a
+        ``question`` is given, else ``shared``).
+
+        ``shared`` is the compressed root, cached under its key; ``full`` the uncompressed cache of
+        the whole prompt (a plain prefill kept like a root; the prompt must fit the model's window);
+        ``query_aware`` (``suffix`` holds ``question``) looks up or builds the document's leaf tier
+        once and replays pruning and the upper levels with this suffix (the replayed root is not
+        cached; the source reported is the tier's).
+        """
+        self.prompting.check_document(document)
+        mode = check_mode(mode) or ("query_aware" if question is not None else "shared")
+        if mode == "query_aware":
+            if question is None:
+                raise ValueError("query_aware mode compresses the question with the document: pass question=")
+            tier, source = self.leaf_tier(prefix, document)
+            return Compressed(
+                self._replay(tier, suffix, question), source, tier.seconds if source == "computed" else 0.0
+            )
+        full = mode == "full"
+        key = self.keys.full(prefix, document, suffix) if full else self.keys.root(prefix, document, suffix)
+        doc, source = self.document_cache.get_or_compute(
+            key,
+            lambda: self._compress_now(key, prefix, document, suffix, full=full),
+            spec=self.full_cache_spec if full else self.cache_spec,
+        )
+        return Compressed(doc, source, doc.stats.seconds if source == "computed" else 0.0)
+
+    def leaf_tier(self, prefix: str, document: str) -> tuple[LeafTier, CacheSource]:
+        """The document's leaf tier (cached like a root): what every query-aware question replays from."""
+        key = self.keys.tier(prefix, document)
+        return self.document_cache.get_or_compute(
+            key, lambda: self._build_tier(key, prefix, document), spec=self.cache_spec
+        )
+
+    def compressor(self, prunes: bool, *, query_aware: bool, full: bool = False) -> TierCompressor:
+        """A compressor with these settings; ``prunes``: the calibration bias is needed;
+        ``query_aware``: planned like a leaf tier, scoring with the question in the suffix; ``full``:
+        one chunk as long as the model's window, nothing pruned (a plain prefill)."""
+        c, window = self.config, self.prompting.context_window
+        settings = CompressorSettings(
+            max_chunk_len=window if full else c.max_chunk_len,
+            warmup_layers=c.warmup_layers,
+            final_cache_len=window if full else c.final_cache_len,
+            scoring=self.question_scoring if query_aware else self.scoring,
+            # The shared suffix's length, so the tier splits the document exactly as the shared root
+            # does and no question changes the tree's shape (a question's longer suffix makes merged
+            # nodes that many tokens longer than max_chunk_len, still far inside the model's window;
+            # planning for a longer suffix made taller trees of half-empty leaves that scored lower).
+            suffix_reserve=self.prompting.shared_suffix_len() if query_aware else 0,
+            want_logits=query_aware and not c.reask_question,
+        )
+        return TierCompressor(
+            self.stack,
+            settings,
+            self.calibration.bias(progress=self.progress is not False) if prunes else None,
+            self.prune_observer,
+        )
+
+    def unit_ids(self, document: str, document_ids: torch.Tensor, scoring: Scoring) -> torch.Tensor | None:
+        """Unit index ``[N]`` of every document token for ``scoring``'s units (None: score single tokens)."""
+        words = unit_ids(self.prompting.tokenizer, document, scoring.unit)
+        if words is not None and words.numel() != document_ids.numel():
+            return None  # tokenizer without offsets that line up: fall back to token scores
+        return words
+
+    def _progress(self, total: int, desc: str) -> tqdm:
+        disable = True if self.progress is False else None
+        return tqdm(total=total, desc=desc, unit="tok", unit_scale=True, disable=disable, leave=False)
+
+    def _compress_now(
+        self, key: str, prefix: str, document: str, suffix: str, *, full: bool = False
+    ) -> CompressedDocument:
+        prefix_ids, document_ids, suffix_ids = self.prompting.encode_span(prefix, document, suffix, full=full)
+        prompt_len = prefix_ids.numel() + document_ids.numel() + suffix_ids.numel()
+        prunes = not full and prompt_len > self.config.final_cache_len
+        compressor = self.compressor(prunes, query_aware=False, full=full)
+        with self._progress(document_ids.numel(), "HOMER compress") as bar:
+            words = self.unit_ids(document, document_ids, self.scoring) if prunes else None
+            flat = self.config.shared_root == "flat" and not full
+            compress = compressor.compress_flat if flat else compressor.compress
+            result = compress(prefix_ids, document_ids, suffix_ids, progress=bar.update, word_ids=words)
+        doc = _document(key, result, prompt_len, None)
+        logger.info(
+            "compressed %d document tokens into %d cache tokens in %.1fs (tree height %d)",
+            doc.stats.document_tokens,
+            doc.stats.cache_tokens,
+            doc.stats.seconds,
+            doc.stats.tree_height,
+        )
+        return doc
+
+    def _build_tier(self, key: str, prefix: str, document: str) -> LeafTier:
+        prefix_ids, document_ids, _ = self.prompting.encode_span(prefix, document, "")
+        compressor = self.compressor(False, query_aware=True)
+        with self._progress(document_ids.numel(), "HOMER leaf tier") as bar:
+            tier = compressor.build_leaf_tier(
+                prefix_ids,
+                document_ids,
+                self.unit_ids(document, document_ids, self.question_scoring),
+                key=key,
+                progress=bar.update,
+                allocate=self.document_cache.allocator(key) if self.stack.device.type == "cpu" else None,
+            )
+        logger.info(
+            "leaf tier of %d document tokens: %d leaves x %d layers, %.1f MB, %.1fs",
+            tier.document_tokens,
+            tier.plan.num_leaves,
+            tier.leaf_layers,
+            tier.nbytes / 1e6,
+            tier.seconds,
+        )
+        return tier
+
+    def _replay(self, tier: LeafTier, suffix: str, question: str) -> CompressedDocument:
+        """The query-aware compression of the tier's document with ``suffix`` (which holds ``question``)."""
+        suffix_ids = encode(self.prompting.tokenizer, suffix, formatted=True)
+        prompt_len = tier.num_tokens + suffix_ids.numel()
+        compressor = self.compressor(prompt_len > self.config.final_cache_len, query_aware=True)
+        replay = compressor.replay_flat if self.config.replay == "flat" else compressor.replay
+        result = replay(tier.to(self.stack.device), suffix_ids)
+        key = hashlib.sha256(f"{tier.key}\0{json.dumps(markup(suffix).segments)}".encode()).hexdigest()
+        return _document(key, result, prompt_len, question)
+
+
+def _document(key: str, result: CompressionResult, prompt_len: int, question: str | None) -> CompressedDocument:
+    stats = CompressionStats(
+        document_tokens=result.plan.document_len,
+        prompt_tokens=prompt_len,
+        cache_tokens=result.keys[0].shape[2],
+        cache_bytes=sum(t.numel() * t.element_size() for t in result.keys + result.values),
+        seconds=result.seconds,
+        peak_kv_bytes=result.peak_kv_bytes,
+        tree_height=result.plan.height,
+        leaves=result.plan.num_leaves,
+        max_chunk_len=result.plan.max_chunk_len,
+    )
+    return CompressedDocument(
+        key=key,
+        keys=tuple(result.keys),
+        values=tuple(result.values),
+        position_ids=result.position_ids,
+        origin=result.origin,
+        last_position=result.last_position,
+        next_token_logits=result.next_token_logits,
+        question=question,
+        stats=stats,
+    )
