@@ -23,13 +23,19 @@ def tokenizer_path(smol_parts) -> str:
     return str(converted_dir(SMOLLM2))
 
 
+@pytest.fixture(scope="module")
+def two_niah(tokenizer_path: str) -> list[ruler_tasks.RulerSample]:
+    """Two niah_single_2 samples of 1024 tokens (generation takes seconds: made once)."""
+    return ruler_tasks.make_samples("niah_single_2", 1024, 2, tokenizer_path)
+
+
 def test_regex_sentences_split_at_sentence_ends() -> None:
     text = "It rains. Does it? Yes! e.g.no split here.  Last one"
     assert ruler_tasks.regex_sentences(text) == ["It rains.", "Does it?", "Yes!", "e.g.no split here.", "Last one"]
 
 
-def test_niah_samples_split_into_head_document_question_answer_prefix(tokenizer_path: str) -> None:
-    samples = ruler_tasks.make_samples("niah_single_2", 1024, 2, tokenizer_path)
+def test_niah_samples_split_into_head_document_question_answer_prefix(two_niah: list) -> None:
+    samples = two_niah
     assert [s.index for s in samples] == [0, 1]
     for s in samples:
         whole = s.head + s.document + s.question + s.answer_prefix
@@ -41,8 +47,6 @@ def test_niah_samples_split_into_head_document_question_answer_prefix(tokenizer_
         assert s.question.lstrip().startswith("What is the special magic number for ")
         assert s.answer_prefix.endswith("mentioned in the provided text is")
         assert s.metric == "string_match_all" and s.max_new_tokens == 128
-    # the first sample does not depend on how many are generated
-    assert ruler_tasks.make_samples("niah_single_2", 1024, 1, tokenizer_path)[0] == samples[0]
 
 
 def test_vt_keeps_its_in_context_example_in_the_head(tokenizer_path: str) -> None:
@@ -62,9 +66,10 @@ def test_score_is_rulers_metric() -> None:
     assert ruler_tasks.score(part, "London") == 0.0
 
 
-def test_sample_store_saves_once_and_refuses_drift(tmp_path: Path, tokenizer_path: str) -> None:
+def test_sample_store_saves_once_and_refuses_drift(tmp_path: Path, tokenizer_path: str, two_niah: list) -> None:
     store = ruler_tasks.SampleStore(tmp_path)
     first = store.ensure("niah_single_2", 1024, 1, tokenizer_path)
+    assert first == two_niah[:1], "the first sample does not depend on how many are generated"
     assert store.load("niah_single_2", 1024) == first
     tampered = store.path("niah_single_2", 1024)
     tampered.write_text(tampered.read_text().replace(first[0].outputs[0], "0000000"))
