@@ -44,6 +44,7 @@ from homer_integrations.homer.generation import DecodeState, GenerationOptions, 
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.prompt import encode
 from homer_integrations.homer.score_units import ScoreMemory, SentenceBonus
+from homer_integrations.homer.scoring import RECONSTRUCTION_UNITS
 from homer_integrations.models import load_model
 from homer_integrations.paths import bundled_text
 
@@ -63,6 +64,7 @@ METHODS = (
     "per_question_qattn",
     "per_question_flat_qattn",
     "per_question_flat_qattn_words",
+    "per_question_flat_sent",
 )
 """``shared`` and ``per_question*`` use the paper's last-token scorer for the shared root
 (``shared_scorer="last_token"``); ``shared_recon`` scores the shared root's leaves by context
@@ -82,7 +84,11 @@ or with the recipe's word units (``*_qattn_words``): 4/6 and 4/6 against the las
 5/6 on the same documents; stopped there and not run on the held-out seeds.
 ``per_question_flat_recon_reserve`` rows (tuning seeds 3000-3001 at 16k): the shared root's reconstruction
 ranking from the tier, with each leaf's share of 256 tokens that the question scores best (sentence
-bonus) kept first: 4/6, no better, at about twice the tier build; code in commit 22035d3, reverted."""
+bonus) kept first: 4/6, no better, at about twice the tier build; code in commit 22035d3, reverted.
+``per_question_flat_sent`` rows (tuning seeds 3000-3001 at 16k): the flat replay ranking the question's
+last-token scores by whole sentences (``RECONSTRUCTION_UNITS``, the shared root's units) instead of
+max-pooled words: 3/6 against 5/6 on the same documents (it lost the code on one and the parrot and
+the town on the other), so it was not run on the held-out seeds."""
 OPTIONS = GenerationOptions(max_new_tokens=12)
 
 CODES = [str(n) for n in range(10000, 99999, 7919)]
@@ -200,6 +206,8 @@ def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
         scoring = RECONSTRUCTION_ABLATIONS["reconstruction_word_units"](scoring)
     if "every" in parts:
         scoring = RECONSTRUCTION_ABLATIONS["reconstruction_every_layer"](scoring)
+    if "sent" in parts:  # the question's last-token scores ranked by whole sentences, as the shared root ranks
+        scoring = replace(scoring, units=RECONSTRUCTION_UNITS)
     if "qattn" in parts:
         scoring = ABLATIONS["question_attention"](scoring)
         if "words" not in parts:
