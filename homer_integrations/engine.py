@@ -134,9 +134,7 @@ class HomerModel:
             disk_budget=disk_budget,
         )
 
-    def with_store(
-        self, store: str | Path | Store | DocumentCache, disk_budget: int | None = None
-    ) -> HomerModel:
+    def with_store(self, store: str | Path | Store | DocumentCache, disk_budget: int | None = None) -> HomerModel:
         """An engine over this one's loaded model and settings (same cache keys) whose documents
         live in ``store`` (a directory, a URL fsspec knows, a ``Store``, or a ready ``DocumentCache``)."""
         cache = store if isinstance(store, DocumentCache) else DocumentCache.open(store, disk_budget)

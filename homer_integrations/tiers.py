@@ -95,27 +95,7 @@ class DocumentTiers:
             store, stack, c.max_chunk_len, c.calibration_segments, tokenizer, needed=self.scoring.needs_calibration
         )
         """The pruning bias table for this model and settings (``bias()``: computed once, then cached on disk)."""
-        identity = {
-            "algorithm": ALGORITHM_VERSION,
-            "model": weights_fingerprint(model),
-            "tokenizer": tokenizer_fingerprint(tokenizer),
-            "dtype": str(stack.dtype),
-        }
-        root = {
-            "settings": c.model_dump(mode="json", exclude={"mode", "reask_question", "replay"}),
-            "scoring": repr(self.scoring),
-            "calibration": self.calibration.id,
-        }
-        tier = {
-            "settings": {
-                "kind": "leaf_tier",
-                "max_chunk_len": c.max_chunk_len,
-                "warmup_layers": c.warmup_layers,
-                "document_suffix": c.document_suffix,  # the split is planned for the shared suffix's length
-                "unit": self.question_scoring.unit,
-            }
-        }
-        self.keys = DocumentKeys(identity, root, tier)
+        self.keys = self._keys(model, tokenizer)
         """Document-cache keys of these entries (``root``, ``full``, ``tier``)."""
         self.prune_observer: PruneObserver | None = None
         """Diagnostics: called with every node's ``PruneEvent`` during compressions computed from now on."""
@@ -133,6 +113,30 @@ class DocumentTiers:
         window = prompting.context_window
         self.full_cache_spec = replace(self.cache_spec, max_positions=window, max_tokens=window)
         """``cache_spec`` of ``full`` entries: uncompressed, positions and length up to the model's window."""
+
+    def _keys(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> DocumentKeys:
+        c = self.config
+        identity = {
+            "algorithm": ALGORITHM_VERSION,
+            "model": weights_fingerprint(model),
+            "tokenizer": tokenizer_fingerprint(tokenizer),
+            "dtype": str(self.stack.dtype),
+        }
+        root = {
+            "settings": c.model_dump(mode="json", exclude={"mode", "reask_question", "replay"}),
+            "scoring": repr(self.scoring),
+            "calibration": self.calibration.id,
+        }
+        tier = {
+            "settings": {
+                "kind": "leaf_tier",
+                "max_chunk_len": c.max_chunk_len,
+                "warmup_layers": c.warmup_layers,
+                "document_suffix": c.document_suffix,  # the split is planned for the shared suffix's length
+                "unit": self.question_scoring.unit,
+            }
+        }
+        return DocumentKeys(identity, root, tier)
 
     def with_cache(self, document_cache: DocumentCache) -> DocumentTiers:
         """These tiers (same keys and settings) over another document cache."""
