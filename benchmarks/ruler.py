@@ -47,9 +47,10 @@ RESULTS_FILE = RESULTS / "ruler.jsonl"
 SAMPLES = SampleStore(RESULTS / "ruler_samples")
 WORK = RESULTS / ".work" if "RULER_RESULTS" in os.environ else HERE / ".work" / "ruler"
 MODEL = "qwen2.5-coder-0.5b-instruct"
-HOMER_METHODS = ("plain", "homer_shared", "homer_query_aware", "homer_query_aware_qattn")
+HOMER_METHODS = ("plain", "homer_shared", "homer_query_aware", "homer_query_aware_qattn", "homer_query_aware_qsent")
 """``homer_query_aware_qattn``: the per-question path with the ``question_attention`` ablation (every
-suffix row's most softmax attention) and the sentence bonus instead of the last-token recipe."""
+suffix row's most softmax attention) and the sentence bonus instead of the last-token recipe;
+``homer_query_aware_qsent`` the same with statement units (see ``_scoring``)."""
 KVPRESS_METHODS = ("kvzip", "snapkv", "expected_attention", "streaming_llm", "knorm", "snapkv_question")
 METHODS = HOMER_METHODS + KVPRESS_METHODS
 CALIBRATED_CHUNKS = (2048, 4096)
@@ -204,15 +205,22 @@ def homer_rows(args: argparse.Namespace) -> None:
 
 
 def _scoring(args: argparse.Namespace, config: Any) -> Any:
-    """The method's scoring when it is not the package's (None: the package's)."""
-    if not args.method.endswith("_qattn"):
+    """The method's scoring when it is not the package's (None: the package's).
+
+    ``_qattn``: the question's pruning scored by every suffix row's most attention (ablation
+    ``question_attention``) with the sentence bonus; ``_qsent`` the same with statement units (a
+    colon or semicolon does not end the unit, so a key and its value stay together).
+    """
+    if not args.method.endswith(("_qattn", "_qsent")):
         return None
     from ablations import ABLATIONS
 
     from homer_integrations.homer.score_units import ScoreMemory, SentenceBonus
     from homer_integrations.homer.scoring import Scoring
 
-    return replace(ABLATIONS["question_attention"](Scoring.from_config(config)), units=(SentenceBonus(), ScoreMemory()))
+    unit = "statement" if args.method.endswith("_qsent") else "sentence"
+    units = (SentenceBonus(unit=unit), ScoreMemory())
+    return replace(ABLATIONS["question_attention"](Scoring.from_config(config)), units=units)
 
 
 def _answer(engine: Any, prompt: Prompt, sample: RulerSample, mode: str) -> Any:

@@ -65,6 +65,7 @@ METHODS = (
     "per_question_flat_qattn",
     "per_question_flat_qattn_words",
     "per_question_flat_sent",
+    "per_question_flat_qsent",
 )
 """``shared`` and ``per_question*`` use the paper's last-token scorer for the shared root
 (``shared_scorer="last_token"``); ``shared_recon`` scores the shared root's leaves by context
@@ -208,6 +209,9 @@ def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
         scoring = RECONSTRUCTION_ABLATIONS["reconstruction_every_layer"](scoring)
     if "sent" in parts:  # the question's last-token scores ranked by whole sentences, as the shared root ranks
         scoring = replace(scoring, units=RECONSTRUCTION_UNITS)
+    if "qsent" in parts:  # every suffix row's most attention, ranked by statements (RULER's key-value lines whole)
+        units = (SentenceBonus(unit="statement"), ScoreMemory())
+        scoring = replace(ABLATIONS["question_attention"](scoring), units=units)
     if "qattn" in parts:
         scoring = ABLATIONS["question_attention"](scoring)
         if "words" not in parts:

@@ -234,12 +234,15 @@ def _special_pieces(tokenizer: PreTrainedTokenizerBase, text: PromptText) -> lis
     return pieces
 
 
-_SENTENCE_END = ".!?;:\n"
+_UNIT_ENDS = {"sentence": ".!?;:", "statement": ".!?"}
+"""What closes a unit besides a line break. A ``statement`` goes on past a colon or semicolon, so a
+key and its value ("the number for X is: 8121922.") stay one unit."""
 
 
 def unit_ids(tokenizer: PreTrainedTokenizerBase, text: str, unit: str) -> torch.Tensor | None:
-    """Unit index [n] of every token of ``text``: tokens of one word (no whitespace between them) or
-    one ``sentence`` (up to ``.!?;:`` or a line break; an ablation) share an index. None for ``token``.
+    """Unit index [n] of every token of ``text``: tokens of one word (no whitespace between them), one
+    ``sentence`` (up to ``.!?;:`` or a line break) or one ``statement`` (up to ``.!?`` or a line break)
+    share an index. None for ``token``.
 
     Returns None as well when the tokenizer's offsets do not line up with ``encode`` (then
     pruning falls back to single tokens).
@@ -248,6 +251,7 @@ def unit_ids(tokenizer: PreTrainedTokenizerBase, text: str, unit: str) -> torch.
         return None
     with _TOKENIZE_LOCK:
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=True)
+    ends = _UNIT_ENDS.get(unit, "")
     ids, index, prev_end, closed = [], -1, None, True
     for start, end in enc["offset_mapping"]:
         starts_word = (
@@ -260,6 +264,6 @@ def unit_ids(tokenizer: PreTrainedTokenizerBase, text: str, unit: str) -> torch.
             index += 1
         ids.append(index)
         piece = text[start:end].rstrip(" \t")
-        closed = bool(piece) and (piece[-1] in _SENTENCE_END or "\n" in text[start:end])
+        closed = bool(piece) and (piece[-1] in ends or "\n" in text[start:end])
         prev_end = end
     return torch.tensor(ids, dtype=torch.long)

@@ -47,6 +47,19 @@ def test_sentence_units_end_at_punctuation_and_line_breaks(tokenizer):
     assert unit_of["Chapter"] != unit_of["yes"] and unit_of["Chapter"] != unit_of["Elizabeth"]
 
 
+def test_statement_units_go_on_past_colons_and_semicolons(tokenizer):
+    text = "One of the numbers for wry-excellence is: 8121922.\nOne of the numbers for ill-embryo is: 27; or not"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    pieces = [tokenizer.decode([i]).strip() for i in ids]
+    statement = unit_ids(tokenizer, text, "statement").tolist()
+    sentence = unit_ids(tokenizer, text, "sentence").tolist()
+    wry, digit = pieces.index("cell"), pieces.index("8")
+    assert statement[wry] == statement[digit] and sentence[wry] != sentence[digit], "the key and its value: one unit"
+    assert statement[digit] != statement[pieces.index("ill")], "a line break still ends a statement"
+    ill = pieces.index("ill")
+    assert statement[-1] == statement[ill] and sentence[-1] != sentence[ill], "nor does a semicolon"
+
+
 def test_word_units_give_each_token_its_units_best_score():
     scores = torch.tensor([50.0, 1.0, 7.0, 2.0, 3.0, 0.5, 9.0])
     node = chunk([False, True, True, True, True, True, False])
