@@ -1,0 +1,103 @@
+"""Where the per-question path loses a RULER key: is the asked line kept, and what is answered?
+
+    .venv/bin/python benchmarks/ruler_trace.py --task niah_multikey_2 --indices 10 11 \
+        --variants flat tree flat:qattn flat:qattn_sent flat:qsent
+
+Samples 10 and up are never reported by ``ruler.py`` (it runs indices 0..n-1 for n <= 10): they
+are the tuning split. Each variant is ``replay[:scoring]``: ``replay`` is ``flat`` or ``tree``;
+``scoring`` is the package's last-token recipe (empty), ``last_sent`` (its scores with the sentence
+bonus), ``qattn`` (ablation ``question_attention`` with the recipe's word units), ``qattn_sent``
+(question attention, sentence bonus over ``sentence`` units, which end at a colon) or ``qsent``
+(question attention, sentence bonus over ``statement`` units, which do not). One JSON line per
+sample and variant: the value's and the line's tokens kept in the replayed cache, and the answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ruler
+import ruler_tasks
+from ablations import ABLATIONS
+
+from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.homer.generation import GenerationOptions
+from homer_integrations.homer.prompt import encode
+from homer_integrations.homer.score_units import ScoreMemory, SentenceBonus
+from homer_integrations.homer.scoring import Scoring
+from homer_integrations.models import load_model
+
+
+def scoring_for(name: str, config: HomerConfig) -> Scoring | None:
+    base = Scoring.from_config(config)
+    if not name:
+        return None
+    if name == "last_sent":
+        return replace(base, units=(SentenceBonus(), ScoreMemory()))
+    asked = ABLATIONS["question_attention"](base)
+    units = {"qattn": asked.units, "qattn_sent": (SentenceBonus(), ScoreMemory())}
+    units["qsent"] = (SentenceBonus(unit="statement"), ScoreMemory())
+    return replace(asked, units=units[name])
+
+
+def token_span(offsets: list[tuple[int, int]], start: int, end: int) -> list[int]:
+    return [i for i, (a, b) in enumerate(offsets) if a < end and b > start]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--task", default="niah_multikey_2")
+    parser.add_argument("--length", type=int, default=4096)
+    parser.add_argument("--indices", type=int, nargs="+", default=[10, 11])
+    parser.add_argument("--ratio", type=float, default=4.0)
+    parser.add_argument("--variants", nargs="+", default=["flat", "tree", "flat:qsent"])
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model, tok = load_model(ruler.MODEL)
+    generated = ruler_tasks.make_samples(args.task, args.length, max(args.indices) + 1, str(ruler.model_dir()))
+    for sample in (s for s in generated if s.index in args.indices):
+        probe = HomerModel(model, tok, HomerConfig(), model_name=ruler.MODEL, progress=False)
+        shared = ruler.homer_prompt(probe, sample, "shared")
+        context = sum(len(encode(tok, t)) for t in (shared.prefix, shared.document, shared.suffix))
+        budget = round(context / args.ratio)
+        text, value = sample.document, sample.outputs[0]
+        offsets = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        start = text.index(value)
+        line_start, line_end = text.rfind("\n", 0, start) + 1, text.find("\n", start)
+        value_tokens = token_span(offsets, start, start + len(value))
+        line_tokens = token_span(offsets, line_start, len(text) if line_end < 0 else line_end)
+        for variant in args.variants:
+            replay, _, name = variant.partition(":")
+            config = HomerConfig(
+                max_chunk_len=ruler.chunk_length(context, budget), final_cache_len=budget, replay=replay
+            )
+            engine = HomerModel(
+                model, tok, config, model_name=ruler.MODEL, progress=False, scoring=scoring_for(name, config)
+            )
+            prompt = ruler.homer_prompt(engine, sample, "query_aware")
+            question = sample.question.lstrip()
+            doc = engine.tiers.compress(prompt.prefix, text, prompt.suffix, question, "query_aware").document
+            kept = set(doc.origin.tolist())
+            answer = engine.answerer.continue_from(doc, prompt.continuation, GenerationOptions(max_new_tokens=16))
+            row = {
+                "task": args.task,
+                "index": sample.index,
+                "variant": variant,
+                "value_kept": f"{sum(i in kept for i in value_tokens)}/{len(value_tokens)}",
+                "line_kept": f"{sum(i in kept for i in line_tokens)}/{len(line_tokens)}",
+                "answer": answer.text(),
+                "expected": value,
+            }
+            print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
