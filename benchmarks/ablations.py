@@ -10,13 +10,17 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from homer_integrations import HomerConfig
-from homer_integrations.homer.score_units import WordUnits
+from homer_integrations.homer.score_units import ScoreMemory, SentenceBonus, WordUnits
 from homer_integrations.homer.scorers import EveryLayer, LastTokenScorer, QuestionAttentionScorer, RandomScorer
 from homer_integrations.homer.scoring import Scoring
 
 
 def _swap_units(scoring: Scoring, unit: str) -> Scoring:
     return replace(scoring, units=tuple(WordUnits(unit) if isinstance(u, WordUnits) else u for u in scoring.units))
+
+
+def _asked_by(unit: str) -> Scoring:
+    return Scoring(QuestionAttentionScorer(), (SentenceBonus(unit=unit), ScoreMemory()))
 
 
 ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
@@ -31,6 +35,9 @@ ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
     "observation_window_16": lambda s: replace(s, scorer=LastTokenScorer(rows=16)),
     # every suffix row scores, by the most softmax attention a token gets (KVzip's score, the question as probe)
     "question_attention": lambda s: replace(s, scorer=QuestionAttentionScorer()),
+    # the same, ranked by the sentence bonus over sentences (which end at a colon) or statements (which do not)
+    "question_attention_sentences": lambda _: _asked_by("sentence"),
+    "question_attention_statements": lambda _: _asked_by("statement"),
 }
 """Ablations of the paper's last-token recipe (``HomerConfig(shared_scorer="last_token")``)."""
 

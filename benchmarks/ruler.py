@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -215,12 +215,10 @@ def _scoring(args: argparse.Namespace, config: Any) -> Any:
         return None
     from ablations import ABLATIONS
 
-    from homer_integrations.homer.score_units import ScoreMemory, SentenceBonus
     from homer_integrations.homer.scoring import Scoring
 
-    unit = "statement" if args.method.endswith("_qsent") else "sentence"
-    units = (SentenceBonus(unit=unit), ScoreMemory())
-    return replace(ABLATIONS["question_attention"](Scoring.from_config(config)), units=units)
+    name = "question_attention_statements" if args.method.endswith("_qsent") else "question_attention_sentences"
+    return ABLATIONS[name](Scoring.from_config(config))
 
 
 def _answer(engine: Any, prompt: Prompt, sample: RulerSample, mode: str) -> Any:

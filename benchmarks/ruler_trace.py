@@ -36,15 +36,17 @@ from homer_integrations.models import load_model
 
 
 def scoring_for(name: str, config: HomerConfig) -> Scoring | None:
-    base = Scoring.from_config(config)
     if not name:
         return None
+    base = Scoring.from_config(config)
     if name == "last_sent":
         return replace(base, units=(SentenceBonus(), ScoreMemory()))
-    asked = ABLATIONS["question_attention"](base)
-    units = {"qattn": asked.units, "qattn_sent": (SentenceBonus(), ScoreMemory())}
-    units["qsent"] = (SentenceBonus(unit="statement"), ScoreMemory())
-    return replace(asked, units=units[name])
+    ablation = {
+        "qattn": "question_attention",
+        "qattn_sent": "question_attention_sentences",
+        "qsent": "question_attention_statements",
+    }
+    return ABLATIONS[ablation[name]](base)
 
 
 def token_span(offsets: list[tuple[int, int]], start: int, end: int) -> list[int]:

@@ -43,7 +43,6 @@ from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.generation import DecodeState, GenerationOptions, decode
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.prompt import encode
-from homer_integrations.homer.score_units import ScoreMemory, SentenceBonus
 from homer_integrations.homer.scoring import RECONSTRUCTION_UNITS
 from homer_integrations.models import load_model
 from homer_integrations.paths import bundled_text
@@ -210,12 +209,10 @@ def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
     if "sent" in parts:  # the question's last-token scores ranked by whole sentences, as the shared root ranks
         scoring = replace(scoring, units=RECONSTRUCTION_UNITS)
     if "qsent" in parts:  # every suffix row's most attention, ranked by statements (RULER's key-value lines whole)
-        units = (SentenceBonus(unit="statement"), ScoreMemory())
-        scoring = replace(ABLATIONS["question_attention"](scoring), units=units)
+        scoring = ABLATIONS["question_attention_statements"](scoring)
     if "qattn" in parts:
-        scoring = ABLATIONS["question_attention"](scoring)
-        if "words" not in parts:
-            scoring = replace(scoring, units=(SentenceBonus(), ScoreMemory()))
+        name = "question_attention" if "words" in parts else "question_attention_sentences"
+        scoring = ABLATIONS[name](scoring)
     if scoring != engine.tiers.scoring:
         engine = HomerModel(model, tok, config, model_name=name, progress=False, scoring=scoring)
     return engine, "shared" if method.startswith("shared") else "query_aware"

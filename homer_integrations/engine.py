@@ -79,7 +79,6 @@ class HomerModel:
             defaults or embedded_defaults(model_name) or ModelDefaults.for_model(self.stack.num_layers, max_positions)
         )
         self.config = (config or HomerConfig()).resolve(self.stack.num_layers, max_positions, defaults)
-        self.context_window = max_positions
         self.prompting = Prompting(tokenizer, self.config, self.stack.num_layers, max_positions)
         """Token counts, prompt layouts and size limits."""
         self.tiers = DocumentTiers(
@@ -95,6 +94,11 @@ class HomerModel:
         """The document's cached entries (shared root, full prefill, leaf tier), their keys and calibration."""
         self.answerer = Answerer(model, tokenizer, self.tiers)
         """Streams answers after a cache; what the framework adapters call."""
+
+    @property
+    def context_window(self) -> int:
+        """The model's window in tokens (``max_position_embeddings``)."""
+        return self.prompting.context_window
 
     @property
     def document_cache(self) -> DocumentCache:
