@@ -20,6 +20,11 @@ from transformers import DynamicCache, PreTrainedModel
 
 from homer_integrations.homer.architectures import CosSin, Family, family_for
 
+MLP_ROWS = 1024
+"""Rows the feed-forward half runs at once. It acts on each token alone, so blocks of rows give the
+same rows while its intermediate activations (about 3 x [rows, intermediate_size]) stay one block's
+size instead of a whole leaf's."""
+
 RopeTables = dict[str, CosSin]
 """cos, sin [1, T, d] per RoPE table the layers use (one for most models; Gemma-3: global and local)."""
 
@@ -125,8 +130,13 @@ class DecoderStack:
         return self.family.rotate(self.family.query_states(layer_idx, normed_rows), rope_rows)
 
     def mlp(self, layer_idx: int, hidden: torch.Tensor) -> torch.Tensor:
-        """The layer's MLP block with its residual (and norms): [1, T, D] -> [1, T, D]."""
-        return self.family.feed_forward(layer_idx, hidden)
+        """The layer's MLP block with its residual (and norms): [1, T, D] -> [1, T, D], in blocks of
+        ``MLP_ROWS`` rows."""
+        if hidden.shape[1] <= MLP_ROWS:
+            return self.family.feed_forward(layer_idx, hidden)
+        # not transformers' apply_chunking_to_forward: it refuses a T that is no multiple of the block
+        blocks = [self.family.feed_forward(layer_idx, rows) for rows in hidden.split(MLP_ROWS, dim=1)]
+        return torch.cat(blocks, dim=1)
 
     def logits(self, hidden_last: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head on the last position only: [1, 1, D] -> [V] float32."""

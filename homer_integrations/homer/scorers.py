@@ -95,21 +95,28 @@ def attention_logits(query: torch.Tensor, keys: torch.Tensor, scaling: float) ->
     return torch.einsum("hgd,htd->hgt", q, k).reshape(heads, -1) * scaling
 
 
+BLOCK_FLOATS = 1 << 23
+"""Most softmax entries (H x rows x keys) ``log_max_attention`` holds at once: 32 MiB in float32,
+so a reconstruction probe of a 4k leaf (8k keys) scores in blocks of ~70 rows, not one 8k x 8k map."""
+
+
 def log_max_attention(x: ScoreInput, length: int, block: int = 256) -> torch.Tensor:
     """Log of the most attention (softmax probability, max over rows and heads) each of the first
     ``length`` keys receives from the R query rows, which sit at the end of the keys (causal) -> [length]."""
     rows, keys = x.queries.shape[2], x.keys.shape[2]
     heads, kv_heads = x.queries.shape[1], x.keys.shape[1]
+    block = max(1, min(block, BLOCK_FLOATS // (heads * keys)))
     k = x.keys[0].float()  # [Hkv, K, d]
     best = torch.full((length,), float("-inf"), device=k.device)
     for start in range(0, rows, block):
         stop = min(rows, start + block)
         q = x.queries[0, :, start:stop].float().view(kv_heads, heads // kv_heads, stop - start, -1)
-        logits = torch.einsum("hgrd,hkd->hgrk", q, k) * x.scaling  # [Hkv, G, b, K]
+        logits = torch.einsum("hgrd,hkd->hgrk", q, k).mul_(x.scaling)  # [Hkv, G, b, K]
         row_pos = torch.arange(keys - rows + start, keys - rows + stop, device=k.device)
         future = torch.arange(keys, device=k.device)[None, :] > row_pos[:, None]  # [b, K]
-        probs = logits.masked_fill(future, float("-inf")).softmax(-1)[..., :length]
+        probs = logits.masked_fill_(future, float("-inf")).softmax(-1)[..., :length]
         best = torch.maximum(best, probs.amax(dim=(0, 1, 2)))
+        del logits, probs
     return best.clamp(min=1e-12).log()
 
 
