@@ -22,8 +22,8 @@ from homer_integrations.homer.architectures import CosSin, Family, family_for
 
 MLP_ROWS = 1024
 """Rows the feed-forward half runs at once. It acts on each token alone, so blocks of rows give the
-same rows while its intermediate activations (about 3 x [rows, intermediate_size]) stay one block's
-size instead of a whole leaf's."""
+same rows (up to float rounding of the smaller matrix products) while its intermediate activations
+(about 3 x [rows, intermediate_size]) stay one block's size instead of a whole leaf's."""
 
 RopeTables = dict[str, CosSin]
 """cos, sin [1, T, d] per RoPE table the layers use (one for most models; Gemma-3: global and local)."""

@@ -19,6 +19,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from homer_integrations.homer import decoder
 from homer_integrations.homer.architectures import FAMILIES, UnsupportedModelError, check_supported
 from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
@@ -109,6 +110,17 @@ def test_single_chunk_matches_plain_forward(kind):
     for ours, theirs in zip(result.keys, out.cache.layers, strict=True):
         kept = theirs.keys.shape[2]  # a sliding cache layer keeps only its window's tail
         torch.testing.assert_close(ours[:, :, -kept:], theirs.keys, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "gemma3"])
+def test_the_feed_forward_in_blocks_gives_the_same_rows(kind, monkeypatch):
+    stack = DecoderStack(build(kind))
+    hidden = torch.randn(1, 50, stack.model.config.hidden_size)
+    with torch.no_grad():
+        whole = stack.mlp(0, hidden)
+        monkeypatch.setattr(decoder, "MLP_ROWS", 16)  # 50 rows: three full blocks and a short one
+        blocks = stack.mlp(0, hidden)
+    torch.testing.assert_close(blocks, whole, atol=1e-6, rtol=1e-6)  # a GEMM over fewer rows may round apart
 
 
 @pytest.mark.parametrize("kind", KINDS)
