@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import repeat_kv
 
+from homer_integrations.homer import scorers
 from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.replay import TierCompressor
@@ -60,7 +61,10 @@ def test_several_rows_average_only_the_rows_after_each_key():
     torch.testing.assert_close(scores[5], rows[2][5])
 
 
-def test_question_attention_is_every_rows_best_softmax_attention():
+@pytest.mark.parametrize("entries", [None, 28], ids=["two-row blocks", "one row per block"])
+def test_question_attention_is_every_rows_best_softmax_attention(entries, monkeypatch):
+    if entries:  # the memory bound: 4 heads x 7 keys fit once, so each block holds one row
+        monkeypatch.setattr(scorers, "BLOCK_FLOATS", entries)
     torch.manual_seed(2)
     q, k = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 7, 8)  # the 3 rows are the last 3 keys' queries
     scores = QuestionAttentionScorer(block=2)(score_input(q, k, torch.arange(7)))
