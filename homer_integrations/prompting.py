@@ -51,8 +51,9 @@ class Prompting:
             self.tokenizer, question, c.document_suffix, query_aware, c.system_prompt, c.reask_question
         )
 
+    @functools.cached_property
     def shared_suffix_len(self) -> int:
-        """Tokens of the shared layout's suffix (what a leaf tier's split is planned for)."""
+        """Tokens of the shared layout's suffix (what a leaf tier's split is planned for; rendered once)."""
         return encode(self.tokenizer, self.layout("", "shared").suffix, formatted=True).numel()
 
     def max_document_tokens(self, prefix_tokens: int = 0, suffix_tokens: int = 0) -> int:

@@ -70,7 +70,7 @@ def test_replayed_compression_equals_a_query_aware_compression_from_scratch(toke
     layout = engine.prompting.layout(question)
     prefix_ids, document_ids, suffix_ids = engine.prompting.encode_span(layout.prefix, text[:4000], layout.suffix)
     tier, _ = engine.tiers.leaf_tier(layout.prefix, text[:4000])
-    assert tier.plan.planned_suffix_len == engine.prompting.shared_suffix_len() < suffix_ids.numel()
+    assert tier.plan.planned_suffix_len == engine.prompting.shared_suffix_len < suffix_ids.numel()
     scratch = engine.tiers.compressor(True, query_aware=True).compress(
         prefix_ids,
         document_ids,
