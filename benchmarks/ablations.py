@@ -19,10 +19,6 @@ def _swap_units(scoring: Scoring, unit: str) -> Scoring:
     return replace(scoring, units=tuple(WordUnits(unit) if isinstance(u, WordUnits) else u for u in scoring.units))
 
 
-def _asked_by(unit: str) -> Scoring:
-    return Scoring(QuestionAttentionScorer(), (SentenceBonus(unit=unit), ScoreMemory()))
-
-
 ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
     # the paper's uncalibrated ablation and its random-pruning baseline
     "no_calibration": lambda s: replace(s, scorer=LastTokenScorer(calibrated=False)),
@@ -35,9 +31,15 @@ ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
     "observation_window_16": lambda s: replace(s, scorer=LastTokenScorer(rows=16)),
     # every suffix row scores, by the most softmax attention a token gets (KVzip's score, the question as probe)
     "question_attention": lambda s: replace(s, scorer=QuestionAttentionScorer()),
-    # the same, ranked by the sentence bonus over sentences (which end at a colon) or statements (which do not)
-    "question_attention_sentences": lambda _: _asked_by("sentence"),
-    "question_attention_statements": lambda _: _asked_by("statement"),
+    # the same, ranked by the sentence bonus over sentences, which end at a colon (the package's
+    # question recipe, ``Scoring.for_questions()``, ranks statements, which do not)
+    "question_attention_sentences": lambda _: Scoring(
+        QuestionAttentionScorer(), (SentenceBonus(unit="sentence"), ScoreMemory())
+    ),
+    # questions prune by the paper's calibrated last token and this recipe's units (the package's
+    # question recipe before ``Scoring.for_questions()``): a recipe handed to ``HomerModel(scoring=...)``
+    # is what its query-aware compressions use (``with_question()``)
+    "question_last_token": lambda s: s,
 }
 """Ablations of the paper's last-token recipe (``HomerConfig(shared_scorer="last_token")``)."""
 
@@ -46,6 +48,8 @@ RECONSTRUCTION_ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
     "reconstruction_every_layer": lambda s: replace(s, scorer=replace(s.scorer, every_layer=True)),
     # the last-token recipe's units (max-pool over 3 tokens, word units, score memory) instead of the sentence bonus
     "reconstruction_word_units": lambda s: replace(s, units=Scoring.from_config(HomerConfig()).units),
+    # the sentence bonus over statements (a colon does not end the unit) instead of sentences
+    "reconstruction_statements": lambda s: replace(s, units=(SentenceBonus(unit="statement"), ScoreMemory())),
 }
 """Ablations of the reconstruction-scored shared root (a ``Scoring`` whose scorer probes)."""
 

@@ -47,10 +47,21 @@ RESULTS_FILE = RESULTS / "ruler.jsonl"
 SAMPLES = SampleStore(RESULTS / "ruler_samples")
 WORK = RESULTS / ".work" if "RULER_RESULTS" in os.environ else HERE / ".work" / "ruler"
 MODEL = "qwen2.5-coder-0.5b-instruct"
-HOMER_METHODS = ("plain", "homer_shared", "homer_query_aware", "homer_query_aware_qattn", "homer_query_aware_qsent")
-"""``homer_query_aware_qattn``: the per-question path with the ``question_attention`` ablation (every
-suffix row's most softmax attention) and the sentence bonus instead of the last-token recipe;
-``homer_query_aware_qsent`` the same with statement units (see ``_scoring``)."""
+HOMER_METHODS = (
+    "plain",
+    "homer_shared",
+    "homer_shared_stmt",
+    "homer_query_aware",
+    "homer_query_aware_last_token",
+    "homer_query_aware_qattn",
+)
+"""``homer_shared_stmt``: the shared root with the ``reconstruction_statements`` ablation (its sentence
+bonus over statements, so a needle's key and value are ranked as one unit);
+``homer_query_aware`` the package's per-question path (question attention ranked by statements);
+``homer_query_aware_last_token`` the same with the ``question_last_token`` ablation (the paper's
+calibrated last token and the recipe's word units; the package's per-question path before 2026-11-25,
+whose rows were recorded as ``homer_query_aware``); ``homer_query_aware_qattn`` with the
+``question_attention_sentences`` ablation (sentence units, which end at a colon). See ``_scoring``."""
 KVPRESS_METHODS = ("kvzip", "snapkv", "expected_attention", "streaming_llm", "knorm", "snapkv_question")
 METHODS = HOMER_METHODS + KVPRESS_METHODS
 CALIBRATED_CHUNKS = (2048, 4096)
@@ -169,9 +180,12 @@ def homer_rows(args: argparse.Namespace) -> None:
             engine, mode = HomerModel(model, tok, HomerConfig(), model_name=MODEL, progress=False), "full"
         else:
             mcl = args.max_chunk_len or chunk_length(context_tokens, budget)
-            mode = "shared" if args.method == "homer_shared" else "query_aware"
+            mode = "shared" if args.method.startswith("homer_shared") else "query_aware"
             config = HomerConfig(max_chunk_len=mcl, final_cache_len=budget, mode=mode)
-            engine = HomerModel(model, tok, config, model_name=MODEL, progress=False, scoring=_scoring(args, config))
+            engine = HomerModel(model, tok, config, model_name=MODEL, progress=False)
+            scoring = _scoring(args, engine.tiers.scoring, config)
+            if scoring is not None:
+                engine = HomerModel(model, tok, config, model_name=MODEL, progress=False, scoring=scoring)
         prompt = homer_prompt(engine, sample, mode)
         stream = _answer(engine, prompt, sample, mode)
         prediction = stream.text()
@@ -204,21 +218,24 @@ def homer_rows(args: argparse.Namespace) -> None:
         print(f"{args.method} x{row['ratio']:g} {task} {length} #{index}: {prediction[:60]!r}", flush=True)
 
 
-def _scoring(args: argparse.Namespace, config: Any) -> Any:
-    """The method's scoring when it is not the package's (None: the package's).
+def _scoring(args: argparse.Namespace, package: Any, config: Any) -> Any:
+    """The method's scoring when it is not the package's ``package`` under ``config`` (None: the package's).
 
-    ``_qattn``: the question's pruning scored by every suffix row's most attention (ablation
-    ``question_attention``) with the sentence bonus; ``_qsent`` the same with statement units (a
-    colon or semicolon does not end the unit, so a key and its value stay together).
+    ``_last_token``: questions prune by the paper's last-token recipe (ablation ``question_last_token``);
+    ``_qattn``: by question attention ranked by sentences, which end at a colon (ablation
+    ``question_attention_sentences``); ``_stmt``: the reconstruction root's sentence bonus over statements.
     """
-    if not args.method.endswith(("_qattn", "_qsent")):
-        return None
-    from ablations import ABLATIONS
+    from ablations import ABLATIONS, RECONSTRUCTION_ABLATIONS
 
     from homer_integrations.homer.scoring import Scoring
 
-    name = "question_attention_statements" if args.method.endswith("_qsent") else "question_attention_sentences"
-    return ABLATIONS[name](Scoring.from_config(config))
+    if args.method.endswith("_stmt"):
+        return RECONSTRUCTION_ABLATIONS["reconstruction_statements"](package)
+    if args.method.endswith("_last_token"):
+        return ABLATIONS["question_last_token"](Scoring.from_config(config))
+    if args.method.endswith("_qattn"):
+        return ABLATIONS["question_attention_sentences"](package)
+    return None
 
 
 def _answer(engine: Any, prompt: Prompt, sample: RulerSample, mode: str) -> Any:

@@ -1,14 +1,16 @@
 """Where the per-question path loses a RULER key: is the asked line kept, and what is answered?
 
     .venv/bin/python benchmarks/ruler_trace.py --task niah_multikey_2 --indices 10 11 \
-        --variants flat tree flat:qattn flat:qattn_sent flat:qsent
+        --variants flat:last tree:last flat:qattn flat:qattn_sent flat
 
 Samples 10 and up are never reported by ``ruler.py`` (it runs indices 0..n-1 for n <= 10): they
 are the tuning split. Each variant is ``replay[:scoring]``: ``replay`` is ``flat`` or ``tree``;
-``scoring`` is the package's last-token recipe (empty), ``last_sent`` (its scores with the sentence
-bonus), ``qattn`` (ablation ``question_attention`` with the recipe's word units), ``qattn_sent``
-(question attention, sentence bonus over ``sentence`` units, which end at a colon) or ``qsent``
-(question attention, sentence bonus over ``statement`` units, which do not). One JSON line per
+``scoring`` is the package's question recipe (empty: question attention, sentence bonus over
+``statement`` units, which a colon does not end), ``last`` (ablation ``question_last_token``: the
+paper's last token with max-pooled word units, the package's recipe before 2026-11-25), ``last_sent``
+(its scores with the sentence bonus), ``qattn`` (ablation ``question_attention`` with the recipe's
+word units) or ``qattn_sent`` (question attention, sentence bonus over ``sentence`` units, which
+end at a colon). One JSON line per
 sample and variant: the value's and the line's tokens kept in the replayed cache, and the answer.
 """
 
@@ -42,9 +44,9 @@ def scoring_for(name: str, config: HomerConfig) -> Scoring | None:
     if name == "last_sent":
         return replace(base, units=(SentenceBonus(), ScoreMemory()))
     ablation = {
+        "last": "question_last_token",
         "qattn": "question_attention",
         "qattn_sent": "question_attention_sentences",
-        "qsent": "question_attention_statements",
     }
     return ABLATIONS[ablation[name]](base)
 
@@ -59,7 +61,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=4096)
     parser.add_argument("--indices", type=int, nargs="+", default=[10, 11])
     parser.add_argument("--ratio", type=float, default=4.0)
-    parser.add_argument("--variants", nargs="+", default=["flat", "tree", "flat:qsent"])
+    parser.add_argument("--variants", nargs="+", default=["flat:last", "tree:last", "flat"])
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -64,11 +64,15 @@ METHODS = (
     "per_question_flat_qattn",
     "per_question_flat_qattn_words",
     "per_question_flat_sent",
+    "per_question_qsent",
     "per_question_flat_qsent",
 )
 """``shared`` and ``per_question*`` use the paper's last-token scorer for the shared root
-(``shared_scorer="last_token"``); ``shared_recon`` scores the shared root's leaves by context
-reconstruction (KVzip) and ranks whole sentences (``SentenceBonus``; the package default);
+(``shared_scorer="last_token"``), and ``per_question*`` rows prune for the question by the paper's
+last token too (ablation ``question_last_token``), except ``*_qsent``: the package's question
+recipe since 2026-11-25 (question attention ranked by statements); ``shared_recon`` scores the
+shared root's leaves by context reconstruction (KVzip) and ranks whole sentences (``SentenceBonus``;
+the package default);
 ``shared_recon_flat`` selects its root from those leaf scores at once (``shared_root="flat"``, the
 default) instead of pruning again at every merged node. ``*_words`` rows are the ablation with the
 last-token recipe's max-pooled word units (the default before the sentence bonus); the
@@ -208,12 +212,14 @@ def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
         scoring = RECONSTRUCTION_ABLATIONS["reconstruction_every_layer"](scoring)
     if "sent" in parts:  # the question's last-token scores ranked by whole sentences, as the shared root ranks
         scoring = replace(scoring, units=RECONSTRUCTION_UNITS)
-    if "qsent" in parts:  # every suffix row's most attention, ranked by statements (RULER's key-value lines whole)
-        scoring = ABLATIONS["question_attention_statements"](scoring)
     if "qattn" in parts:
         name = "question_attention" if "words" in parts else "question_attention_sentences"
         scoring = ABLATIONS[name](scoring)
-    if scoring != engine.tiers.scoring:
+    # ``*_qsent``: the package's question recipe (``Scoring.for_questions()``: every suffix row's most
+    # attention, ranked by statements); every other per-question row hands its recipe over explicitly
+    # (the paper's last token unless named otherwise: ablation ``question_last_token``)
+    explicit = method.startswith("per_question") and "qsent" not in parts
+    if explicit or scoring != engine.tiers.scoring:
         engine = HomerModel(model, tok, config, model_name=name, progress=False, scoring=scoring)
     return engine, "shared" if method.startswith("shared") else "query_aware"
 

@@ -50,7 +50,7 @@ class HomerModel:
         scoring: what pruning ranks by (default: ``Scoring.from_config(config)``, the package's
             recipe; shared roots then use ``with_reconstruction`` when ``shared_scorer`` says so);
             for research and the ablations in ``benchmarks/``. It is part of every cache key, and
-            query-aware compressions use its ``with_question()``.
+            query-aware compressions use its ``with_question()`` (default: ``Scoring.for_questions()``).
     """
 
     def __init__(

@@ -61,8 +61,8 @@ class DocumentTiers:
         prompting: the engine's ``Prompting`` (layouts and size limits).
         document_cache: where entries live.
         scoring: the recipe (default: ``Scoring.from_config(config)``); shared roots use its
-            reconstruction variant when ``config.shared_scorer`` says so, query-aware compressions
-            its ``with_question()``.
+            reconstruction variant when ``config.shared_scorer`` says so. Query-aware compressions use
+            ``Scoring.for_questions()``, or the ``with_question()`` of a recipe given here.
         calibration_dir: where computed calibration tables are kept.
         progress: show progress bars (None: tqdm decides).
     """
@@ -82,7 +82,7 @@ class DocumentTiers:
         c = self.config = prompting.config
         self.stack, self.prompting, self.document_cache, self.progress = stack, prompting, document_cache, progress
         recipe = scoring or Scoring.from_config(c)
-        self.question_scoring = recipe.with_question()
+        self.question_scoring = recipe.with_question() if scoring is not None else Scoring.for_questions()
         """What query-aware compressions (the question in the suffix) prune by."""
         self.scoring = recipe
         """What shared compressions prune by."""
@@ -195,7 +195,7 @@ class DocumentTiers:
             # does and no question changes the tree's shape (a question's longer suffix makes merged
             # nodes that many tokens longer than max_chunk_len, still far inside the model's window;
             # planning for a longer suffix made taller trees of half-empty leaves that scored lower).
-            suffix_reserve=self.prompting.shared_suffix_len() if query_aware else 0,
+            suffix_reserve=self.prompting.shared_suffix_len if query_aware else 0,
             want_logits=query_aware and not c.reask_question,
         )
         return TierCompressor(

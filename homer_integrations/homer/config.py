@@ -55,10 +55,11 @@ class HomerConfig(BaseModel):
             ``reconstruction`` (default; KVzip: the model repeats each leaf's piece after it, and a
             token scores the most attention it gets while being repeated; about twice the leaf
             compute) or ``last_token`` (paper: the calibrated attention of the fixed suffix's last
-            token). Merged nodes and question-aware leaves always score by the last token. The
-            reconstruction root ranks whole sentences (``homer.scoring.RECONSTRUCTION_UNITS``: a
-            token's score plus 4x its sentence's mean) instead of ``score_pooling`` and ``pool_unit``,
-            which then shape question-aware pruning only.
+            token). A tree root's merged nodes score by the last token. The reconstruction root
+            ranks whole sentences (``homer.scoring.RECONSTRUCTION_UNITS``: a token's score plus 4x
+            its sentence's mean), so ``score_pooling``, ``pool_unit`` and ``score_memory`` shape a
+            ``last_token`` root only. Question-aware pruning scores by every suffix row's most
+            attention and ranks whole statements (``homer.scoring.Scoring.for_questions``).
         replay: how ``query_aware`` rebuilds the root from the leaf tier: ``tree`` replays the
             paper's merge tree (each level prunes again with the question), ``flat`` keeps the
             ``final_cache_len`` best tokens of all leaves by their leaf scores and runs the upper

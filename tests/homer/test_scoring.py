@@ -54,5 +54,7 @@ def test_one_split_per_scoring_and_the_reconstruction_roots_units(tokenizer):
     assert root.units == RECONSTRUCTION_UNITS and root.unit == "sentence"
     engine = HomerModel(tiny_model("llama"), tokenizer, HomerConfig(max_chunk_len=128, warmup_layers=3), progress=False)
     assert engine.tiers.scoring == root, "shared roots: reconstruction and sentence units"
-    assert engine.tiers.question_scoring == recipe.with_question(), "questions keep the recipe's units"
-    assert engine.tiers.question_scoring.unit == "word"
+    assert engine.tiers.question_scoring == Scoring.for_questions(), "questions: question attention"
+    assert engine.tiers.question_scoring.unit == "statement", "a key and its value rank as one unit"
+    given = HomerModel(tiny_model("llama"), tokenizer, HomerConfig(max_chunk_len=128, warmup_layers=3), scoring=recipe)
+    assert given.tiers.question_scoring == recipe.with_question(), "a given recipe keeps its units for questions"
