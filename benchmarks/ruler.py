@@ -64,6 +64,8 @@ whose rows were recorded as ``homer_query_aware``); ``homer_query_aware_qattn`` 
 ``question_attention_sentences`` ablation (sentence units, which end at a colon). See ``_scoring``."""
 KVPRESS_METHODS = ("kvzip", "snapkv", "expected_attention", "streaming_llm", "knorm", "snapkv_question")
 METHODS = HOMER_METHODS + KVPRESS_METHODS
+ABLATION_METHODS = ("homer_shared_stmt", "homer_query_aware_last_token", "homer_query_aware_qattn")
+"""Run only when named: ``run`` without ``--methods`` runs the package's and kvpress's methods."""
 CALIBRATED_CHUNKS = (2048, 4096)
 """Chunk lengths with a bundled Qwen calibration table (any other is calibrated once, minutes on a CPU)."""
 
@@ -523,7 +525,7 @@ def main() -> None:
         p.add_argument("--tasks", nargs="+", default=list(TASKS))
         p.add_argument("--lengths", type=int, nargs="+", default=[4096])
         p.add_argument("--samples", type=int, default=10, help="samples per task and length (indices 0..n-1)")
-    r.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    r.add_argument("--methods", nargs="+", choices=METHODS, default=[m for m in METHODS if m not in ABLATION_METHODS])
     r.add_argument("--ratios", type=float, nargs="+", default=[4.0, 8.0])
     r.add_argument("--share-prefill", action="store_true", help="score-based presses share one prefill")
     r.add_argument("--max-chunk-len", type=int, default=None, help="HOMER chunk length (default: by context)")

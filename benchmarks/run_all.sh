@@ -28,6 +28,7 @@ $py benchmarks/two_tier.py run --tokens 16000 --samples 4 --methods plain shared
 $py benchmarks/two_tier.py run --tokens 16000 --samples 2 --methods shared shared_recon_words shared_recon_flat_every_layer_words
 $py benchmarks/two_tier.py run --tokens 16000 --samples 1 --methods shared_recon_every_layer_words
 $py benchmarks/two_tier.py run --tokens 8000 --samples 4 --methods shared_recon_flat_words shared_recon_flat_every_layer_words
+$py benchmarks/two_tier.py run --tokens 8000 16000 --samples 4 --methods per_question_flat_qsent per_question_qsent  # the question recipe
 $py benchmarks/reconstruction_ranks.py 16000 2001                       # where the facts rank in their leaves
 # the flat root's selection rules replayed offline on the tuning seeds (3000+; two_tier's 2000+ stay held out)
 for tokens in 8000 16000; do
