@@ -10,13 +10,17 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from homer_integrations import HomerConfig
-from homer_integrations.homer.score_units import ScoreMemory, SentenceBonus, WordUnits
+from homer_integrations.homer.score_units import SentenceBonus, WordUnits
 from homer_integrations.homer.scorers import EveryLayer, LastTokenScorer, QuestionAttentionScorer, RandomScorer
 from homer_integrations.homer.scoring import Scoring
 
 
 def _swap_units(scoring: Scoring, unit: str) -> Scoring:
-    return replace(scoring, units=tuple(WordUnits(unit) if isinstance(u, WordUnits) else u for u in scoring.units))
+    """``scoring`` with its units (``WordUnits``, ``SentenceBonus``) splitting the document by ``unit``."""
+    return replace(
+        scoring,
+        units=tuple(replace(u, unit=unit) if isinstance(u, WordUnits | SentenceBonus) else u for u in scoring.units),
+    )
 
 
 ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
@@ -33,9 +37,7 @@ ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
     "question_attention": lambda s: replace(s, scorer=QuestionAttentionScorer()),
     # the same, ranked by the sentence bonus over sentences, which end at a colon (the package's
     # question recipe, ``Scoring.for_questions()``, ranks statements, which do not)
-    "question_attention_sentences": lambda _: Scoring(
-        QuestionAttentionScorer(), (SentenceBonus(unit="sentence"), ScoreMemory())
-    ),
+    "question_attention_sentences": lambda _: _swap_units(Scoring.for_questions(), "sentence"),
     # questions prune by the paper's calibrated last token and this recipe's units (the package's
     # question recipe before ``Scoring.for_questions()``): a recipe handed to ``HomerModel(scoring=...)``
     # is what its query-aware compressions use (``with_question()``)
@@ -49,7 +51,7 @@ RECONSTRUCTION_ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
     # the last-token recipe's units (max-pool over 3 tokens, word units, score memory) instead of the sentence bonus
     "reconstruction_word_units": lambda s: replace(s, units=Scoring.from_config(HomerConfig()).units),
     # the sentence bonus over statements (a colon does not end the unit) instead of sentences
-    "reconstruction_statements": lambda s: replace(s, units=(SentenceBonus(unit="statement"), ScoreMemory())),
+    "reconstruction_statements": lambda s: _swap_units(s, "statement"),
 }
 """Ablations of the reconstruction-scored shared root (a ``Scoring`` whose scorer probes)."""
 

@@ -28,7 +28,6 @@ import torch
 
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer import scorers
-from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.models import load_model
 from homer_integrations.paths import bundled_text
 
@@ -81,12 +80,10 @@ class StageRss:
         self._thread.join()
 
 
-def attention_label(stack: DecoderStack) -> Callable[..., str]:
-    def label(layer_idx: int, hidden: torch.Tensor, rope: Any, cache: Any, *rest: Any) -> str:
-        past = cache.layers[layer_idx].get_seq_length() if layer_idx < len(cache.layers) else 0
-        return f"attention (rows {hidden.shape[1]}, cached {past})"
-
-    return label
+def attention_label(layer_idx: int, hidden: torch.Tensor, rope: Any, cache: Any, *rest: Any) -> str:
+    """``DecoderStack.attention``'s call named by its new rows and the keys already cached."""
+    past = cache.layers[layer_idx].get_seq_length() if layer_idx < len(cache.layers) else 0
+    return f"attention (rows {hidden.shape[1]}, cached {past})"
 
 
 def main() -> None:
@@ -105,7 +102,7 @@ def main() -> None:
         model(torch.tensor([ids[:16]]))  # page the weights in before the start is read
     stack = engine.tiers.stack
     profile = StageRss()
-    profile.wrap(stack, "attention", attention_label(stack))
+    profile.wrap(stack, "attention", attention_label)
     for name in ("mlp", "queries", "embed"):
         profile.wrap(stack, name)
     profile.wrap(scorers, "log_max_attention")  # a module global: the scorers look it up per call
