@@ -11,6 +11,8 @@ is in the document. Methods, each one engine per model with default settings (wh
 - ``full``: the excerpt prefilled uncompressed and kept (``mode="full"``); each question after it.
   Only where the excerpt fits the model's window.
 - ``shared``: one HOMER compression (``mode="shared"``, the default); each question after it.
+- ``query_aware``: HOMER's per-question path: the leaf tier built once (paid by the first question),
+  then each question prunes and merges with itself in the suffix, replayed from the tier.
 
 Rows (one per model, length, method and question) are appended to ``results/novel_qa_rows.jsonl``
 and skipped on a re-run, so the grid fills over several runs. Recorded per row: the answer,
@@ -35,7 +37,7 @@ from homer_integrations.question_sets import QuestionSet, question_set
 
 RESULTS = Path(__file__).parent / "results"
 ROWS = RESULTS / "novel_qa_rows.jsonl"
-METHODS = ("full", "shared")
+METHODS = ("full", "shared", "query_aware")
 MODELS = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
 
 

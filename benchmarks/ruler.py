@@ -137,24 +137,48 @@ def load_rows(path: Path = RESULTS_FILE) -> list[dict]:
     return list(rows.values())
 
 
+def _other_live_run(pending: Path) -> bool:
+    """Whether ``rows-<pid>-<ns>.jsonl`` belongs to another ``ruler.py`` that is still running (its worker
+    may still be appending to it)."""
+    with contextlib.suppress(IndexError, ValueError):
+        pid = int(pending.name.split("-")[1])
+        if pid != os.getpid():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, 0)
+                return True
+    return False
+
+
 def merge_pending() -> None:
-    """Score the rows that workers left in ``.work/ruler/*.jsonl`` and append them to the results file."""
+    """Score the rows that workers left in ``.work/ruler/*.jsonl`` and append them to the results file.
+
+    Two runs may share the results: each merges only its own files and those of runs that ended, under
+    a lock, so no row is read while written nor appended twice.
+    """
+    from filelock import FileLock
+
     if not WORK.is_dir():
         return
-    for pending in sorted(WORK.glob("rows-*.jsonl")):
-        lines = []
-        for line in pending.read_text().splitlines():
-            with contextlib.suppress(ValueError):  # a worker killed mid-line leaves half a row: dropped
-                lines.append(json.loads(line))
-        RESULTS.mkdir(exist_ok=True)
-        with RESULTS_FILE.open("a") as f:
-            for row in lines:
-                sample = next(s for s in SAMPLES.load(row["task"], row["length"]) if s.index == row["index"])
-                row["score"] = ruler_tasks.score(sample, row["prediction"])
-                row["outputs"] = sample.outputs
-                row.setdefault("model", MODEL)
-                f.write(json.dumps(row) + "\n")
-        pending.unlink()
+    with FileLock(str(WORK / "merge.lock")):
+        for pending in sorted(WORK.glob("rows-*.jsonl")):
+            if not _other_live_run(pending):
+                _merge_one(pending)
+
+
+def _merge_one(pending: Path) -> None:
+    lines = []
+    for line in pending.read_text().splitlines():
+        with contextlib.suppress(ValueError):  # a worker killed mid-line leaves half a row: dropped
+            lines.append(json.loads(line))
+    RESULTS.mkdir(exist_ok=True)
+    with RESULTS_FILE.open("a") as f:
+        for row in lines:
+            sample = next(s for s in SAMPLES.load(row["task"], row["length"]) if s.index == row["index"])
+            row["score"] = ruler_tasks.score(sample, row["prediction"])
+            row["outputs"] = sample.outputs
+            row.setdefault("model", MODEL)
+            f.write(json.dumps(row) + "\n")
+    pending.unlink()
 
 
 # ----------------------------------------------------------------------------------- HOMER worker
