@@ -25,6 +25,13 @@ MLP_ROWS = 1024
 same rows (up to float rounding of the smaller matrix products) while its intermediate activations
 (about 3 x [rows, intermediate_size]) stay one block's size instead of a whole leaf's."""
 
+ATTENTION_ROWS = 2048
+"""Query rows the attention half runs at once, each block appending its keys and values before the
+next attends to them (a chunked prefill: the same rows up to float rounding). Rows after cached
+tokens need an explicit mask [rows, past + rows] (see ``_layer_mask``), and transformers then
+expands the keys and values to every query head; blocks keep both one block's size instead of a
+whole leaf's (float32 mask of an 8k leaf: 256 MB, built twice)."""
+
 RopeTables = dict[str, CosSin]
 """cos, sin [1, T, d] per RoPE table the layers use (one for most models; Gemma-3: global and local)."""
 
@@ -89,11 +96,21 @@ class DecoderStack:
         (pruning uses the last one, calibration several). Each layer's mask follows from the
         cache length and the layer's window.
         """
-        rows = hidden.shape[1]
-        past = cache.layers[layer_idx].get_seq_length() if layer_idx < len(cache.layers) else 0
         cos_sin = rope[self.family.rope_kind(layer_idx)]
-        layer_mask = self._layer_mask(self.family.window(layer_idx), past, rows)
-        hidden, normed = self.family.attend(layer_idx, hidden, cos_sin, cache, layer_mask)
+        window = self.family.window(layer_idx)
+        outputs, normeds = [], []
+        for start in range(0, hidden.shape[1], ATTENTION_ROWS):
+            block = slice(start, start + ATTENTION_ROWS)
+            past = cache.layers[layer_idx].get_seq_length() if layer_idx < len(cache.layers) else 0
+            rows = hidden[:, block]
+            layer_mask = self._layer_mask(window, past, rows.shape[1])
+            out, normed = self.family.attend(
+                layer_idx, rows, (cos_sin[0][:, block], cos_sin[1][:, block]), cache, layer_mask
+            )
+            outputs.append(out)
+            normeds.append(normed)
+        hidden = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
+        normed = normeds[0] if len(normeds) == 1 else torch.cat(normeds, dim=1)
         query = None
         if query_rows:
             r = query_rows
@@ -118,7 +135,7 @@ class DecoderStack:
         if windowed:
             seen &= key_at > query_at - window
         mask = torch.zeros(rows, past + rows, dtype=self.dtype, device=self.device)
-        return mask.masked_fill(~seen, torch.finfo(self.dtype).min)[None, None]
+        return mask.masked_fill_(~seen, torch.finfo(self.dtype).min)[None, None]
 
     def queries(self, layer_idx: int, normed_rows: torch.Tensor, rope_rows: CosSin) -> torch.Tensor:
         """Rotated queries [1, H, R, d] of R tokens from their normed hidden states [1, R, D].

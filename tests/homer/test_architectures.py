@@ -123,6 +123,31 @@ def test_the_feed_forward_in_blocks_gives_the_same_rows(kind, monkeypatch):
     torch.testing.assert_close(blocks, whole, atol=1e-6, rtol=1e-6)  # a GEMM over fewer rows may round apart
 
 
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("kind", ["qwen3", "gemma3", "mistral_window"])
+def test_attention_in_blocks_gives_the_same_rows_and_cache(kind, attn, monkeypatch):
+    """Row blocks after a cached prefix (a window shorter than a block, blocks crossing it): the same
+    hidden rows, last queries and cached keys as the whole leaf at once."""
+    stack = DecoderStack(build(kind, attn=attn))
+    ids = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(2))
+
+    def run(rows: int) -> tuple[torch.Tensor, list[torch.Tensor], DynamicCache]:
+        monkeypatch.setattr(decoder, "ATTENTION_ROWS", rows)
+        cache = DynamicCache()
+        run_stack(stack, ids[:20], torch.arange(20), cache)  # the prefix: later rows have past > 0
+        logits, queries = run_stack(stack, ids[20:], torch.arange(20, 70), cache)
+        return logits, queries, cache
+
+    with torch.no_grad():
+        whole, blocks = run(4096), run(16)  # 50 rows: three full blocks and a short one
+    torch.testing.assert_close(blocks[0], whole[0], atol=1e-5, rtol=0)
+    for ours, theirs in zip(blocks[1], whole[1], strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+    for ours, theirs in zip(blocks[2].layers, whole[2].layers, strict=True):
+        torch.testing.assert_close(ours.keys, theirs.keys, atol=1e-5, rtol=0)
+        torch.testing.assert_close(ours.values, theirs.values, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_pruning_queries_are_the_ones_attention_uses(kind):
     """Softmax of our last-row query against the cached keys = the model's own attention row, every layer."""
