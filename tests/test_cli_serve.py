@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from homer_integrations import paths
 from homer_integrations.cli import loading, remote, run_here, serve
 from homer_integrations.cli.serve import CommandServer, announced
 from tests.test_cli import run_cli
@@ -32,6 +33,9 @@ print(f"imported: {heavy}", file=sys.stderr)
 sys.exit(code)
 """
 """A ``homer-qa`` process that also says whether it imported torch or transformers."""
+
+SESSION_CACHE = paths.cache_root()
+"""The suite's package cache (converted models, calibrations), read before a test moves the root."""
 
 TINY = ["--model", "tiny", "--max-chunk-len", "128", "--warmup-layers", "3", "--no-disk-cache"]
 
@@ -150,7 +154,11 @@ def test_the_announcement_is_private_and_removed_when_the_server_stops(root: Pat
 
 
 @pytest.mark.real_model
-def test_the_console_scripts_serve_and_ask_with_the_embedded_model(book: Path, root: Path) -> None:
+def test_the_console_scripts_serve_and_ask_with_the_embedded_model(book: Path, root: Path, smol_parts) -> None:
+    # a fresh root for the server's state, sharing the suite's converted model (converting it again from
+    # its GGUF took most of this test's time)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "models").symlink_to(SESSION_CACHE / "models", target_is_directory=True)
     env = {**os.environ, "HOMER_INTEGRATIONS_CACHE": str(root)}
     serve = subprocess.Popen(
         [sys.executable, "-m", "homer_integrations.cli", "serve"],
