@@ -99,8 +99,9 @@ class DecoderStack:
         """
         cos_sin = rope[self.family.rope_kind(layer_idx)]
         window = self.family.window(layer_idx)
-        outputs, normeds = [], []
-        for start in range(0, hidden.shape[1], ATTENTION_ROWS):
+        total = hidden.shape[1]
+        outputs, normed_tail = [], []
+        for start in range(0, total, ATTENTION_ROWS):
             block = slice(start, start + ATTENTION_ROWS)
             past = cache.layers[layer_idx].get_seq_length() if layer_idx < len(cache.layers) else 0
             rows = hidden[:, block]
@@ -109,13 +110,14 @@ class DecoderStack:
                 layer_idx, rows, (cos_sin[0][:, block], cos_sin[1][:, block]), cache, layer_mask
             )
             outputs.append(out)
-            normeds.append(normed)
+            if start + rows.shape[1] > total - query_rows:  # a block holding some of the last R rows
+                normed_tail.append(normed)
         hidden = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
-        normed = normeds[0] if len(normeds) == 1 else torch.cat(normeds, dim=1)
         query = None
         if query_rows:
             r = query_rows
-            query = self.queries(layer_idx, normed[:, -r:], (cos_sin[0][:, -r:], cos_sin[1][:, -r:]))
+            normed = torch.cat(normed_tail, dim=1)[:, -r:]
+            query = self.queries(layer_idx, normed, (cos_sin[0][:, -r:], cos_sin[1][:, -r:]))
         return hidden, query
 
     def _layer_mask(self, window: int | None, past: int, rows: int) -> torch.Tensor | None:

@@ -147,6 +147,14 @@ def test_attention_in_blocks_gives_the_same_rows_and_cache(kind, attn, monkeypat
         torch.testing.assert_close(ours.keys, theirs.keys, atol=1e-5, rtol=0)
         torch.testing.assert_close(ours.values, theirs.values, atol=1e-5, rtol=0)
 
+    def last_queries(rows: int) -> torch.Tensor:  # 20 query rows: the tails of two blocks of 16
+        monkeypatch.setattr(decoder, "ATTENTION_ROWS", rows)
+        hidden = stack.embed(ids)
+        with torch.no_grad():
+            return stack.attention(0, hidden, stack.rotary(hidden, torch.arange(70)), DynamicCache(), query_rows=20)[1]
+
+    torch.testing.assert_close(last_queries(16), last_queries(4096), atol=1e-5, rtol=0)
+
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_pruning_queries_are_the_ones_attention_uses(kind):
