@@ -74,9 +74,7 @@ def run(args: argparse.Namespace) -> None:
     for model_name, (lengths, methods) in PLAN.items():
         if args.models and model_name not in args.models:
             continue
-        for tokens in lengths[:1] if args.quick else lengths:
-            if args.lengths and tokens not in args.lengths:
-                continue
+        for tokens in args.lengths or (lengths[:1] if args.quick else lengths):
             for method in methods:
                 if not args.methods or method in args.methods:
                     jobs.append((model_name, "default", {}, None, method, tokens))
@@ -90,10 +88,13 @@ def run(args: argparse.Namespace) -> None:
                 jobs.append((model_name, name, overrides, scoring, method, tokens))
     loaded: dict[str, tuple] = {}
     n = 2 if args.quick else args.samples
-    for model_name, variant, overrides, scoring, method, tokens in jobs:
+    # Rows from another device or precision are their own variant, beside the CPU fp32 ones.
+    where = "" if (args.device, args.dtype) == ("cpu", "float32") else f"@{args.device}-{args.dtype}"
+    for model_name, name, overrides, scoring, method, tokens in jobs:
+        variant = name + where
         if model_name not in loaded:
             loaded.clear()
-            loaded[model_name] = load_model(model_name)
+            loaded[model_name] = load_model(model_name, dtype=getattr(torch, args.dtype), device=args.device)
         model, tok = loaded[model_name]
         mode = "shared" if method == "plain" else method
         engine = engine_for(model, tok, model_name, mode, scoring, **overrides)
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> None:
                 continue
             sample = make_sample(tok, tokens, (i + 0.5) / n, seed=seed)
             row = run_sample(engine, method, sample, diagnostics=method != "plain")
-            row |= {"model": model_name, "variant": variant, "threads": args.threads}
+            row |= {"model": model_name, "variant": variant, "threads": args.threads, "device": args.device}
             with SAMPLES.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             print(
@@ -197,7 +198,9 @@ def main() -> None:
         help="start at seed 1000+OFFSET: adds a second evenly spread set of depths to a point already measured",
     )
     r.add_argument("--models", nargs="*")
-    r.add_argument("--lengths", nargs="*", type=int)
+    r.add_argument("--lengths", nargs="*", type=int, help="these lengths instead of the plan's")
+    r.add_argument("--device", default="cpu", help="cpu, cuda, ...: rows get the variant suffix @DEVICE-DTYPE")
+    r.add_argument("--dtype", default="float32", help="torch dtype name: float32, bfloat16, float16")
     r.add_argument("--methods", nargs="*", choices=["plain", "query_aware", "shared"])
     r.add_argument("--no-ablations", action="store_true")
     r.set_defaults(func=run)

@@ -67,9 +67,18 @@ def smol_parts():
 
 
 @pytest.fixture(scope="session")
-def tokenizer(smol_parts):
-    """The real SmolLM2 tokenizer (with its chat template), shared by the tiny models."""
-    return smol_parts[1]
+def tokenizer(request: pytest.FixtureRequest):
+    """The real SmolLM2 tokenizer (with its chat template), shared by the tiny models.
+
+    ``$HOMER_TEST_TOKENIZER``, a directory with a saved copy of it, serves where the model's
+    package is not installed (a GPU machine the package cannot be copied to).
+    """
+    saved = os.environ.get("HOMER_TEST_TOKENIZER")
+    if saved:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(saved)
+    return request.getfixturevalue("smol_parts")[1]
 
 
 @pytest.fixture(scope="session")
