@@ -1,0 +1,48 @@
+#!/bin/bash
+# Prepare what a lent GPU machine needs, here, before its lease starts (it reaches no registry and a
+# call carries at most 64 MiB): wheels it lacks in .whl/, random-weight config dirs and the SmolLM2
+# tokenizer in .gpu/, and an embedded model's GGUF cut into pieces in .xfer/ (one piece per call).
+#
+#   bash scripts/device/pack.sh [MODEL]      # MODEL: qwen2.5-coder-0.5b-instruct (default) or -1.5b-
+#
+# Then, with the device tool (each line one call, back to back: the machine stays warm 30 s):
+#   carry [".whl", ".gpu", ".xfer/model"]  bash scripts/device/setup.sh   # first call: installs
+#   carry [".xfer/pNN"]                    bash scripts/device/setup.sh   # one call per piece
+#   carry []                             bash scripts/device/checks.sh    # suite's CUDA tests + memory_speed
+#   passkey:  source scripts/device/setup.sh && python3 benchmarks/passkey.py run --device cuda ...
+# Measured 2026-11-26 on an H100: a 57 MB piece costs about 4 s of device time.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+model=${1:-qwen2.5-coder-0.5b-instruct}
+py=.venv/bin/python
+exclude=$(git rev-parse --git-dir)/info/exclude
+mkdir -p "$(dirname "$exclude")"
+for d in /.whl/ /.gpu/ /.xfer/; do grep -qx "$d" "$exclude" 2>/dev/null || echo "$d" >>"$exclude"; done
+# The device's image has torch and most of our needs; these it lacks or holds in an older version.
+pins=$($py -m pip list 2>/dev/null | awk 'tolower($1) ~ /^(transformers|pydantic|pydantic_core|annotated-types|typing-inspection|platformdirs|gguf|llguidance)$/ {print $1"=="$2}')
+plat=""
+for n in 17 24 27 28 31 34; do plat+=" --platform manylinux_2_${n}_x86_64"; done
+$py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux2014_x86_64 $plat -d .whl $pins
+# Random-weight models of the real shapes (memory_speed.py --random-weights) and the test tokenizer.
+models=$($py -c "from homer_integrations.paths import cache_root; print(cache_root() / 'models')")
+for dir in "$models"/*/; do
+  name=$(basename "$dir"); [ -f "$dir/config.json" ] || continue
+  mkdir -p ".gpu/${name%-*}"
+  cp "$dir"/{config.json,tokenizer.json,tokenizer_config.json} ".gpu/${name%-*}/"
+  cp "$dir"/chat_template.jinja ".gpu/${name%-*}/" 2>/dev/null || true
+done
+# The model's GGUF, joined and hash-checked by the package, cut into pieces that fit one call.
+rm -rf .xfer && mkdir -p .xfer
+gguf=$($py - "$model" <<'PY'
+import sys, tempfile
+from pathlib import Path
+from homer_integrations.models import EMBEDDED_MODELS, gguf_file
+spec = EMBEDDED_MODELS[sys.argv[1]]
+print(gguf_file(spec, Path(tempfile.mkdtemp(prefix="homer-pack-"))))
+PY
+)
+split -b 57000000 -d -a 2 "$gguf" .xfer/p
+case "$gguf" in /tmp/homer-pack-*) rm -rf "$(dirname "$gguf")" ;; esac
+echo "$model $(ls .xfer/p?? | wc -l)" >.xfer/model
+du -sh .whl .gpu .xfer
