@@ -1,15 +1,21 @@
 """Named ablations: the scoring variants that measured no gain, assembled from ``homer.scoring`` parts.
 
 They left ``HomerConfig`` (README "Design and measurements" has their numbers); a benchmark builds
-one with ``ablation(name, config)`` and hands it to ``HomerModel(scoring=...)``.
+one with ``ablation(name, config)`` and hands it to ``HomerModel(scoring=...)``. One cache
+transform is here too, under trial: ``compact_positions`` (each kept token its own position).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
-from homer_integrations import HomerConfig
+import torch
+
+from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.homer.compressed import CompressedDocument
+from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.score_units import SentenceBonus, WordUnits
 from homer_integrations.homer.scorers import EveryLayer, LastTokenScorer, QuestionAttentionScorer, RandomScorer
 from homer_integrations.homer.scoring import Scoring
@@ -61,3 +67,34 @@ def ablation(name: str, config: HomerConfig) -> Scoring:
     if name not in ABLATIONS:
         raise KeyError(f"unknown ablation {name!r}: one of {', '.join(ABLATIONS)}")
     return ABLATIONS[name](Scoring.from_config(config))
+
+
+def compact_positions(stack: DecoderStack, doc: CompressedDocument) -> CompressedDocument:
+    """``doc`` with its cached tokens moved to positions 0..K-1 in cache (document) order.
+
+    HOMER's root keeps every token at its leaf's position, so tokens of different leaves share
+    positions (the paper's design: no position reaches the chunk length). Here each gets its own,
+    as in a plain prefill over exactly the kept tokens: every key [1, Hkv, K, d] is rotated by
+    (new - old) positions, since RoPE rotations compose; values and the layers' work stay as they
+    were. RoPE with an attention scaling (YaRN, LongRoPE) would be scaled twice and is refused.
+    """
+    if getattr(stack.family.backbone.rotary_emb, "attention_scaling", 1.0) != 1.0:
+        raise ValueError("compact_positions: RoPE with attention scaling cannot be re-rotated")
+    keys0 = doc.keys[0]
+    new = torch.arange(doc.num_tokens)
+    tables = stack.rotary(keys0, new - doc.position_ids.cpu())
+    keys = tuple(stack.family.rotate(k, tables[stack.family.rope_kind(layer)]) for layer, k in enumerate(doc.keys))
+    return replace(doc, keys=keys, position_ids=new, last_position=doc.num_tokens - 1)
+
+
+def with_compact_positions(engine: HomerModel) -> HomerModel:
+    """``engine`` answering from ``compact_positions`` of every cache it compresses or looks up."""
+    tiers = engine.tiers
+    compress = tiers.compress
+
+    def compacted(*args: Any, **kwargs: Any) -> Any:
+        result = compress(*args, **kwargs)
+        return result._replace(document=compact_positions(tiers.stack, result.document))
+
+    tiers.compress = compacted  # type: ignore[method-assign]
+    return engine

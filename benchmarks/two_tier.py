@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ablations import ABLATIONS, RECONSTRUCTION_ABLATIONS
+from ablations import ABLATIONS, RECONSTRUCTION_ABLATIONS, with_compact_positions
 from passkey_lib import INSTRUCTION
 
 from homer_integrations import HomerConfig, HomerModel
@@ -66,6 +66,8 @@ METHODS = (
     "per_question_flat_sent",
     "per_question_qsent",
     "per_question_flat_qsent",
+    "shared_recon_flat_compact",
+    "per_question_qsent_compact",
 )
 """``shared`` and ``per_question*`` use the paper's last-token scorer for the shared root
 (``shared_scorer="last_token"``), and ``per_question*`` rows prune for the question by the paper's
@@ -221,6 +223,8 @@ def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
     explicit = method.startswith("per_question") and "qsent" not in parts
     if explicit or scoring != engine.tiers.scoring:
         engine = HomerModel(model, tok, config, model_name=name, progress=False, scoring=scoring)
+    if "compact" in parts:  # each kept token its own position (ablations.compact_positions)
+        engine = with_compact_positions(engine)
     return engine, "shared" if method.startswith("shared") else "query_aware"
 
 

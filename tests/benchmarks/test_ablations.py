@@ -1,0 +1,63 @@
+"""The cache transform under trial in benchmarks/ablations.py: ``compact_positions``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.homer.compressed import CompressedDocument, CompressionStats
+from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
+from homer_integrations.homer.decoder import DecoderStack
+from tests import conftest
+from tests.conftest import uncalibrated
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+from ablations import compact_positions, with_compact_positions
+
+
+def ids(n: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def compressed(stack: DecoderStack, doc_len: int) -> CompressedDocument:
+    settings = CompressorSettings(max_chunk_len=128, warmup_layers=2, final_cache_len=128, scoring=uncalibrated())
+    r = HomerCompressor(stack, settings, None).compress(ids(5, 0), ids(doc_len, 3), ids(4, 2))
+    stats = CompressionStats(doc_len, doc_len + 9, r.keys[0].shape[2], 0, 0.0, 0, r.plan.height, 1, 128)
+    return CompressedDocument("k", r.keys, r.values, r.position_ids, r.origin, r.last_position, None, None, stats)
+
+
+def test_compacted_keys_sit_at_distinct_positions_and_rotate_back_exactly() -> None:
+    stack = DecoderStack(conftest.tiny_model("qwen2", vocab_size=256))
+    doc = compressed(stack, 700)
+    assert doc.position_ids.unique().numel() < doc.num_tokens  # leaves share positions before
+    compact = compact_positions(stack, doc)
+    assert compact.position_ids.tolist() == list(range(doc.num_tokens))
+    assert compact.last_position == doc.num_tokens - 1
+    back = stack.rotary(doc.keys[0], doc.position_ids - compact.position_ids)["default"]
+    for before, moved in zip(doc.keys, compact.keys, strict=True):
+        assert not torch.allclose(before, moved)
+        torch.testing.assert_close(stack.family.rotate(moved, back), before, atol=1e-5, rtol=1e-5)
+    assert all(a is b for a, b in zip(doc.values, compact.values, strict=True))
+
+
+def test_a_document_in_one_leaf_is_left_as_it_was() -> None:
+    stack = DecoderStack(conftest.tiny_model("qwen2", vocab_size=256))
+    doc = compressed(stack, 60)
+    compact = compact_positions(stack, doc)
+    assert doc.position_ids.tolist() == compact.position_ids.tolist()
+    for before, after in zip(doc.keys, compact.keys, strict=True):
+        torch.testing.assert_close(after, before)
+
+
+def test_an_engine_answers_from_compacted_caches(tokenizer, text: str, tmp_path) -> None:
+    model = conftest.tiny_model("qwen2", vocab_size=len(tokenizer))
+    config = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2)
+    engine = with_compact_positions(HomerModel(model, tokenizer, config, calibration_dir=tmp_path, progress=False))
+    doc = engine.compress(text)
+    assert doc.position_ids.tolist() == list(range(doc.num_tokens))
+    stream = engine.run(text, "Who is Mr. Bingley?", max_new_tokens=3)
+    stream.text()
+    assert stream.info.output_tokens >= 1 and stream.info.cache_tokens == doc.num_tokens
