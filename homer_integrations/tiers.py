@@ -222,6 +222,8 @@ class DocumentTiers:
         prefix_ids, document_ids, suffix_ids = self.prompting.encode_span(prefix, document, suffix, full=full)
         prompt_len = prefix_ids.numel() + document_ids.numel() + suffix_ids.numel()
         prunes = not full and prompt_len > self.config.final_cache_len
+        if prunes:
+            self._check_room(prefix_ids.numel() + suffix_ids.numel())
         compressor = self.compressor(prunes, query_aware=False, full=full)
         with self._progress(document_ids.numel(), "HOMER compress") as bar:
             words = self.unit_ids(document, document_ids, self.scoring) if prunes else None
@@ -237,6 +239,17 @@ class DocumentTiers:
             doc.stats.tree_height,
         )
         return doc
+
+    def _check_room(self, fixed_tokens: int) -> None:
+        """Raise ``ValueError`` when the prompt around the document, which is never pruned, leaves the
+        compressed cache no room for the document (``final_cache_len``)."""
+        budget = self.config.final_cache_len
+        if fixed_tokens >= budget:
+            raise ValueError(
+                f"the prompt around the document (system prompt, instructions, question, template) is "
+                f"{fixed_tokens} tokens and is never pruned, which leaves no room for the document in "
+                f"final_cache_len={budget}: shorten that text, move it into the document, or raise final_cache_len"
+            )
 
     def _build_tier(self, key: str, prefix: str, document: str) -> LeafTier:
         prefix_ids, document_ids, _ = self.prompting.encode_span(prefix, document, "")
@@ -264,6 +277,8 @@ class DocumentTiers:
         """The query-aware compression of the tier's document with ``suffix`` (which holds ``question``)."""
         suffix_ids = encode(self.prompting.tokenizer, suffix, formatted=True)
         prompt_len = tier.num_tokens + suffix_ids.numel()
+        if prompt_len > self.config.final_cache_len:
+            self._check_room(tier.num_tokens - tier.document_tokens + suffix_ids.numel())
         compressor = self.compressor(prompt_len > self.config.final_cache_len, query_aware=True)
         replay = compressor.replay_flat if self.config.replay == "flat" else compressor.replay
         result = replay(tier.to(self.stack.device), suffix_ids)

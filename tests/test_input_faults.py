@@ -195,6 +195,32 @@ def test_a_tokenized_document_over_the_merge_tree_is_refused_before_any_layer_ru
     assert calls.calls == 0, "no calibration and no leaf ran"
 
 
+def test_a_prompt_around_the_document_too_long_for_the_cache_is_a_clear_error_before_any_layer_runs(
+    tokenizer, novel: str, tmp_path: Path
+) -> None:
+    # RULER's cwe at 4x: its few-shot example alone (1,261 tokens) was over the 1,000-token budget,
+    # and pruning failed deep inside with "cannot prune N tokens"
+    text = novel[:3000]
+    cfg = HomerConfig(max_chunk_len=128, warmup_layers=2, final_cache_len=64, calibration_segments=1)
+    never_pruned = r"is \d+ tokens and is never pruned.*final_cache_len=64"
+
+    def engine(config: HomerConfig) -> HomerModel:
+        return HomerModel(tiny_model("llama"), tokenizer, config, calibration_dir=tmp_path, progress=False)
+
+    long_system_prompt = engine(cfg.model_copy(update={"system_prompt": "Answer briefly and exactly. " * 12}))
+    calls = LayerCalls(long_system_prompt.model)
+    try:
+        with pytest.raises(ValueError, match=never_pruned):
+            long_system_prompt.compress(text)
+    finally:
+        calls.remove()
+    assert calls.calls == 0, "refused before any layer ran"
+    question = "Which of the daughters " * 10 + "is the eldest?"
+    with pytest.raises(ValueError, match=never_pruned):  # after the leaf tier, before its replay
+        engine(cfg).compress(text, question=question, mode="query_aware")
+    assert engine(cfg).compress(text).num_tokens <= 64
+
+
 def test_the_cli_reports_a_document_too_long_for_the_tree_in_one_line(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, novel: str, tokenizer
 ) -> None:
