@@ -77,6 +77,8 @@ def compact_positions(stack: DecoderStack, doc: CompressedDocument) -> Compresse
     as in a plain prefill over exactly the kept tokens: every key [1, Hkv, K, d] is rotated by
     (new - old) positions, since RoPE rotations compose; values and the layers' work stay as they
     were. RoPE with an attention scaling (YaRN, LongRoPE) would be scaled twice and is refused.
+    (The removed ``contiguous_positions`` option re-rotated at every merge, changing what the upper
+    layers computed; this moves only the finished cache that the answer reads.)
     """
     if getattr(stack.family.backbone.rotary_emb, "attention_scaling", 1.0) != 1.0:
         raise ValueError("compact_positions: RoPE with attention scaling cannot be re-rotated")
