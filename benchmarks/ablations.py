@@ -82,9 +82,8 @@ def compact_positions(stack: DecoderStack, doc: CompressedDocument) -> Compresse
     """
     if getattr(stack.family.backbone.rotary_emb, "attention_scaling", 1.0) != 1.0:
         raise ValueError("compact_positions: RoPE with attention scaling cannot be re-rotated")
-    keys0 = doc.keys[0]
     new = torch.arange(doc.num_tokens)
-    tables = stack.rotary(keys0, new - doc.position_ids.cpu())
+    tables = stack.rotary(doc.keys[0], new - doc.position_ids.cpu())
     keys = tuple(stack.family.rotate(k, tables[stack.family.rope_kind(layer)]) for layer, k in enumerate(doc.keys))
     return replace(doc, keys=keys, position_ids=new, last_position=doc.num_tokens - 1)
 
