@@ -54,6 +54,8 @@ HOMER_METHODS = (
     "homer_query_aware",
     "homer_query_aware_last_token",
     "homer_query_aware_qattn",
+    "homer_shared_compact",
+    "homer_query_aware_compact",
 )
 """``homer_shared_stmt``: the shared root with the ``reconstruction_statements`` ablation (its sentence
 bonus over statements, so a needle's key and value are ranked as one unit);
@@ -61,10 +63,18 @@ bonus over statements, so a needle's key and value are ranked as one unit);
 ``homer_query_aware_last_token`` the same with the ``question_last_token`` ablation (the paper's
 calibrated last token and the recipe's word units; the package's per-question path before 2026-11-25,
 whose rows were recorded as ``homer_query_aware``); ``homer_query_aware_qattn`` with the
-``question_attention_sentences`` ablation (sentence units, which end at a colon). See ``_scoring``."""
+``question_attention_sentences`` ablation (sentence units, which end at a colon). See ``_scoring``.
+``_compact``: the package's method answering from ``ablations.compact_positions`` of its cache (each kept
+token its own position, 0..K-1)."""
 KVPRESS_METHODS = ("kvzip", "snapkv", "expected_attention", "streaming_llm", "knorm", "snapkv_question")
 METHODS = HOMER_METHODS + KVPRESS_METHODS
-ABLATION_METHODS = ("homer_shared_stmt", "homer_query_aware_last_token", "homer_query_aware_qattn")
+ABLATION_METHODS = (
+    "homer_shared_stmt",
+    "homer_query_aware_last_token",
+    "homer_query_aware_qattn",
+    "homer_shared_compact",
+    "homer_query_aware_compact",
+)
 """Run only when named: ``run`` without ``--methods`` runs the package's and kvpress's methods."""
 CALIBRATED_CHUNKS = (2048, 4096)
 """Chunk lengths with a bundled Qwen calibration table (any other is calibrated once, minutes on a CPU)."""
@@ -212,6 +222,10 @@ def homer_rows(args: argparse.Namespace) -> None:
             scoring = _scoring(args, engine.tiers.scoring, config)
             if scoring is not None:
                 engine = HomerModel(model, tok, config, model_name=MODEL, progress=False, scoring=scoring)
+            if args.method.endswith("_compact"):
+                from ablations import with_compact_positions
+
+                engine = with_compact_positions(engine)
         prompt = homer_prompt(engine, sample, mode)
         stream = _answer(engine, prompt, sample, mode)
         prediction = stream.text()

@@ -4,14 +4,16 @@
         --variants flat:last tree:last flat:qattn flat:qattn_sent flat
 
 Samples 10 and up are never reported by ``ruler.py`` (it runs indices 0..n-1 for n <= 10): they
-are the tuning split. Each variant is ``replay[:scoring]``: ``replay`` is ``flat`` or ``tree``;
+are the tuning split. Each variant is ``replay[:scoring]``: ``replay`` is ``flat`` or ``tree`` (or ``shared``: the
+package's question-agnostic root, no question while compressing);
 ``scoring`` is the package's question recipe (empty: question attention, sentence bonus over
 ``statement`` units, which a colon does not end), ``last`` (ablation ``question_last_token``: the
 paper's last token with max-pooled word units, the package's recipe before 2026-11-25), ``last_sent``
 (its scores with the sentence bonus), ``qattn`` (ablation ``question_attention`` with the recipe's
 word units) or ``qattn_sent`` (question attention, sentence bonus over ``sentence`` units, which
 end at a colon). One JSON line per
-sample and variant: the value's and the line's tokens kept in the replayed cache, and the answer.
+sample and variant: each reference value's tokens and its line's (its sentence in an essay) kept in
+the cache, and the answer.
 """
 
 from __future__ import annotations
@@ -55,6 +57,16 @@ def token_span(offsets: list[tuple[int, int]], start: int, end: int) -> list[int
     return [i for i, (a, b) in enumerate(offsets) if a < end and b > start]
 
 
+def value_and_line(text: str, offsets: list[tuple[int, int]], value: str) -> tuple[list[int], list[int]]:
+    """The tokens of ``value``'s first occurrence in ``text`` and of its line (its sentence where the
+    line is an essay paragraph: text between the sentence ends around it)."""
+    start = text.index(value)
+    line_start = max(text.rfind("\n", 0, start) + 1, text.rfind(". ", 0, start) + 2)
+    ends = [i for i in (text.find("\n", start), text.find(". ", start)) if i >= 0]
+    line_end = min(ends) + 1 if ends else len(text)
+    return token_span(offsets, start, start + len(value)), token_span(offsets, line_start, line_end)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", default="niah_multikey_2")
@@ -72,33 +84,36 @@ def main() -> None:
         shared = ruler.homer_prompt(probe, sample, "shared")
         context = sum(len(encode(tok, t)) for t in (shared.prefix, shared.document, shared.suffix))
         budget = round(context / args.ratio)
-        text, value = sample.document, sample.outputs[0]
+        text = sample.document
         offsets = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-        start = text.index(value)
-        line_start, line_end = text.rfind("\n", 0, start) + 1, text.find("\n", start)
-        value_tokens = token_span(offsets, start, start + len(value))
-        line_tokens = token_span(offsets, line_start, len(text) if line_end < 0 else line_end)
+        spans = [value_and_line(text, offsets, value) for value in sample.outputs]
         for variant in args.variants:
             replay, _, name = variant.partition(":")
+            mode = "shared" if replay == "shared" else "query_aware"
             config = HomerConfig(
-                max_chunk_len=ruler.chunk_length(context, budget), final_cache_len=budget, replay=replay
+                max_chunk_len=ruler.chunk_length(context, budget),
+                final_cache_len=budget,
+                mode=mode,
+                **({} if mode == "shared" else {"replay": replay}),
             )
             engine = HomerModel(
                 model, tok, config, model_name=ruler.MODEL, progress=False, scoring=scoring_for(name, config)
             )
-            prompt = ruler.homer_prompt(engine, sample, "query_aware")
-            question = sample.question.lstrip()
-            doc = engine.tiers.compress(prompt.prefix, text, prompt.suffix, question, "query_aware").document
+            prompt = ruler.homer_prompt(engine, sample, mode)
+            question = sample.question.lstrip() if mode == "query_aware" else None
+            doc = engine.tiers.compress(prompt.prefix, text, prompt.suffix, question, mode).document
             kept = set(doc.origin.tolist())
-            answer = engine.answerer.continue_from(doc, prompt.continuation, GenerationOptions(max_new_tokens=16))
+            answer = engine.answerer.continue_from(
+                doc, prompt.continuation, GenerationOptions(max_new_tokens=sample.max_new_tokens)
+            )
             row = {
                 "task": args.task,
                 "index": sample.index,
                 "variant": variant,
-                "value_kept": f"{sum(i in kept for i in value_tokens)}/{len(value_tokens)}",
-                "line_kept": f"{sum(i in kept for i in line_tokens)}/{len(line_tokens)}",
+                "value_kept": [f"{sum(i in kept for i in v)}/{len(v)}" for v, _ in spans],
+                "line_kept": [f"{sum(i in kept for i in line)}/{len(line)}" for _, line in spans],
                 "answer": answer.text(),
-                "expected": value,
+                "expected": sample.outputs,
             }
             print(json.dumps(row), flush=True)
 
