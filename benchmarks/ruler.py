@@ -56,6 +56,8 @@ HOMER_METHODS = (
     "homer_query_aware_qattn",
     "homer_shared_compact",
     "homer_query_aware_compact",
+    "homer_shared_recompute",
+    "homer_query_aware_recompute",
 )
 """``homer_shared_stmt``: the shared root with the ``reconstruction_statements`` ablation (its sentence
 bonus over statements, so a needle's key and value are ranked as one unit);
@@ -65,7 +67,8 @@ calibrated last token and the recipe's word units; the package's per-question pa
 whose rows were recorded as ``homer_query_aware``); ``homer_query_aware_qattn`` with the
 ``question_attention_sentences`` ablation (sentence units, which end at a colon). See ``_scoring``.
 ``_compact``: the package's method answering from ``ablations.compact_positions`` of its cache (each kept
-token its own position, 0..K-1)."""
+token its own position, 0..K-1). ``_recompute``: the flat selection re-read by one plain prefill of the kept
+tokens (``replay``/``shared_root="recompute"``)."""
 KVPRESS_METHODS = ("kvzip", "snapkv", "expected_attention", "streaming_llm", "knorm", "snapkv_question")
 METHODS = HOMER_METHODS + KVPRESS_METHODS
 ABLATION_METHODS = (
@@ -74,6 +77,8 @@ ABLATION_METHODS = (
     "homer_query_aware_qattn",
     "homer_shared_compact",
     "homer_query_aware_compact",
+    "homer_shared_recompute",
+    "homer_query_aware_recompute",
 )
 """Run only when named: ``run`` without ``--methods`` runs the package's and kvpress's methods."""
 CALIBRATED_CHUNKS = (2048, 4096)
@@ -217,7 +222,8 @@ def homer_rows(args: argparse.Namespace) -> None:
         else:
             mcl = args.max_chunk_len or chunk_length(context_tokens, budget)
             mode = "shared" if args.method.startswith("homer_shared") else "query_aware"
-            config = HomerConfig(max_chunk_len=mcl, final_cache_len=budget, mode=mode)
+            recompute = {"replay": "recompute", "shared_root": "recompute"} if "recompute" in args.method else {}
+            config = HomerConfig(max_chunk_len=mcl, final_cache_len=budget, mode=mode, **recompute)
             engine = HomerModel(model, tok, config, model_name=MODEL, progress=False)
             scoring = _scoring(args, engine.tiers.scoring, config)
             if scoring is not None:

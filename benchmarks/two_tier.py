@@ -68,6 +68,8 @@ METHODS = (
     "per_question_flat_qsent",
     "shared_recon_flat_compact",
     "per_question_qsent_compact",
+    "shared_recon_recompute",
+    "per_question_qsent_recompute",
 )
 """``shared`` and ``per_question*`` use the paper's last-token scorer for the shared root
 (``shared_scorer="last_token"``), and ``per_question*`` rows prune for the question by the paper's
@@ -94,7 +96,9 @@ bonus) kept first: 4/6, no better, at about twice the tier build; code in commit
 ``per_question_flat_sent`` rows (tuning seeds 3000-3001 at 16k): the flat replay ranking the question's
 last-token scores by whole sentences (``RECONSTRUCTION_UNITS``, the shared root's units) instead of
 max-pooled words: 3/6 against 5/6 on the same documents (it lost the code on one and the parrot and
-the town on the other), so it was not run on the held-out seeds."""
+the town on the other), so it was not run on the held-out seeds. ``*_recompute`` rows: the flat
+selection (the shared root's, or the question's with the package recipe) re-read by one plain prefill
+of the kept tokens through every layer (``replay``/``shared_root="recompute"``, ``homer.recompute``)."""
 OPTIONS = GenerationOptions(max_new_tokens=12)
 
 CODES = [str(n) for n in range(10000, 99999, 7919)]
@@ -199,7 +203,7 @@ def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
     """A fresh engine for ``method`` (nothing cached from another method) and the mode it answers in."""
     parts = method.split("_")
     recon = "recon" in parts
-    flat = "flat" if "flat" in parts else "tree"
+    flat = "recompute" if "recompute" in parts else "flat" if "flat" in parts else "tree"
     config = HomerConfig(
         system_prompt=INSTRUCTION,
         replay=flat,

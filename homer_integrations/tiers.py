@@ -163,7 +163,9 @@ class DocumentTiers:
                 raise ValueError("query_aware mode compresses the question with the document: pass question=")
             tier, source = self.leaf_tier(prefix, document)
             return Compressed(
-                self._replay(tier, suffix, question), source, tier.seconds if source == "computed" else 0.0
+                self._replay(tier, prefix, document, suffix, question),
+                source,
+                tier.seconds if source == "computed" else 0.0,
             )
         full = mode == "full"
         key = self.keys.full(prefix, document, suffix) if full else self.keys.root(prefix, document, suffix)
@@ -227,9 +229,13 @@ class DocumentTiers:
         compressor = self.compressor(prunes, query_aware=False, full=full)
         with self._progress(document_ids.numel(), "HOMER compress") as bar:
             words = self.unit_ids(document, document_ids, self.scoring) if prunes else None
-            flat = self.config.shared_root == "flat" and not full
-            compress = compressor.compress_flat if flat else compressor.compress
-            result = compress(prefix_ids, document_ids, suffix_ids, progress=bar.update, word_ids=words)
+            root = "tree" if full else self.config.shared_root
+            if root == "tree":
+                result = compressor.compress(prefix_ids, document_ids, suffix_ids, progress=bar.update, word_ids=words)
+            else:
+                result = compressor.compress_flat(
+                    prefix_ids, document_ids, suffix_ids, bar.update, words, recompute=root == "recompute"
+                )
         doc = _document(key, result, prompt_len, None)
         logger.info(
             "compressed %d document tokens into %d cache tokens in %.1fs (tree height %d)",
@@ -273,15 +279,21 @@ class DocumentTiers:
         )
         return tier
 
-    def _replay(self, tier: LeafTier, suffix: str, question: str) -> CompressedDocument:
-        """The query-aware compression of the tier's document with ``suffix`` (which holds ``question``)."""
+    def _replay(self, tier: LeafTier, prefix: str, document: str, suffix: str, question: str) -> CompressedDocument:
+        """The query-aware compression of the tier's ``prefix`` + ``document`` with ``suffix`` (which holds
+        ``question``)."""
         suffix_ids = encode(self.prompting.tokenizer, suffix, formatted=True)
         prompt_len = tier.num_tokens + suffix_ids.numel()
         if prompt_len > self.config.final_cache_len:
             self._check_room(tier.num_tokens - tier.document_tokens + suffix_ids.numel())
         compressor = self.compressor(prompt_len > self.config.final_cache_len, query_aware=True)
-        replay = compressor.replay_flat if self.config.replay == "flat" else compressor.replay
-        result = replay(tier.to(self.stack.device), suffix_ids)
+        tier = tier.to(self.stack.device)
+        if self.config.replay == "recompute":
+            prefix_ids, document_ids, _ = self.prompting.encode_span(prefix, document, "")
+            result = compressor.replay_recompute(tier, prefix_ids, document_ids, suffix_ids)
+        else:
+            replay = compressor.replay_flat if self.config.replay == "flat" else compressor.replay
+            result = replay(tier, suffix_ids)
         key = hashlib.sha256(f"{tier.key}\0{json.dumps(markup(suffix).segments)}".encode()).hexdigest()
         return _document(key, result, prompt_len, question)
 

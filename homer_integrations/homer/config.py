@@ -7,7 +7,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Mode = Literal["shared", "query_aware", "full"]
-Replay = Literal["tree", "flat"]
+Replay = Literal["tree", "flat", "recompute"]
 MODES: tuple[Mode, ...] = get_args(Mode)
 """The modes a call can pick: ``shared``, ``query_aware``, ``full``."""
 
@@ -60,14 +60,17 @@ class HomerConfig(BaseModel):
             its sentence's mean), so ``score_pooling``, ``pool_unit`` and ``score_memory`` shape a
             ``last_token`` root only. Question-aware pruning scores by every suffix row's most
             attention and ranks whole statements (``homer.scoring.Scoring.for_questions``).
-        replay: how ``query_aware`` rebuilds the root from the leaf tier: ``tree`` replays the
-            paper's merge tree (each level prunes again with the question), ``flat`` keeps the
-            ``final_cache_len`` best tokens of all leaves by their leaf scores and runs the upper
-            layers once over that single node.
+        replay: how ``query_aware`` rebuilds the root from the leaf tier: ``recompute`` (default)
+            keeps the ``final_cache_len`` best tokens of all leaves by their leaf scores (the question
+            in each leaf's suffix) and re-reads them with one plain prefill of the kept tokens
+            through every layer (``homer.recompute``); ``flat`` keeps the same tokens and runs only
+            the upper layers over them as one node; ``tree`` replays the paper's merge tree (each
+            level prunes again with the question). Two-tier test, held out: see README "Two tiers".
         shared_root: how the ``shared`` root is selected: ``flat`` (default: each leaf's scores
             once, the best ``final_cache_len`` tokens of the whole document, then the upper layers
-            over that single node, as ``replay="flat"``) or ``tree`` (paper: every merged node
-            prunes again by its last token). Two-tier test: 12/12 both at 8k, 2/6 vs 1/6 at 16k.
+            over that single node, as ``replay="flat"``), ``recompute`` (that selection, re-read by a
+            plain prefill of the kept tokens) or ``tree`` (paper: every merged node prunes again by
+            its last token). Two-tier test: 12/12 both at 8k, 2/6 vs 1/6 at 16k.
         calibration_segments: text segments of ``max_chunk_len`` tokens averaged by calibration.
         document_suffix: the fixed text after the document in ``shared`` mode.
         system_prompt: system message placed in the prefix (chat models).
@@ -88,7 +91,7 @@ class HomerConfig(BaseModel):
     pool_unit: PoolUnit = "word"
     score_memory: bool = True
     shared_scorer: SharedScorer = "reconstruction"
-    replay: Replay = "tree"
+    replay: Replay = "recompute"
     shared_root: Replay = "flat"
     calibration_segments: int = Field(default=48, ge=1, le=10_000)
     document_suffix: str = Field(default=DEFAULT_DOCUMENT_SUFFIX, min_length=1)

@@ -3,7 +3,8 @@
 The leaf layers over the document are the same whatever the question (see ``leaf_tier``), so they run
 once (``build_leaf_tier``); a question then runs only its suffix rows through the leaf layers against
 the stored K/V and redoes pruning and the upper levels: the paper's tree (``replay``, equal to a
-query-aware ``compress`` from scratch) or one flat selection across all leaves (``replay_flat``).
+query-aware ``compress`` from scratch), one flat selection across all leaves (``replay_flat``), or that
+selection re-read by one plain prefill of the kept tokens (``replay_recompute``, see ``recompute``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.leaf_tier import Allocate, Layout, LeafSlice, LeafTier
 from homer_integrations.homer.merging import merge_siblings
 from homer_integrations.homer.pruning import keep_mask, standardise
+from homer_integrations.homer.recompute import prefill_kept
 from homer_integrations.homer.schedule import LayerSchedule
 from homer_integrations.homer.score_units import ScoreMemory
 
@@ -122,6 +124,32 @@ class TierCompressor(HomerCompressor):
         return self._result(self._flat(leaf, plan, schedule, progress), plan, schedule, start)
 
     @torch.inference_mode()
+    def replay_recompute(
+        self,
+        tier: LeafTier,
+        prefix_ids: torch.Tensor,
+        document_ids: torch.Tensor,
+        suffix_ids: torch.Tensor,
+        progress: ProgressFn | None = None,
+    ) -> CompressionResult:
+        """``replay_flat``'s selection, then one plain prefill of prefix [P] + the kept document tokens (in
+        document order) + suffix [S] through every layer (``recompute.prefill_kept``); ``prefix_ids`` and
+        ``document_ids`` [N] are the tier's (it keeps no token ids). A tier of one leaf is already exact:
+        its replay is ``replay_flat``'s."""
+        if document_ids.numel() != tier.document_tokens:
+            raise ValueError(f"the leaf tier holds {tier.document_tokens} document tokens, not {document_ids.numel()}")
+        if tier.plan.height == 0:
+            return self.replay_flat(tier, suffix_ids, progress)
+        start = time.perf_counter()
+        plan, schedule = self._replay_plan(tier, suffix_ids)
+
+        def leaf(index: int, target_len: int) -> tuple[Chunk, torch.Tensor | None]:
+            return self._replayed_leaf(tier.leaf(index), suffix_ids, plan, schedule.layers_at(0), target_len)
+
+        selected = self._select_flat(leaf, plan, schedule, progress)
+        return self._recomputed(selected, prefix_ids, document_ids, suffix_ids, plan, start)
+
+    @torch.inference_mode()
     def compress_flat(
         self,
         prefix_ids: torch.Tensor,
@@ -129,10 +157,13 @@ class TierCompressor(HomerCompressor):
         suffix_ids: torch.Tensor,
         progress: ProgressFn | None = None,
         word_ids: torch.Tensor | None = None,
+        recompute: bool = False,
     ) -> CompressionResult:
         """``_flat`` from the document's tokens: each leaf runs prefix [P] + piece, is scored (by its
         scorer's probe rows, or by the suffix [S] run after it), pruned and dropped before the next;
-        no tier is held, so peak memory stays that of one leaf plus the kept tokens."""
+        no tier is held, so peak memory stays that of one leaf plus the kept tokens. ``recompute``: the
+        selection is re-read by one plain prefill of the kept tokens (``recompute.prefill_kept``) instead
+        of running the upper layers over it."""
         start = time.perf_counter()
         s = self.settings
         plan = ChunkPlan.build(prefix_ids.numel(), document_ids.numel(), suffix_ids.numel(), s.max_chunk_len)
@@ -154,15 +185,46 @@ class TierCompressor(HomerCompressor):
                 scores = torch.cat([probed, torch.zeros(plan.suffix_len)])
             return chunk, scores
 
+        if recompute and plan.height > 0:
+            selected = self._select_flat(leaf, plan, schedule, progress)
+            return self._recomputed(selected, prefix_ids, document_ids, suffix_ids, plan, start)
         return self._result(self._flat(leaf, plan, schedule, progress), plan, schedule, start)
 
+    def _recomputed(
+        self,
+        selected: Chunk,
+        prefix_ids: torch.Tensor,
+        document_ids: torch.Tensor,
+        suffix_ids: torch.Tensor,
+        plan: ChunkPlan,
+        start: float,
+    ) -> CompressionResult:
+        """The plain prefill of ``selected``'s document tokens between prefix and suffix, reported with
+        the split that selected them."""
+        kept = selected.origin[selected.origin >= 0].sort().values
+        del selected
+        result = prefill_kept(self.stack, self.settings, prefix_ids, document_ids, kept, suffix_ids)
+        return replace(
+            result, plan=plan, peak_kv_bytes=max(self._peak, result.peak_kv_bytes), seconds=time.perf_counter() - start
+        )
+
     def _flat(self, leaf: FlatLeafFn, plan: ChunkPlan, schedule: LayerSchedule, progress: ProgressFn | None) -> Chunk:
-        """One selection across all leaves, then the upper layers over one node.
+        """One selection across all leaves (``_select_flat``), then every layer above the leaves runs
+        once over that single node."""
+        root = self._select_flat(leaf, plan, schedule, progress)
+        upper = range(schedule.layers_at(0).stop, self.stack.num_layers)
+        if upper:
+            self._run_layers(root, upper, self.settings.final_cache_len, is_root=True)
+        return root
+
+    def _select_flat(
+        self, leaf: FlatLeafFn, plan: ChunkPlan, schedule: LayerSchedule, progress: ProgressFn | None
+    ) -> Chunk:
+        """The ``final_cache_len`` best tokens of the whole document, as one node through the leaf layers.
 
         Every leaf scores its tokens once, in its own context (the scoring's units but memory,
-        standardised per leaf); the ``final_cache_len`` best document tokens of the whole document
-        survive (pairwise, in document order, affixes averaged as the tree averages them), and every
-        layer above the leaves runs once over that single node. A fact is judged where it is
+        standardised per leaf); the best document tokens of the whole document survive (pairwise, in
+        document order, affixes averaged as the tree averages them). A fact is judged where it is
         clearest and never again by a merged node's noisier context.
         """
         leaf_layers = schedule.layers_at(0)
@@ -192,11 +254,7 @@ class TierCompressor(HomerCompressor):
             self._record_peak(chunk)
             return chunk
 
-        root = select(0, plan.height)
-        upper = range(leaf_layers.stop, self.stack.num_layers)
-        if upper:
-            self._run_layers(root, upper, target, is_root=True)
-        return root
+        return select(0, plan.height)
 
     def _prefix_part(self, prefix_ids: torch.Tensor, layers: range) -> LeafSlice:
         """The prefix [P] through ``layers``, identical in every leaf (same tokens and positions)."""

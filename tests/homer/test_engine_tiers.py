@@ -64,7 +64,7 @@ def test_second_question_replays_from_the_tier_without_rerunning_the_leaves(toke
 def test_replayed_compression_equals_a_query_aware_compression_from_scratch(tokenizer, calib, text):
     # the calibrated scorer, real word units and score memory, a real chat layout
     # (with the last-token shared scorer: no reconstruction prior in the tier)
-    engine = make_engine(tokenizer, calib, mode="query_aware", shared_scorer="last_token")
+    engine = make_engine(tokenizer, calib, mode="query_aware", shared_scorer="last_token", replay="tree")
     question = "Who is Mr. Bingley?"
     replayed = engine.compress(text[:4000], question=question)
     layout = engine.prompting.layout(question)
@@ -182,6 +182,28 @@ def test_reconstruction_root_is_one_depth_first_compression(tokenizer, calib, te
     asked = engine.run(text, "Who is Mr. Bingley?", mode="query_aware", max_new_tokens=3)
     asked.text()
     assert asked.info.cache_source == "computed" and engine.document_cache.stats().computations == 2
+
+
+@pytest.mark.parametrize("mode", ["query_aware", "shared"])
+def test_recompute_answers_as_generate_over_the_kept_tokens(tokenizer, calib, text, mode):
+    """``replay``/``shared_root="recompute"``: the cache is the plain prefill of the tokens the flat
+    selection kept, so the engine answers exactly as transformers' ``generate`` over that prompt."""
+    engine = make_engine(tokenizer, calib, mode=mode, replay="recompute", shared_root="recompute", final_cache_len=64)
+    flat = make_engine(tokenizer, calib, mode=mode, replay="flat", shared_root="flat", final_cache_len=64)
+    question = "Who is Mr. Bingley?"
+    doc = engine.compress(text, question=question if mode == "query_aware" else None)
+    assert doc.stats.tree_height >= 2 and doc.stats.cache_tokens == 64
+    assert torch.equal(doc.position_ids, torch.arange(64))
+    same = flat.compress(text, question=question if mode == "query_aware" else None)
+    assert torch.equal(doc.origin, same.origin), "the flat selection's tokens"
+    kept = doc.origin[doc.origin >= 0]
+    lay, tok = engine.prompting.layout(question, mode), engine.tokenizer
+    prefix_ids, document_ids, suffix_ids = engine.prompting.encode_span(lay.prefix, text, lay.suffix)
+    ids = torch.cat([prefix_ids, document_ids[kept], suffix_ids, encode(tok, lay.continuation, formatted=True)])[None]
+    out = engine.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)
+    expected = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    assert engine.answer(text, question, max_new_tokens=6) == expected
+    assert engine.tiers.keys.root("a", "b", "c") != flat.tiers.keys.root("a", "b", "c")
 
 
 @pytest.mark.parametrize("shared_root", ["flat", "tree"])

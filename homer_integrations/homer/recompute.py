@@ -1,0 +1,44 @@
+"""Re-reading a selection: one plain prefill of the tokens a HOMER selection kept.
+
+HOMER's cache keeps each surviving token's K/V as its own leaf computed them: the token saw only its
+leaf's piece, and tokens of different leaves share positions. Where a kept fact is misread from such a
+cache (kept, yet answered wrong, while a plain prefill over the same tokens answers), running the kept
+tokens again as one ordinary prompt (prefix + kept document tokens in document order + suffix, positions
+0..K-1, every layer) gives a cache in which every kept token attended to every kept token before it.
+HOMER decides *what* to keep; this pass decides *how* it is read. It costs one prefill of K tokens
+(``final_cache_len``), against the upper levels' work over K tokens that it replaces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from homer_integrations.homer.chunking import ChunkPlan
+from homer_integrations.homer.compressor import CompressionResult, CompressorSettings, HomerCompressor
+from homer_integrations.homer.decoder import DecoderStack
+
+
+def prefill_kept(
+    stack: DecoderStack,
+    settings: CompressorSettings,
+    prefix_ids: torch.Tensor,
+    document_ids: torch.Tensor,
+    kept: torch.Tensor,
+    suffix_ids: torch.Tensor,
+) -> CompressionResult:
+    """The plain prefill of prefix [P] + ``document_ids[kept]`` + suffix [S]: one chunk through every
+    layer, nothing pruned. ``kept`` [K] holds ascending document indices; the result's ``origin`` maps
+    its rows back to them (-1 on prefix and suffix) and its positions are 0..P+K+S-1."""
+    if kept.numel() == 0:
+        raise ValueError("nothing was kept to prefill")
+    if bool((kept[1:] <= kept[:-1]).any()):
+        raise ValueError("kept document indices must be ascending (document order)")
+    total = prefix_ids.numel() + kept.numel() + suffix_ids.numel()
+    # One chunk as long as the prompt: a tree of height 0 runs every layer and prunes nothing.
+    one_chunk = replace(settings, max_chunk_len=total, final_cache_len=total, suffix_reserve=0)
+    plan = ChunkPlan.build(prefix_ids.numel(), kept.numel(), suffix_ids.numel(), total)
+    result = HomerCompressor(stack, one_chunk, None).compress(prefix_ids, document_ids[kept], suffix_ids, plan=plan)
+    origin = torch.where(result.origin >= 0, kept[result.origin.clamp(min=0)], result.origin)
+    return replace(result, origin=origin)
