@@ -57,18 +57,22 @@ HOMER_METHODS = (
     "homer_shared_compact",
     "homer_query_aware_compact",
     "homer_shared_recompute",
-    "homer_query_aware_recompute",
+    "homer_query_aware_tree",
 )
 """``homer_shared_stmt``: the shared root with the ``reconstruction_statements`` ablation (its sentence
 bonus over statements, so a needle's key and value are ranked as one unit);
-``homer_query_aware`` the package's per-question path (question attention ranked by statements);
-``homer_query_aware_last_token`` the same with the ``question_last_token`` ablation (the paper's
-calibrated last token and the recipe's word units; the package's per-question path before 2026-11-25,
-whose rows were recorded as ``homer_query_aware``); ``homer_query_aware_qattn`` with the
-``question_attention_sentences`` ablation (sentence units, which end at a colon). See ``_scoring``.
-``_compact``: the package's method answering from ``ablations.compact_positions`` of its cache (each kept
-token its own position, 0..K-1). ``_recompute``: the flat selection re-read by one plain prefill of the kept
-tokens (``replay``/``shared_root="recompute"``)."""
+``homer_query_aware`` the package's per-question path (question attention ranked by statements, the
+flat selection re-read by a plain prefill of the kept tokens: ``replay="recompute"``, the default since
+2026-11-26; rows run as ``homer_query_aware_recompute`` were renamed to it);
+``homer_query_aware_tree`` the same scoring replayed through the paper's merge tree (the package's
+per-question path before 2026-11-26, whose rows were recorded as ``homer_query_aware``). The other
+``homer_query_aware_*`` ablations replay the tree, as when they were measured:
+``homer_query_aware_last_token`` with the ``question_last_token`` ablation (the paper's calibrated last
+token and the recipe's word units; the package's per-question path before 2026-11-25);
+``homer_query_aware_qattn`` with the ``question_attention_sentences`` ablation (sentence units, which
+end at a colon). See ``_scoring``. ``_compact``: answering from ``ablations.compact_positions`` of the
+cache (each kept token its own position, 0..K-1). ``homer_shared_recompute``: the shared root's flat
+selection re-read by one plain prefill of the kept tokens (``shared_root="recompute"``)."""
 KVPRESS_METHODS = ("kvzip", "snapkv", "expected_attention", "streaming_llm", "knorm", "snapkv_question")
 METHODS = HOMER_METHODS + KVPRESS_METHODS
 ABLATION_METHODS = (
@@ -78,7 +82,7 @@ ABLATION_METHODS = (
     "homer_shared_compact",
     "homer_query_aware_compact",
     "homer_shared_recompute",
-    "homer_query_aware_recompute",
+    "homer_query_aware_tree",
 )
 """Run only when named: ``run`` without ``--methods`` runs the package's and kvpress's methods."""
 CALIBRATED_CHUNKS = (2048, 4096)
@@ -222,8 +226,7 @@ def homer_rows(args: argparse.Namespace) -> None:
         else:
             mcl = args.max_chunk_len or chunk_length(context_tokens, budget)
             mode = "shared" if args.method.startswith("homer_shared") else "query_aware"
-            recompute = {"replay": "recompute", "shared_root": "recompute"} if "recompute" in args.method else {}
-            config = HomerConfig(max_chunk_len=mcl, final_cache_len=budget, mode=mode, **recompute)
+            config = HomerConfig(max_chunk_len=mcl, final_cache_len=budget, mode=mode, **_replay(args.method))
             engine = HomerModel(model, tok, config, model_name=MODEL, progress=False)
             scoring = _scoring(args, engine.tiers.scoring, config)
             if scoring is not None:
@@ -262,6 +265,15 @@ def homer_rows(args: argparse.Namespace) -> None:
         with args.out.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(f"{args.method} x{row['ratio']:g} {task} {length} #{index}: {prediction[:60]!r}", flush=True)
+
+
+def _replay(method: str) -> dict[str, str]:
+    """``HomerConfig`` fields a method pins: the per-question ablations replay the tree (as measured)."""
+    if method == "homer_shared_recompute":
+        return {"shared_root": "recompute"}
+    if method.startswith("homer_query_aware_"):
+        return {"replay": "tree"}
+    return {}
 
 
 def _scoring(args: argparse.Namespace, package: Any, config: Any) -> Any:

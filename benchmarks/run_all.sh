@@ -29,6 +29,8 @@ $py benchmarks/two_tier.py run --tokens 16000 --samples 2 --methods shared share
 $py benchmarks/two_tier.py run --tokens 16000 --samples 1 --methods shared_recon_every_layer_words
 $py benchmarks/two_tier.py run --tokens 8000 --samples 4 --methods shared_recon_flat_words shared_recon_flat_every_layer_words
 $py benchmarks/two_tier.py run --tokens 8000 16000 --samples 4 --methods per_question_flat_qsent per_question_qsent  # the question recipe
+$py benchmarks/two_tier.py run --tokens 8000 16000 --samples 4 --methods per_question_qsent_recompute  # the per-question default
+$py benchmarks/two_tier.py run --tokens 16000 --samples 4 --methods shared_recon_recompute
 $py benchmarks/reconstruction_ranks.py 16000 2001                       # where the facts rank in their leaves
 # the flat root's selection rules replayed offline on the tuning seeds (3000+; two_tier's 2000+ stay held out)
 for tokens in 8000 16000; do
@@ -53,5 +55,6 @@ $py benchmarks/corpus.py                                  # 20 documents in proc
 # RULER side by side (resumes; kvpress runs in benchmarks/.work/kvpress-venv, created on first use).
 # Days on 2 CPU cores; on a GPU machine add --device cuda and raise --samples to 50.
 $py benchmarks/ruler.py run --lengths 4096 8192 --ratios 4 8 --samples 10 --share-prefill
+$py benchmarks/ruler.py run --tasks niah_single_2 niah_multikey_2 niah_multivalue niah_multiquery vt qa_1 --lengths 4096 8192 --ratios 4 --samples 10 --methods homer_query_aware_tree
 $py benchmarks/ruler.py run --lengths 16384 --ratios 8 --samples 10 --methods plain homer_shared homer_query_aware
 $py benchmarks/ruler.py report
