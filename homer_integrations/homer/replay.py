@@ -117,10 +117,7 @@ class TierCompressor(HomerCompressor):
         """Question-aware selection across all leaves at once (see ``_flat``), from the tier."""
         start = time.perf_counter()
         plan, schedule = self._replay_plan(tier, suffix_ids)
-
-        def leaf(index: int, target_len: int) -> tuple[Chunk, torch.Tensor | None]:
-            return self._replayed_leaf(tier.leaf(index), suffix_ids, plan, schedule.layers_at(0), target_len)
-
+        leaf = self._tier_leaves(tier, suffix_ids, plan, schedule)
         return self._result(self._flat(leaf, plan, schedule, progress), plan, schedule, start)
 
     @torch.inference_mode()
@@ -142,11 +139,7 @@ class TierCompressor(HomerCompressor):
             return self.replay_flat(tier, suffix_ids, progress)
         start = time.perf_counter()
         plan, schedule = self._replay_plan(tier, suffix_ids)
-
-        def leaf(index: int, target_len: int) -> tuple[Chunk, torch.Tensor | None]:
-            return self._replayed_leaf(tier.leaf(index), suffix_ids, plan, schedule.layers_at(0), target_len)
-
-        selected = self._select_flat(leaf, plan, schedule, progress)
+        selected = self._select_flat(self._tier_leaves(tier, suffix_ids, plan, schedule), plan, schedule, progress)
         return self._recomputed(selected, prefix_ids, document_ids, suffix_ids, plan, start)
 
     @torch.inference_mode()
@@ -291,6 +284,16 @@ class TierCompressor(HomerCompressor):
             )
         self._word_ids = tier.word_ids
         return plan, schedule
+
+    def _tier_leaves(
+        self, tier: LeafTier, suffix_ids: torch.Tensor, plan: ChunkPlan, schedule: LayerSchedule
+    ) -> FlatLeafFn:
+        """``FlatLeafFn`` over the tier's stored leaves, each extended by ``suffix_ids``."""
+
+        def leaf(index: int, target_len: int) -> tuple[Chunk, torch.Tensor | None]:
+            return self._replayed_leaf(tier.leaf(index), suffix_ids, plan, schedule.layers_at(0), target_len)
+
+        return leaf
 
     def _replayed_leaf(
         self, part: LeafSlice, suffix_ids: torch.Tensor, plan: ChunkPlan, layers: range, target_len: int
