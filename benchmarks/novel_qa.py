@@ -12,7 +12,10 @@ is in the document. Methods, each one engine per model with default settings (wh
   Only where the excerpt fits the model's window.
 - ``shared``: one HOMER compression (``mode="shared"``, the default); each question after it.
 - ``query_aware``: HOMER's per-question path: the leaf tier built once (paid by the first question),
-  then each question prunes and merges with itself in the suffix, replayed from the tier.
+  then each question selects with itself in the suffix, replayed from the tier, and the selection is
+  re-read by a plain prefill (``replay="recompute"``, the default since 2026-11-26).
+- ``query_aware_tree``: the same, replaying the paper's merge tree instead (``replay="tree"``, the
+  default before; its rows were recorded as ``query_aware`` and renamed).
 
 Rows (one per model, length, method and question) are appended to ``results/novel_qa_rows.jsonl``
 and skipped on a re-run, so the grid fills over several runs. Recorded per row: the answer,
@@ -32,12 +35,12 @@ from pathlib import Path
 
 import torch
 
-from homer_integrations import HomerModel
+from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.question_sets import QuestionSet, question_set
 
 RESULTS = Path(__file__).parent / "results"
 ROWS = RESULTS / "novel_qa_rows.jsonl"
-METHODS = ("full", "shared", "query_aware")
+METHODS = ("full", "shared", "query_aware", "query_aware_tree")
 MODELS = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
 
 
@@ -66,6 +69,7 @@ def run(args: argparse.Namespace) -> None:
     RESULTS.mkdir(exist_ok=True)
     for name in args.models:
         engine = HomerModel.from_pretrained(name, progress=False)
+        tree = HomerModel(engine.model, engine.tokenizer, HomerConfig(replay="tree"), model_name=name, progress=False)
         for tokens in args.tokens:
             doc = excerpt(engine, text, tokens)
             asked = qset.within(len(doc))
@@ -75,7 +79,8 @@ def run(args: argparse.Namespace) -> None:
                     continue
                 todo = [q for q in asked.questions if (name, tokens, method, q.id) not in done]
                 if todo:
-                    answer_all(engine, name, tokens, method, doc, asked, todo, args.max_new_tokens)
+                    runner = tree if method == "query_aware_tree" else engine
+                    answer_all(runner, name, tokens, method, doc, asked, todo, args.max_new_tokens)
 
 
 def answer_all(
@@ -84,7 +89,8 @@ def answer_all(
     print(f"{name} {tokens} tokens ({len(doc)} chars), {method}: {len(todo)} of {len(asked)} questions", flush=True)
     for q in todo:
         t0 = time.perf_counter()
-        stream = engine.run(doc, q.question, mode=method, max_new_tokens=max_new)
+        mode = "query_aware" if method.startswith("query_aware") else method
+        stream = engine.run(doc, q.question, mode=mode, max_new_tokens=max_new)
         answer = stream.text()
         info = stream.info
         row = {
@@ -159,16 +165,17 @@ def plot(summary: list[dict]) -> None:
         {(s["model"], s["tokens"]) for s in summary}, key=lambda m: (MODELS.index(m[0]) if m[0] in MODELS else 9, m[1])
     )
     fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.38
+    names = {
+        "full": "plain prefill (full)",
+        "shared": "HOMER shared root",
+        "query_aware": "HOMER per question (recompute)",
+        "query_aware_tree": "HOMER per question (tree)",
+    }
+    width = 0.8 / len(METHODS)
     for j, method in enumerate(METHODS):
         acc = {(s["model"], s["tokens"]): s["accuracy"] for s in summary if s["method"] == method}
-        xs = [i + (j - 0.5) * width for i in range(len(labels))]
-        ax.bar(
-            xs,
-            [acc.get(m, 0) for m in labels],
-            width,
-            label="plain prefill (full)" if method == "full" else "HOMER shared",
-        )
+        xs = [i + (j - (len(METHODS) - 1) / 2) * width for i in range(len(labels))]
+        ax.bar(xs, [acc.get(m, 0) for m in labels], width, label=names[method])
     ax.set_xticks(range(len(labels)), [f"{m.split('-instruct')[0]}\n{t // 1000}k" for m, t in labels], fontsize=8)
     ax.set_ylabel("questions answered right")
     ax.set_ylim(0, 1)
