@@ -168,9 +168,10 @@ class HomerModel:
         """Answer ``question`` about ``document`` (text or a ``CompressedDocument``), streaming.
 
         ``mode`` picks the tier for this call (default: ``config.mode``): ``shared`` answers from
-        the document's one compressed root; ``query_aware`` replays pruning and the upper levels
-        from the document's leaf tier with the question in the suffix (the paper's question-aware
-        compression, without re-running the leaves over the document after the first question);
+        the document's one compressed root; ``query_aware`` replays pruning from the document's
+        leaf tier with the question in the suffix (the paper's question-aware compression, without
+        re-running the leaves over the document after the first question; ``config.replay`` says how
+        the kept tokens are read);
         ``full`` answers from the whole prompt's uncompressed cache.
         ``generation``: ``GenerationOptions`` fields; ``response_format=`` (a JSON schema dict, a
         pydantic class or TypedDict, a compiled regex, a list of choices) constrains the answer.
