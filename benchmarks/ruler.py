@@ -75,15 +75,7 @@ cache (each kept token its own position, 0..K-1). ``homer_shared_recompute``: th
 selection re-read by one plain prefill of the kept tokens (``shared_root="recompute"``)."""
 KVPRESS_METHODS = ("kvzip", "snapkv", "expected_attention", "streaming_llm", "knorm", "snapkv_question")
 METHODS = HOMER_METHODS + KVPRESS_METHODS
-ABLATION_METHODS = (
-    "homer_shared_stmt",
-    "homer_query_aware_last_token",
-    "homer_query_aware_qattn",
-    "homer_shared_compact",
-    "homer_query_aware_compact",
-    "homer_shared_recompute",
-    "homer_query_aware_tree",
-)
+ABLATION_METHODS = tuple(m for m in HOMER_METHODS if m not in ("plain", "homer_shared", "homer_query_aware"))
 """Run only when named: ``run`` without ``--methods`` runs the package's and kvpress's methods."""
 CALIBRATED_CHUNKS = (2048, 4096)
 """Chunk lengths with a bundled Qwen calibration table (any other is calibrated once, minutes on a CPU)."""
