@@ -31,9 +31,9 @@ from homer_integrations.homer.compressor import CompressionResult, CompressorSet
 from homer_integrations.homer.config import Mode, check_mode
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_fingerprint
+from homer_integrations.homer.flat import TierCompressor
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.prompt import encode, markup, unit_ids
-from homer_integrations.homer.replay import TierCompressor
 from homer_integrations.homer.scoring import REPEAT_PROMPT, Scoring
 from homer_integrations.paths import PACKAGE_DATA, cache_root
 from homer_integrations.prompting import Prompting

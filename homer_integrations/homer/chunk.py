@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import DynamicCache
@@ -55,6 +55,11 @@ class Chunk:
     def kv_bytes(self) -> int:
         keys, values = layer_tensors(self.cache)
         return tensors_nbytes(keys) + tensors_nbytes(values)
+
+    def scores_only(self) -> Chunk:
+        """This chunk without its states (hidden [1, T, 0], no cached layers): all that a selection
+        which only ranks tokens needs to merge and prune, without copying K/V it will not use."""
+        return replace(self, hidden=self.hidden[:, :, :0], cache=cache_from_tensors([], []))
 
     def keep(self, mask: torch.Tensor) -> None:
         """Propagative refinement: keep the tokens where ``mask`` [T] is True in EVERY cached layer.

@@ -1,10 +1,9 @@
-"""``TierCompressor``: a compressor that also builds a document's leaf tier and replays questions from it.
+"""``LeafTierCompressor``: a compressor that also builds a document's leaf tier and replays the tree from it.
 
 The leaf layers over the document are the same whatever the question (see ``leaf_tier``), so they run
 once (``build_leaf_tier``); a question then runs only its suffix rows through the leaf layers against
-the stored K/V and redoes pruning and the upper levels: the paper's tree (``replay``, equal to a
-query-aware ``compress`` from scratch), one flat selection across all leaves (``replay_flat``), or that
-selection re-read by one plain prefill of the kept tokens (``replay_recompute``, see ``recompute``).
+the stored K/V and redoes pruning and the upper levels of the paper's tree (``replay``, equal to a
+query-aware ``compress`` from scratch). ``flat.TierCompressor`` adds the flat selection and its re-read.
 """
 
 from __future__ import annotations
@@ -17,22 +16,18 @@ import torch
 
 from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.chunking import ChunkPlan
-from homer_integrations.homer.compressor import CompressionResult, HomerCompressor, ProgressFn, PruneEvent
+from homer_integrations.homer.compressor import CompressionResult, HomerCompressor, ProgressFn
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.leaf_tier import Allocate, Layout, LeafSlice, LeafTier
-from homer_integrations.homer.merging import merge_siblings
-from homer_integrations.homer.pruning import keep_mask, standardise
-from homer_integrations.homer.recompute import prefill_kept
 from homer_integrations.homer.schedule import LayerSchedule
-from homer_integrations.homer.score_units import ScoreMemory
 
 FlatLeafFn = Callable[[int, int], "tuple[Chunk, torch.Tensor | None]"]
 """(leaf index, target length) -> that leaf through the leaf layers, unpruned, and its scores [T] (None
 when it fits the target)."""
 
 
-class TierCompressor(HomerCompressor):
-    """``HomerCompressor`` plus the leaf tier: build it once per document, replay every question from it."""
+class LeafTierCompressor(HomerCompressor):
+    """``HomerCompressor`` plus the leaf tier: build it once per document, replay every question's tree from it."""
 
     @torch.inference_mode()
     def build_leaf_tier(
@@ -109,145 +104,6 @@ class TierCompressor(HomerCompressor):
 
         root = self._tree(leaf, plan, schedule, progress)
         return self._result(root, plan, schedule, start)
-
-    @torch.inference_mode()
-    def replay_flat(
-        self, tier: LeafTier, suffix_ids: torch.Tensor, progress: ProgressFn | None = None
-    ) -> CompressionResult:
-        """Question-aware selection across all leaves at once (see ``_flat``), from the tier."""
-        start = time.perf_counter()
-        plan, schedule = self._replay_plan(tier, suffix_ids)
-        leaf = self._tier_leaves(tier, suffix_ids, plan, schedule)
-        return self._result(self._flat(leaf, plan, schedule, progress), plan, schedule, start)
-
-    @torch.inference_mode()
-    def replay_recompute(
-        self,
-        tier: LeafTier,
-        prefix_ids: torch.Tensor,
-        document_ids: torch.Tensor,
-        suffix_ids: torch.Tensor,
-        progress: ProgressFn | None = None,
-    ) -> CompressionResult:
-        """``replay_flat``'s selection, then one plain prefill of prefix [P] + the kept document tokens (in
-        document order) + suffix [S] through every layer (``recompute.prefill_kept``); ``prefix_ids`` and
-        ``document_ids`` [N] are the tier's (it keeps no token ids). A tier of one leaf is already exact:
-        its replay is ``replay_flat``'s."""
-        if document_ids.numel() != tier.document_tokens:
-            raise ValueError(f"the leaf tier holds {tier.document_tokens} document tokens, not {document_ids.numel()}")
-        if tier.plan.height == 0:
-            return self.replay_flat(tier, suffix_ids, progress)
-        start = time.perf_counter()
-        plan, schedule = self._replay_plan(tier, suffix_ids)
-        selected = self._select_flat(self._tier_leaves(tier, suffix_ids, plan, schedule), plan, schedule, progress)
-        return self._recomputed(selected, prefix_ids, document_ids, suffix_ids, plan, start)
-
-    @torch.inference_mode()
-    def compress_flat(
-        self,
-        prefix_ids: torch.Tensor,
-        document_ids: torch.Tensor,
-        suffix_ids: torch.Tensor,
-        progress: ProgressFn | None = None,
-        word_ids: torch.Tensor | None = None,
-        recompute: bool = False,
-    ) -> CompressionResult:
-        """``_flat`` from the document's tokens: each leaf runs prefix [P] + piece, is scored (by its
-        scorer's probe rows, or by the suffix [S] run after it), pruned and dropped before the next;
-        no tier is held, so peak memory stays that of one leaf plus the kept tokens. ``recompute``: the
-        selection is re-read by one plain prefill of the kept tokens (``recompute.prefill_kept``) instead
-        of running the upper layers over it."""
-        start = time.perf_counter()
-        s = self.settings
-        plan = ChunkPlan.build(prefix_ids.numel(), document_ids.numel(), suffix_ids.numel(), s.max_chunk_len)
-        schedule = self._schedule(plan)
-        layers = schedule.layers_at(0)
-        prefix = self._prefix_part(prefix_ids, layers)
-        self._word_ids = word_ids
-
-        def leaf(index: int, target_len: int) -> tuple[Chunk, torch.Tensor | None]:
-            span = plan.piece(index)
-            part = self._leaf_part(prefix, document_ids[span], span.start, layers)
-            probed = None
-            if self.scoring.scorer.probes and part.hidden.shape[1] + plan.suffix_len > target_len:
-                cache = cache_from_tensors(part.keys, part.values)
-                probed = self._probe(cache, part.position_ids, document_ids[span], layers)
-                target_len = 1 << 62  # the suffix's own scores are not needed
-            chunk, scores = self._replayed_leaf(part, suffix_ids, plan, layers, target_len)
-            if probed is not None:
-                scores = torch.cat([probed, torch.zeros(plan.suffix_len)])
-            return chunk, scores
-
-        if recompute and plan.height > 0:
-            selected = self._select_flat(leaf, plan, schedule, progress)
-            return self._recomputed(selected, prefix_ids, document_ids, suffix_ids, plan, start)
-        return self._result(self._flat(leaf, plan, schedule, progress), plan, schedule, start)
-
-    def _recomputed(
-        self,
-        selected: Chunk,
-        prefix_ids: torch.Tensor,
-        document_ids: torch.Tensor,
-        suffix_ids: torch.Tensor,
-        plan: ChunkPlan,
-        start: float,
-    ) -> CompressionResult:
-        """The plain prefill of ``selected``'s document tokens between prefix and suffix, reported with
-        the split that selected them."""
-        kept = selected.origin[selected.origin >= 0].sort().values
-        del selected
-        result = prefill_kept(self.stack, self.settings, prefix_ids, document_ids, kept, suffix_ids)
-        return replace(
-            result, plan=plan, peak_kv_bytes=max(self._peak, result.peak_kv_bytes), seconds=time.perf_counter() - start
-        )
-
-    def _flat(self, leaf: FlatLeafFn, plan: ChunkPlan, schedule: LayerSchedule, progress: ProgressFn | None) -> Chunk:
-        """One selection across all leaves (``_select_flat``), then every layer above the leaves runs
-        once over that single node."""
-        root = self._select_flat(leaf, plan, schedule, progress)
-        upper = range(schedule.layers_at(0).stop, self.stack.num_layers)
-        if upper:
-            self._run_layers(root, upper, self.settings.final_cache_len, is_root=True)
-        return root
-
-    def _select_flat(
-        self, leaf: FlatLeafFn, plan: ChunkPlan, schedule: LayerSchedule, progress: ProgressFn | None
-    ) -> Chunk:
-        """The ``final_cache_len`` best tokens of the whole document, as one node through the leaf layers.
-
-        Every leaf scores its tokens once, in its own context (the scoring's units but memory,
-        standardised per leaf); the best document tokens of the whole document survive (pairwise, in
-        document order, affixes averaged as the tree averages them). A fact is judged where it is
-        clearest and never again by a merged node's noisier context.
-        """
-        leaf_layers = schedule.layers_at(0)
-        self._alive, self._peak = [], 0
-        target = self.settings.final_cache_len
-        leaf_target = target if plan.height == 0 else 0  # with several leaves every one is scored
-
-        def select(first: int, height: int) -> Chunk:
-            if height == 0:
-                chunk, scores = leaf(first, leaf_target)
-                if scores is not None:
-                    ranked = self.scoring.without(ScoreMemory).rank(scores, chunk, self._words(chunk))
-                    chunk.memory = standardise(ranked, chunk.reducible)
-                if progress is not None:
-                    progress(int(chunk.reducible.sum()))
-            else:
-                left = select(first, height - 1)
-                self._alive.append(left)
-                right = select(first + 2 ** (height - 1), height - 1)
-                self._alive.pop()
-                chunk = merge_siblings(left, right)
-            if chunk.length > target:
-                mask = keep_mask(chunk.memory, chunk.reducible, target)
-                if self.observer is not None:
-                    self.observer(PruneEvent(leaf_layers[-1], chunk.origin, chunk.reducible, chunk.memory, mask))
-                chunk.keep(mask)
-            self._record_peak(chunk)
-            return chunk
-
-        return select(0, plan.height)
 
     def _prefix_part(self, prefix_ids: torch.Tensor, layers: range) -> LeafSlice:
         """The prefix [P] through ``layers``, identical in every leaf (same tokens and positions)."""
