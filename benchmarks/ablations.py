@@ -48,6 +48,10 @@ ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
     # question recipe before ``Scoring.for_questions()``): a recipe handed to ``HomerModel(scoring=...)``
     # is what its query-aware compressions use (``with_question()``)
     "question_last_token": lambda s: s,
+    # question attention ranked by each statement's best token instead of the sentence bonus's mean
+    "question_statement_max": lambda _: replace(
+        Scoring.for_questions(), units=(WordUnits("statement"), *Scoring.for_questions().units[1:])
+    ),
 }
 """Ablations of the paper's last-token recipe (``HomerConfig(shared_scorer="last_token")``)."""
 

@@ -58,6 +58,7 @@ HOMER_METHODS = (
     "homer_query_aware_compact",
     "homer_shared_recompute",
     "homer_query_aware_tree",
+    "homer_query_aware_stmt_max",
 )
 """``homer_shared_stmt``: the shared root with the ``reconstruction_statements`` ablation (its sentence
 bonus over statements, so a needle's key and value are ranked as one unit);
@@ -72,7 +73,9 @@ token and the recipe's word units; the package's per-question path before 2026-1
 ``homer_query_aware_qattn`` with the ``question_attention_sentences`` ablation (sentence units, which
 end at a colon). See ``_scoring``. ``_compact``: answering from ``ablations.compact_positions`` of the
 cache (each kept token its own position, 0..K-1). ``homer_shared_recompute``: the shared root's flat
-selection re-read by one plain prefill of the kept tokens (``shared_root="recompute"``)."""
+selection re-read by one plain prefill of the kept tokens (``shared_root="recompute"``).
+``homer_query_aware_stmt_max``: the per-question path (recompute) with the ``question_statement_max``
+ablation (a statement's best question attention instead of the sentence bonus's mean)."""
 KVPRESS_METHODS = ("kvzip", "snapkv", "expected_attention", "streaming_llm", "knorm", "snapkv_question")
 METHODS = HOMER_METHODS + KVPRESS_METHODS
 ABLATION_METHODS = tuple(m for m in HOMER_METHODS if m not in ("plain", "homer_shared", "homer_query_aware"))
@@ -263,7 +266,7 @@ def _replay(method: str) -> dict[str, str]:
     """``HomerConfig`` fields a method pins: the per-question ablations replay the tree (as measured)."""
     if method == "homer_shared_recompute":
         return {"shared_root": "recompute"}
-    if method.startswith("homer_query_aware_"):
+    if method.startswith("homer_query_aware_") and method != "homer_query_aware_stmt_max":
         return {"replay": "tree"}
     return {}
 
@@ -285,6 +288,8 @@ def _scoring(args: argparse.Namespace, package: Any, config: Any) -> Any:
         return ABLATIONS["question_last_token"](Scoring.from_config(config))
     if args.method.endswith("_qattn"):
         return ABLATIONS["question_attention_sentences"](package)
+    if args.method.endswith("_stmt_max"):
+        return ABLATIONS["question_statement_max"](package)
     return None
 
 
