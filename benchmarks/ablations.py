@@ -16,7 +16,7 @@ import torch
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.compressed import CompressedDocument
 from homer_integrations.homer.decoder import DecoderStack
-from homer_integrations.homer.score_units import SentenceBonus, WordUnits
+from homer_integrations.homer.score_units import ScoreMemory, SentenceBonus, WordUnits
 from homer_integrations.homer.scorers import EveryLayer, LastTokenScorer, QuestionAttentionScorer, RandomScorer
 from homer_integrations.homer.scoring import Scoring
 
@@ -27,6 +27,11 @@ def _swap_units(scoring: Scoring, unit: str) -> Scoring:
         scoring,
         units=tuple(replace(u, unit=unit) if isinstance(u, WordUnits | SentenceBonus) else u for u in scoring.units),
     )
+
+
+def _question_statement_mean() -> Scoring:
+    """Question attention ranked by the sentence bonus over statements (the question recipe of 2026-11-25)."""
+    return Scoring(QuestionAttentionScorer(), (SentenceBonus(unit="statement"), ScoreMemory()))
 
 
 ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
@@ -43,15 +48,15 @@ ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
     "question_attention": lambda s: replace(s, scorer=QuestionAttentionScorer()),
     # the same, ranked by the sentence bonus over sentences, which end at a colon (the package's
     # question recipe, ``Scoring.for_questions()``, ranks statements, which do not)
-    "question_attention_sentences": lambda _: _swap_units(Scoring.for_questions(), "sentence"),
+    "question_attention_sentences": lambda _: _swap_units(_question_statement_mean(), "sentence"),
     # questions prune by the paper's calibrated last token and this recipe's units (the package's
     # question recipe before ``Scoring.for_questions()``): a recipe handed to ``HomerModel(scoring=...)``
     # is what its query-aware compressions use (``with_question()``)
     "question_last_token": lambda s: s,
     # question attention ranked by each statement's best token instead of the sentence bonus's mean
-    "question_statement_max": lambda _: replace(
-        Scoring.for_questions(), units=(WordUnits("statement"), *Scoring.for_questions().units[1:])
-    ),
+    "question_statement_max": lambda _: Scoring(QuestionAttentionScorer(), (WordUnits("statement"), ScoreMemory())),
+    # question attention plus 4x its statement's mean (the sentence bonus over statements)
+    "question_statement_mean": lambda _: _question_statement_mean(),
 }
 """Ablations of the paper's last-token recipe (``HomerConfig(shared_scorer="last_token")``)."""
 

@@ -14,8 +14,11 @@ is in the document. Methods, each one engine per model with default settings (wh
 - ``query_aware``: HOMER's per-question path: the leaf tier built once (paid by the first question),
   then each question selects with itself in the suffix, replayed from the tier, and the selection is
   re-read by a plain prefill (``replay="recompute"``, the default since 2026-11-26).
-- ``query_aware_tree``: the same, replaying the paper's merge tree instead (``replay="tree"``, the
-  default before; its rows were recorded as ``query_aware`` and renamed).
+- ``query_aware_stmt_mean``: the same with the question recipe of 2026-11-25 (ablation
+  ``question_statement_mean``: a statement's mean attention instead of its best; its rows were
+  recorded as ``query_aware`` and renamed).
+- ``query_aware_tree``: the recipe of 2026-11-25 replaying the paper's merge tree instead
+  (``replay="tree"``, the default before; its rows were recorded as ``query_aware`` and renamed).
 
 Rows (one per model, length, method and question) are appended to ``results/novel_qa_rows.jsonl``
 and skipped on a re-run, so the grid fills over several runs. Recorded per row: the answer,
@@ -35,12 +38,17 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).parent))
+from ablations import ABLATIONS
+
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.question_sets import QuestionSet, question_set
 
 RESULTS = Path(__file__).parent / "results"
 ROWS = RESULTS / "novel_qa_rows.jsonl"
-METHODS = ("full", "shared", "query_aware", "query_aware_tree")
+METHODS = ("full", "shared", "query_aware", "query_aware_stmt_mean", "query_aware_tree")
+PINNED = {"query_aware_stmt_mean": "recompute", "query_aware_tree": "tree"}
+"""Methods that answer with the question recipe of 2026-11-25, and the replay each was measured with."""
 MODELS = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
 
 
@@ -69,7 +77,18 @@ def run(args: argparse.Namespace) -> None:
     RESULTS.mkdir(exist_ok=True)
     for name in args.models:
         engine = HomerModel.from_pretrained(name, progress=False)
-        tree = HomerModel(engine.model, engine.tokenizer, HomerConfig(replay="tree"), model_name=name, progress=False)
+        old_recipe = ABLATIONS["question_statement_mean"](engine.tiers.question_scoring)
+        pinned = {
+            method: HomerModel(
+                engine.model,
+                engine.tokenizer,
+                HomerConfig(replay=replay),
+                model_name=name,
+                progress=False,
+                scoring=old_recipe,
+            )
+            for method, replay in PINNED.items()
+        }
         for tokens in args.tokens:
             doc = excerpt(engine, text, tokens)
             asked = qset.within(len(doc))
@@ -79,7 +98,7 @@ def run(args: argparse.Namespace) -> None:
                     continue
                 todo = [q for q in asked.questions if (name, tokens, method, q.id) not in done]
                 if todo:
-                    runner = tree if method == "query_aware_tree" else engine
+                    runner = pinned.get(method, engine)
                     answer_all(runner, name, tokens, method, doc, asked, todo, args.max_new_tokens)
 
 
@@ -169,6 +188,7 @@ def plot(summary: list[dict]) -> None:
         "full": "plain prefill (full)",
         "shared": "HOMER shared root",
         "query_aware": "HOMER per question (recompute)",
+        "query_aware_stmt_mean": "HOMER per question (recompute, statement mean)",
         "query_aware_tree": "HOMER per question (tree)",
     }
     width = 0.8 / len(METHODS)

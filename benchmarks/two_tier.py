@@ -70,11 +70,14 @@ METHODS = (
     "per_question_qsent_compact",
     "shared_recon_recompute",
     "per_question_qsent_recompute",
+    "per_question_smax_recompute",
 )
 """``shared`` and ``per_question*`` use the paper's last-token scorer for the shared root
 (``shared_scorer="last_token"``), and ``per_question*`` rows prune for the question by the paper's
 last token too (ablation ``question_last_token``), except ``*_qsent``: the package's question
-recipe since 2026-11-25 (question attention ranked by statements); ``shared_recon`` scores the
+recipe of 2026-11-25 (question attention plus 4x its statement's mean, ablation
+``question_statement_mean``) and ``*_smax``: the recipe since 2026-11-26 (a statement's best question
+attention, ``Scoring.for_questions()``); ``shared_recon`` scores the
 shared root's leaves by context reconstruction (KVzip) and ranks whole sentences (``SentenceBonus``;
 the package default);
 ``shared_recon_flat`` selects its root from those leaf scores at once (``shared_root="flat"``, the
@@ -98,7 +101,9 @@ last-token scores by whole sentences (``RECONSTRUCTION_UNITS``, the shared root'
 max-pooled words: 3/6 against 5/6 on the same documents (it lost the code on one and the parrot and
 the town on the other), so it was not run on the held-out seeds. ``*_recompute`` rows: the flat
 selection (the shared root's, or the question's with the package recipe) re-read by one plain prefill
-of the kept tokens through every layer (``replay``/``shared_root="recompute"``, ``homer.recompute``)."""
+of the kept tokens through every layer (``replay``/``shared_root="recompute"``, ``homer.recompute``).
+``per_question_smax_recompute``: that re-read with the package's question recipe since 2026-11-26 (a
+statement's best question attention instead of the sentence bonus's mean; the package default)."""
 OPTIONS = GenerationOptions(max_new_tokens=12)
 
 CODES = [str(n) for n in range(10000, 99999, 7919)]
@@ -219,12 +224,15 @@ def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
     if "sent" in parts:  # the question's last-token scores ranked by whole sentences, as the shared root ranks
         scoring = replace(scoring, units=RECONSTRUCTION_UNITS)
     if "qattn" in parts:
-        name = "question_attention" if "words" in parts else "question_attention_sentences"
-        scoring = ABLATIONS[name](scoring)
-    # ``*_qsent``: the package's question recipe (``Scoring.for_questions()``: every suffix row's most
-    # attention, ranked by statements); every other per-question row hands its recipe over explicitly
-    # (the paper's last token unless named otherwise: ablation ``question_last_token``)
-    explicit = method.startswith("per_question") and "qsent" not in parts
+        ablation = "question_attention" if "words" in parts else "question_attention_sentences"
+        scoring = ABLATIONS[ablation](scoring)
+    if "smax" in parts:  # question attention ranked by each statement's best token (the recipe since 2026-11-26)
+        scoring = ABLATIONS["question_statement_max"](scoring)
+    if "qsent" in parts:  # question attention plus 4x its statement's mean (the recipe of 2026-11-25)
+        scoring = ABLATIONS["question_statement_mean"](scoring)
+    # every per-question row hands its recipe over explicitly (the paper's last token unless named
+    # otherwise: ablation ``question_last_token``), so a later package recipe never changes its rows
+    explicit = method.startswith("per_question")
     if explicit or scoring != engine.tiers.scoring:
         engine = HomerModel(model, tok, config, model_name=name, progress=False, scoring=scoring)
     if "compact" in parts:  # each kept token its own position (ablations.compact_positions)

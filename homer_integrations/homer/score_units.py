@@ -46,7 +46,8 @@ class WordUnits(ScoreUnit):
     """Give every document token the best score of its unit, so units survive or go whole.
 
     ``unit`` names how the engine splits the document into units (``homer.prompt.unit_ids``):
-    ``word`` (no whitespace inside; numbers and names stay whole) or, as an ablation, ``sentence``.
+    ``word`` (no whitespace inside; numbers and names stay whole), ``statement`` (up to ``.!?`` or a
+    line break: a question's recipe, ``scoring.QUESTION_UNITS``) or, as an ablation, ``sentence``.
     """
 
     unit: str = "word"

@@ -22,11 +22,13 @@ RECONSTRUCTION_UNITS: tuple[ScoreUnit, ...] = (SentenceBonus(), ScoreMemory())
 """The units of a reconstruction-scored shared root: whole sentences by their mean reconstruction score
 (no max-pool, no word units: at 16k those kept 6 of 12 inserted values whole, the sentence bonus 11 of
 12; ``benchmarks/selection_sim.py``), and score memory for the tree root's merged nodes."""
-QUESTION_UNITS: tuple[ScoreUnit, ...] = (SentenceBonus(unit="statement"), ScoreMemory())
+QUESTION_UNITS: tuple[ScoreUnit, ...] = (WordUnits("statement"), ScoreMemory())
 """The units of a question's pruning: whole statements (only ``.!?`` or a line break end one, so "the
-number for X is: 8121922." is one unit, key and value) by their mean question attention, and score
-memory across the tree's levels. RULER 4k (4x, samples 0-3 of six tasks) 0.65 against the last-token
-recipe's 0.56; README "Design and measurements"."""
+number for X is: 8121922." is one unit, key and value), each ranked by its best-attended token, and
+score memory across the tree's levels. A statement's mean (``SentenceBonus``, the recipe of 2026-11-25,
+ablation ``question_statement_mean``) let a long line with one asked word lose to lines of middling
+attention: RULER 4k, 4x, held-out samples 0-9 of six tasks, re-read by a prefill, 0.81 against 0.69
+(plain prefill 0.77); README "Design and measurements"."""
 
 
 @dataclass(frozen=True)
