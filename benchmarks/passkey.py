@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> None:
         for tokens in args.lengths or (lengths[:1] if args.quick else lengths):
             for method in methods:
                 if not args.methods or method in args.methods:
-                    jobs.append((model_name, "default", {}, None, method, tokens))
+                    jobs.append((model_name, args.variant, {}, None, method, tokens))
     if not args.quick and not args.no_ablations:
         for name, (overrides, scoring, points, method) in ABLATIONS.items():
             for model_name, tokens in points:
@@ -202,6 +202,11 @@ def main() -> None:
     r.add_argument("--device", default="cpu", help="cpu, cuda, ...: rows get the variant suffix @DEVICE-DTYPE")
     r.add_argument("--dtype", default="float32", help="torch dtype name: float32, bfloat16, float16")
     r.add_argument("--methods", nargs="*", choices=["plain", "query_aware", "shared"])
+    r.add_argument(
+        "--variant",
+        default="default",
+        help="the label of the package-default rows (a new label runs the plan's points again beside older defaults)",
+    )
     r.add_argument("--no-ablations", action="store_true")
     r.set_defaults(func=run)
     sub.add_parser("report").set_defaults(func=report)
