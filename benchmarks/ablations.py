@@ -16,7 +16,7 @@ import torch
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.compressed import CompressedDocument
 from homer_integrations.homer.decoder import DecoderStack
-from homer_integrations.homer.score_units import ScoreMemory, SentenceBonus, WordUnits
+from homer_integrations.homer.score_units import ScoreMemory, SentenceBonus, UnitBestAndMean, WordUnits
 from homer_integrations.homer.scorers import EveryLayer, LastTokenScorer, QuestionAttentionScorer, RandomScorer
 from homer_integrations.homer.scoring import Scoring
 
@@ -55,6 +55,10 @@ ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
     "question_last_token": lambda s: s,
     # question attention ranked by each statement's best token instead of the sentence bonus's mean
     "question_statement_max": lambda _: Scoring(QuestionAttentionScorer(), (WordUnits("statement"), ScoreMemory())),
+    # a statement's best question attention plus 4x its mean (``UnitBestAndMean``)
+    "question_statement_best_and_mean": lambda _: Scoring(
+        QuestionAttentionScorer(), (UnitBestAndMean(), ScoreMemory())
+    ),
     # question attention plus 4x its statement's mean (the sentence bonus over statements)
     "question_statement_mean": lambda _: _question_statement_mean(),
 }

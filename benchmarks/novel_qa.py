@@ -46,7 +46,7 @@ from homer_integrations.question_sets import QuestionSet, question_set
 
 RESULTS = Path(__file__).parent / "results"
 ROWS = RESULTS / "novel_qa_rows.jsonl"
-METHODS = ("full", "shared", "query_aware", "query_aware_stmt_mean", "query_aware_tree")
+METHODS = ("full", "shared", "query_aware", "query_aware_stmt_mean", "query_aware_tree", "query_aware_best_mean")
 PINNED = {"query_aware_stmt_mean": "recompute", "query_aware_tree": "tree"}
 """Methods that answer with the question recipe of 2026-11-25, and the replay each was measured with."""
 MODELS = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
@@ -78,6 +78,7 @@ def run(args: argparse.Namespace) -> None:
     for name in args.models:
         engine = HomerModel.from_pretrained(name, progress=False)
         old_recipe = ABLATIONS["question_statement_mean"](engine.tiers.question_scoring)
+        best_mean = ABLATIONS["question_statement_best_and_mean"](engine.tiers.question_scoring)
         pinned = {
             method: HomerModel(
                 engine.model,
@@ -89,6 +90,9 @@ def run(args: argparse.Namespace) -> None:
             )
             for method, replay in PINNED.items()
         }
+        pinned["query_aware_best_mean"] = HomerModel(
+            engine.model, engine.tokenizer, HomerConfig(), model_name=name, progress=False, scoring=best_mean
+        )
         for tokens in args.tokens:
             doc = excerpt(engine, text, tokens)
             asked = qset.within(len(doc))
@@ -189,6 +193,7 @@ def plot(summary: list[dict]) -> None:
         "shared": "HOMER shared root",
         "query_aware": "HOMER per question (recompute)",
         "query_aware_stmt_mean": "HOMER per question (recompute, statement mean)",
+        "query_aware_best_mean": "HOMER per question (recompute, statement best + mean)",
         "query_aware_tree": "HOMER per question (tree)",
     }
     width = 0.8 / len(METHODS)

@@ -151,6 +151,10 @@ def units(raw: torch.Tensor, rec: dict, start: int, how: str) -> torch.Tensor:
     statements = rec["statements"][start : start + n]
     if how == "stmt_max":
         return pool_words(raw, every, statements)
+    if how.startswith("mix="):  # a statement's best plus w x its mean (both standardised)
+        means = pool_words(raw, every, statements, reduce="mean")
+        best = pool_words(raw, every, statements)
+        return standardise(best, every) + float(how[4:]) * standardise(means, every)
     weight = float(how.split("=")[1]) if "=" in how else 4.0
     means = pool_words(raw, every, statements, reduce="mean")
     return standardise(raw, every) + weight * standardise(means, every)

@@ -58,14 +58,18 @@ HOMER_METHODS = (
     "homer_query_aware_compact",
     "homer_shared_recompute",
     "homer_query_aware_tree",
-    "homer_query_aware_stmt_max",
+    "homer_query_aware_stmt_mean",
+    "homer_query_aware_stmt_best_mean",
 )
 """``homer_shared_stmt``: the shared root with the ``reconstruction_statements`` ablation (its sentence
 bonus over statements, so a needle's key and value are ranked as one unit);
-``homer_query_aware`` the package's per-question path (question attention ranked by statements, the
-flat selection re-read by a plain prefill of the kept tokens: ``replay="recompute"``, the default since
-2026-11-26; rows run as ``homer_query_aware_recompute`` were renamed to it);
-``homer_query_aware_tree`` the same scoring replayed through the paper's merge tree (the package's
+``homer_query_aware`` the package's per-question path (question attention over statements, each ranked
+by its best token, the recipe since 2026-11-26; the flat selection re-read by a plain prefill of the
+kept tokens: ``replay="recompute"``, the default since 2026-11-26; rows run as
+``homer_query_aware_stmt_max`` were renamed to it); ``homer_query_aware_stmt_mean`` the same re-read
+with the question recipe of 2026-11-25 (ablation ``question_statement_mean``: 4x a statement's mean
+attention added to each token's; rows recorded as ``homer_query_aware`` before 2026-11-26 were renamed
+to it); ``homer_query_aware_tree`` the recipe of 2026-11-25 replayed through the paper's merge tree (the package's
 per-question path before 2026-11-26, whose rows were recorded as ``homer_query_aware``). The other
 ``homer_query_aware_*`` ablations replay the tree, as when they were measured:
 ``homer_query_aware_last_token`` with the ``question_last_token`` ablation (the paper's calibrated last
@@ -73,9 +77,7 @@ token and the recipe's word units; the package's per-question path before 2026-1
 ``homer_query_aware_qattn`` with the ``question_attention_sentences`` ablation (sentence units, which
 end at a colon). See ``_scoring``. ``_compact``: answering from ``ablations.compact_positions`` of the
 cache (each kept token its own position, 0..K-1). ``homer_shared_recompute``: the shared root's flat
-selection re-read by one plain prefill of the kept tokens (``shared_root="recompute"``).
-``homer_query_aware_stmt_max``: the per-question path (recompute) with the ``question_statement_max``
-ablation (a statement's best question attention instead of the sentence bonus's mean)."""
+selection re-read by one plain prefill of the kept tokens (``shared_root="recompute"``)."""
 KVPRESS_METHODS = ("kvzip", "snapkv", "expected_attention", "streaming_llm", "knorm", "snapkv_question")
 METHODS = HOMER_METHODS + KVPRESS_METHODS
 ABLATION_METHODS = tuple(m for m in HOMER_METHODS if m not in ("plain", "homer_shared", "homer_query_aware"))
@@ -262,11 +264,18 @@ def homer_rows(args: argparse.Namespace) -> None:
         print(f"{args.method} x{row['ratio']:g} {task} {length} #{index}: {prediction[:60]!r}", flush=True)
 
 
+RECOMPUTED = ("homer_query_aware_stmt_mean", "homer_query_aware_stmt_best_mean")
+"""Per-question ablations that re-read their selection by a prefill (the others replay the tree)."""
+
+
 def _replay(method: str) -> dict[str, str]:
     """``HomerConfig`` fields a method pins: the per-question ablations replay the tree (as measured)."""
     if method == "homer_shared_recompute":
         return {"shared_root": "recompute"}
-    if method.startswith("homer_query_aware_") and method != "homer_query_aware_stmt_max":
+    if method.startswith("homer_query_aware_") and method not in (
+        "homer_query_aware_stmt_mean",
+        "homer_query_aware_stmt_best_mean",
+    ):
         return {"replay": "tree"}
     return {}
 
@@ -288,8 +297,10 @@ def _scoring(args: argparse.Namespace, package: Any, config: Any) -> Any:
         return ABLATIONS["question_last_token"](Scoring.from_config(config))
     if args.method.endswith("_qattn"):
         return ABLATIONS["question_attention_sentences"](package)
-    if args.method.endswith("_stmt_max"):
-        return ABLATIONS["question_statement_max"](package)
+    if args.method == "homer_query_aware_stmt_best_mean":
+        return ABLATIONS["question_statement_best_and_mean"](package)
+    if args.method in ("homer_query_aware_stmt_mean", "homer_query_aware_tree"):
+        return ABLATIONS["question_statement_mean"](package)
     return None
 
 

@@ -83,6 +83,28 @@ class SentenceBonus(ScoreUnit):
 
 
 @dataclass(frozen=True)
+class UnitBestAndMean(ScoreUnit):
+    """Every document token of a unit scores the unit's best score plus ``weight`` times its mean (both
+    standardised): a unit is kept or dropped whole, ranked by its sharpest token and by how much of it
+    matters. ``WordUnits`` over the same units is ``weight=0``; ``SentenceBonus`` keeps each token's own
+    score in place of the unit's best."""
+
+    weight: float = 4.0
+    unit: str = "statement"
+
+    def __call__(self, scores: torch.Tensor, chunk: Chunk, words: torch.Tensor | None) -> torch.Tensor:
+        if words is None:
+            return scores
+        scores = scores.cpu().float()
+        doc = chunk.reducible & (words >= 0)
+        if not bool(doc.any()):
+            return scores
+        best = pool_words(scores, chunk.reducible, words)
+        means = pool_words(scores, chunk.reducible, words, reduce="mean")
+        return standardise(best, doc) + self.weight * standardise(means, doc)
+
+
+@dataclass(frozen=True)
 class ScoreMemory(ScoreUnit):
     """Score a token by the best standardised score it got at any node so far (kept on the chunk).
 

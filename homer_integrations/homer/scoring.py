@@ -27,7 +27,7 @@ QUESTION_UNITS: tuple[ScoreUnit, ...] = (WordUnits("statement"), ScoreMemory())
 number for X is: 8121922." is one unit, key and value), each ranked by its best-attended token, and
 score memory across the tree's levels. A statement's mean (``SentenceBonus``, the recipe of 2026-11-25,
 ablation ``question_statement_mean``) let a long line with one asked word lose to lines of middling
-attention: RULER 4k, 4x, held-out samples 0-9 of six tasks, re-read by a prefill, 0.81 against 0.69
+attention: RULER 4k, 4x, held-out samples 0-9 of six tasks, re-read by a prefill, 0.80 against 0.69
 (plain prefill 0.77); README "Design and measurements"."""
 
 

@@ -5,7 +5,14 @@ import torch
 from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.prompt import unit_ids
 from homer_integrations.homer.pruning import keep_mask, standardise
-from homer_integrations.homer.score_units import MaxPool, ScoreMemory, SentenceBonus, WordUnits, pool_words
+from homer_integrations.homer.score_units import (
+    MaxPool,
+    ScoreMemory,
+    SentenceBonus,
+    UnitBestAndMean,
+    WordUnits,
+    pool_words,
+)
 
 TEXT = "He said so. The pass key is 66226. Remember it; yes\nChapter 10\n\nElizabeth Bennet smiled"
 
@@ -98,3 +105,20 @@ def test_sentence_bonus_keeps_a_salient_sentence_whole_over_a_lone_peak():
     torch.testing.assert_close(alone[node.reducible], standardise(scores, node.reducible)[node.reducible])
     assert torch.equal(SentenceBonus()(scores, node, None), scores), "no unit ids: single tokens"
     assert SentenceBonus().unit == "sentence"
+
+
+def test_unit_best_and_mean_ranks_whole_units_by_their_peak_and_their_mean():
+    # prefix, unit 0 (one sharp peak, e.g. the asked key), unit 1 (uniformly middling), unit 2 (low), suffix
+    scores = torch.tensor([90.0, 0.0, 9.0, 0.0, 0.0, 4.0, 4.0, 4.0, 4.0, 1.0, 0.0, 1.0, 0.0, 70.0])
+    node = chunk([False] + [True] * 12 + [False])
+    units = torch.tensor([-1, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, -1])
+    best_only = UnitBestAndMean(weight=0.0)(scores, node, units)
+    kept = keep_mask(best_only, node.reducible, 2 + 4)
+    assert kept[1:5].all() and not kept[5:13].any(), "by its best token the peaked unit survives whole"
+    by_mean = UnitBestAndMean(weight=4.0)(scores, node, units)
+    kept = keep_mask(by_mean, node.reducible, 2 + 4)
+    assert kept[5:9].all() and not kept[1:5].any(), "a heavy mean lets the uniformly relevant unit win"
+    assert len(set(by_mean[1:5].tolist())) == 1, "every token of a unit shares one score"
+    assert SentenceBonus(weight=4.0)(scores, node, units)[1:5].unique().numel() > 1, "the bonus keeps token scores"
+    assert torch.equal(UnitBestAndMean()(scores, node, None), scores), "no unit ids: single tokens"
+    assert UnitBestAndMean().unit == "statement"
