@@ -53,9 +53,10 @@ ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
     # question recipe before ``Scoring.for_questions()``): a recipe handed to ``HomerModel(scoring=...)``
     # is what its query-aware compressions use (``with_question()``)
     "question_last_token": lambda s: s,
-    # question attention ranked by each statement's best token instead of the sentence bonus's mean
+    # question attention ranked by each statement's best token alone
     "question_statement_max": lambda _: Scoring(QuestionAttentionScorer(), (WordUnits("statement"), ScoreMemory())),
-    # a statement's best question attention plus 4x its mean (``UnitBestAndMean``)
+    # a statement's best question attention plus 4x its mean (``UnitBestAndMean``; the package's
+    # question recipe since 2026-11-26, pinned here for the rows measured with it)
     "question_statement_best_and_mean": lambda _: Scoring(
         QuestionAttentionScorer(), (UnitBestAndMean(), ScoreMemory())
     ),

@@ -14,6 +14,8 @@ is in the document. Methods, each one engine per model with default settings (wh
 - ``query_aware``: HOMER's per-question path: the leaf tier built once (paid by the first question),
   then each question selects with itself in the suffix, replayed from the tier, and the selection is
   re-read by a plain prefill (``replay="recompute"``, the default since 2026-11-26).
+- ``query_aware_stmt_max``: the same ranking a statement by its best token alone (ablation
+  ``question_statement_max``; its rows were recorded as ``query_aware`` and renamed).
 - ``query_aware_stmt_mean``: the same with the question recipe of 2026-11-25 (ablation
   ``question_statement_mean``: a statement's mean attention instead of its best; its rows were
   recorded as ``query_aware`` and renamed).
@@ -46,7 +48,7 @@ from homer_integrations.question_sets import QuestionSet, question_set
 
 RESULTS = Path(__file__).parent / "results"
 ROWS = RESULTS / "novel_qa_rows.jsonl"
-METHODS = ("full", "shared", "query_aware", "query_aware_stmt_mean", "query_aware_tree", "query_aware_best_mean")
+METHODS = ("full", "shared", "query_aware", "query_aware_stmt_mean", "query_aware_stmt_max", "query_aware_tree")
 PINNED = {"query_aware_stmt_mean": "recompute", "query_aware_tree": "tree"}
 """Methods that answer with the question recipe of 2026-11-25, and the replay each was measured with."""
 MODELS = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
@@ -78,7 +80,7 @@ def run(args: argparse.Namespace) -> None:
     for name in args.models:
         engine = HomerModel.from_pretrained(name, progress=False)
         old_recipe = ABLATIONS["question_statement_mean"](engine.tiers.question_scoring)
-        best_mean = ABLATIONS["question_statement_best_and_mean"](engine.tiers.question_scoring)
+        best_only = ABLATIONS["question_statement_max"](engine.tiers.question_scoring)
         pinned = {
             method: HomerModel(
                 engine.model,
@@ -90,8 +92,8 @@ def run(args: argparse.Namespace) -> None:
             )
             for method, replay in PINNED.items()
         }
-        pinned["query_aware_best_mean"] = HomerModel(
-            engine.model, engine.tokenizer, HomerConfig(), model_name=name, progress=False, scoring=best_mean
+        pinned["query_aware_stmt_max"] = HomerModel(
+            engine.model, engine.tokenizer, HomerConfig(), model_name=name, progress=False, scoring=best_only
         )
         for tokens in args.tokens:
             doc = excerpt(engine, text, tokens)
@@ -193,7 +195,7 @@ def plot(summary: list[dict]) -> None:
         "shared": "HOMER shared root",
         "query_aware": "HOMER per question (recompute)",
         "query_aware_stmt_mean": "HOMER per question (recompute, statement mean)",
-        "query_aware_best_mean": "HOMER per question (recompute, statement best + mean)",
+        "query_aware_stmt_max": "HOMER per question (recompute, statement best)",
         "query_aware_tree": "HOMER per question (tree)",
     }
     width = 0.8 / len(METHODS)

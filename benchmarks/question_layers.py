@@ -13,7 +13,8 @@ rules on those records without the model (which layer or layers, max or mean ove
 and reports how often each rule keeps every reference value's tokens (``results/question_layers_<length>.json``).
 A rule is ``layers/heads/units``: ``last`` (the package), ``L<i>`` one leaf layer, ``zmax``/``zmean``
 every leaf layer's standardised scores; ``stmt`` the sentence bonus over statements (the recipe before
-2026-11-26), ``stmt_max`` a statement's best score, ``word`` a word's, ``none`` single tokens.
+2026-11-26), ``stmt_max`` a statement's best score, ``mix=w`` its best plus w x its mean (the package since
+2026-11-26 with w=4), ``word`` a word's, ``none`` single tokens.
 Indices 10 and up are the tuning split (``ruler.py`` reports 0-9).
 """
 

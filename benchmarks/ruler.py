@@ -59,17 +59,20 @@ HOMER_METHODS = (
     "homer_shared_recompute",
     "homer_query_aware_tree",
     "homer_query_aware_stmt_mean",
-    "homer_query_aware_stmt_best_mean",
+    "homer_query_aware_stmt_max",
 )
 """``homer_shared_stmt``: the shared root with the ``reconstruction_statements`` ablation (its sentence
 bonus over statements, so a needle's key and value are ranked as one unit);
 ``homer_query_aware`` the package's per-question path (question attention over statements, each ranked
-by its best token, the recipe since 2026-11-26; the flat selection re-read by a plain prefill of the
-kept tokens: ``replay="recompute"``, the default since 2026-11-26; rows run as
-``homer_query_aware_stmt_max`` were renamed to it); ``homer_query_aware_stmt_mean`` the same re-read
-with the question recipe of 2026-11-25 (ablation ``question_statement_mean``: 4x a statement's mean
-attention added to each token's; rows recorded as ``homer_query_aware`` before 2026-11-26 were renamed
-to it); ``homer_query_aware_tree`` the recipe of 2026-11-25 replayed through the paper's merge tree (the package's
+by its best token plus 4x its mean, ``UnitBestAndMean``, the recipe since 2026-11-26; the flat selection
+re-read by a plain prefill of the kept tokens: ``replay="recompute"``, the default since 2026-11-26;
+rows run as ``homer_query_aware_stmt_best_mean`` were renamed to it); ``homer_query_aware_stmt_max``
+the same re-read with a statement's best token alone (ablation ``question_statement_max``; rows run as
+``homer_query_aware_stmt_max`` and, for a day, ``homer_query_aware``); ``homer_query_aware_stmt_mean``
+the same re-read with the question recipe of 2026-11-25 (ablation ``question_statement_mean``: 4x a
+statement's mean attention added to each token's; rows recorded as ``homer_query_aware`` before
+2026-11-26 were renamed to it); ``homer_query_aware_tree`` the recipe of 2026-11-25 replayed through
+the paper's merge tree (the package's
 per-question path before 2026-11-26, whose rows were recorded as ``homer_query_aware``). The other
 ``homer_query_aware_*`` ablations replay the tree, as when they were measured:
 ``homer_query_aware_last_token`` with the ``question_last_token`` ablation (the paper's calibrated last
@@ -264,7 +267,7 @@ def homer_rows(args: argparse.Namespace) -> None:
         print(f"{args.method} x{row['ratio']:g} {task} {length} #{index}: {prediction[:60]!r}", flush=True)
 
 
-RECOMPUTED = ("homer_query_aware_stmt_mean", "homer_query_aware_stmt_best_mean")
+RECOMPUTED = ("homer_query_aware_stmt_mean", "homer_query_aware_stmt_max")
 """Per-question ablations that re-read their selection by a prefill (the others replay the tree)."""
 
 
@@ -297,8 +300,8 @@ def _scoring(args: argparse.Namespace, package: Any, config: Any) -> Any:
         return ABLATIONS["question_last_token"](Scoring.from_config(config))
     if args.method.endswith("_qattn"):
         return ABLATIONS["question_attention_sentences"](package)
-    if args.method == "homer_query_aware_stmt_best_mean":
-        return ABLATIONS["question_statement_best_and_mean"](package)
+    if args.method == "homer_query_aware_stmt_max":
+        return ABLATIONS["question_statement_max"](package)
     if args.method in ("homer_query_aware_stmt_mean", "homer_query_aware_tree"):
         return ABLATIONS["question_statement_mean"](package)
     return None

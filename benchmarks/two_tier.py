@@ -76,8 +76,8 @@ METHODS = (
 (``shared_scorer="last_token"``), and ``per_question*`` rows prune for the question by the paper's
 last token too (ablation ``question_last_token``), except ``*_qsent``: the package's question
 recipe of 2026-11-25 (question attention plus 4x its statement's mean, ablation
-``question_statement_mean``) and ``*_smax``: the recipe since 2026-11-26 (a statement's best question
-attention, ``Scoring.for_questions()``); ``shared_recon`` scores the
+``question_statement_mean``) and ``*_smax``: a statement's best question attention alone (ablation
+``question_statement_max``, measured on 2026-11-26 as a candidate recipe); ``shared_recon`` scores the
 shared root's leaves by context reconstruction (KVzip) and ranks whole sentences (``SentenceBonus``;
 the package default);
 ``shared_recon_flat`` selects its root from those leaf scores at once (``shared_root="flat"``, the
@@ -102,8 +102,8 @@ max-pooled words: 3/6 against 5/6 on the same documents (it lost the code on one
 the town on the other), so it was not run on the held-out seeds. ``*_recompute`` rows: the flat
 selection (the shared root's, or the question's with the package recipe) re-read by one plain prefill
 of the kept tokens through every layer (``replay``/``shared_root="recompute"``, ``homer.recompute``).
-``per_question_smax_recompute``: that re-read with the package's question recipe since 2026-11-26 (a
-statement's best question attention instead of the sentence bonus's mean; the package default)."""
+``per_question_smax_recompute``: that re-read with a statement's best question attention alone
+instead of the sentence bonus's mean (ablation ``question_statement_max``)."""
 OPTIONS = GenerationOptions(max_new_tokens=12)
 
 CODES = [str(n) for n in range(10000, 99999, 7919)]
@@ -226,7 +226,7 @@ def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
     if "qattn" in parts:
         ablation = "question_attention" if "words" in parts else "question_attention_sentences"
         scoring = ABLATIONS[ablation](scoring)
-    if "smax" in parts:  # question attention ranked by each statement's best token (the recipe since 2026-11-26)
+    if "smax" in parts:  # question attention ranked by each statement's best token alone
         scoring = ABLATIONS["question_statement_max"](scoring)
     if "qsent" in parts:  # question attention plus 4x its statement's mean (the recipe of 2026-11-25)
         scoring = ABLATIONS["question_statement_mean"](scoring)

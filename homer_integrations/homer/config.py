@@ -59,7 +59,8 @@ class HomerConfig(BaseModel):
             ranks whole sentences (``homer.scoring.RECONSTRUCTION_UNITS``: a token's score plus 4x
             its sentence's mean), so ``score_pooling``, ``pool_unit`` and ``score_memory`` shape a
             ``last_token`` root only. Question-aware pruning scores by every suffix row's most
-            attention and ranks whole statements by their best token (``homer.scoring.Scoring.for_questions``).
+            attention and ranks whole statements by their best token and their mean
+            (``homer.scoring.Scoring.for_questions``).
         replay: how ``query_aware`` rebuilds the root from the leaf tier: ``recompute`` (default)
             keeps the ``final_cache_len`` best tokens of all leaves by their leaf scores (the question
             in each leaf's suffix) and re-reads them with one plain prefill of the kept tokens

@@ -47,7 +47,7 @@ class WordUnits(ScoreUnit):
 
     ``unit`` names how the engine splits the document into units (``homer.prompt.unit_ids``):
     ``word`` (no whitespace inside; numbers and names stay whole), ``statement`` (up to ``.!?`` or a
-    line break: a question's recipe, ``scoring.QUESTION_UNITS``) or, as an ablation, ``sentence``.
+    line break: the ablation ``question_statement_max``) or, as an ablation, ``sentence``.
     """
 
     unit: str = "word"
@@ -86,8 +86,9 @@ class SentenceBonus(ScoreUnit):
 class UnitBestAndMean(ScoreUnit):
     """Every document token of a unit scores the unit's best score plus ``weight`` times its mean (both
     standardised): a unit is kept or dropped whole, ranked by its sharpest token and by how much of it
-    matters. ``WordUnits`` over the same units is ``weight=0``; ``SentenceBonus`` keeps each token's own
-    score in place of the unit's best."""
+    matters (a question's recipe over statements, ``scoring.QUESTION_UNITS``). ``WordUnits`` over the
+    same units is ``weight=0``; ``SentenceBonus`` keeps each token's own score in place of the unit's
+    best."""
 
     weight: float = 4.0
     unit: str = "statement"

@@ -13,7 +13,14 @@ import torch
 
 from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.config import HomerConfig
-from homer_integrations.homer.score_units import MaxPool, ScoreMemory, ScoreUnit, SentenceBonus, WordUnits
+from homer_integrations.homer.score_units import (
+    MaxPool,
+    ScoreMemory,
+    ScoreUnit,
+    SentenceBonus,
+    UnitBestAndMean,
+    WordUnits,
+)
 from homer_integrations.homer.scorers import LastTokenScorer, QuestionAttentionScorer, ReconstructionScorer, Scorer
 
 REPEAT_PROMPT = "\n\nRepeat the previous context exactly.\n\n"
@@ -22,13 +29,15 @@ RECONSTRUCTION_UNITS: tuple[ScoreUnit, ...] = (SentenceBonus(), ScoreMemory())
 """The units of a reconstruction-scored shared root: whole sentences by their mean reconstruction score
 (no max-pool, no word units: at 16k those kept 6 of 12 inserted values whole, the sentence bonus 11 of
 12; ``benchmarks/selection_sim.py``), and score memory for the tree root's merged nodes."""
-QUESTION_UNITS: tuple[ScoreUnit, ...] = (WordUnits("statement"), ScoreMemory())
+QUESTION_UNITS: tuple[ScoreUnit, ...] = (UnitBestAndMean(), ScoreMemory())
 """The units of a question's pruning: whole statements (only ``.!?`` or a line break end one, so "the
-number for X is: 8121922." is one unit, key and value), each ranked by its best-attended token, and
-score memory across the tree's levels. A statement's mean (``SentenceBonus``, the recipe of 2026-11-25,
-ablation ``question_statement_mean``) let a long line with one asked word lose to lines of middling
-attention: RULER 4k, 4x, held-out samples 0-9 of six tasks, re-read by a prefill, 0.80 against 0.69
-(plain prefill 0.77); README "Design and measurements"."""
+number for X is: 8121922." is one unit, key and value), each ranked by its best-attended token plus 4x
+its mean attention (``UnitBestAndMean``), and score memory across the tree's levels. Each token's own
+score plus 4x its statement's mean (the recipe before 2026-11-26, ablation ``question_statement_mean``)
+let a line in which only the asked key draws attention lose to lines of middling attention (RULER 4k
+held out: multikey 0.60 against 1.00); the statement's best alone (ablation ``question_statement_max``)
+kept those lines but lost facts inside long narrative sentences (bundled novel questions at 8k: 7/21
+against 11/21 and 10/21 with both); README "Design and measurements"."""
 
 
 @dataclass(frozen=True)
