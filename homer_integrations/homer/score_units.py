@@ -79,30 +79,24 @@ class SentenceBonus(ScoreUnit):
         if not bool(doc.any()):
             return scores
         means = pool_words(scores, chunk.reducible, words, reduce="mean")
-        return standardise(scores, doc) + self.weight * standardise(means, doc)
+        return standardise(self._own(scores, chunk, words), doc) + self.weight * standardise(means, doc)
+
+    def _own(self, scores: torch.Tensor, chunk: Chunk, words: torch.Tensor) -> torch.Tensor:
+        """The part of a token's score that is not its unit's mean: its own score [T]."""
+        return scores
 
 
 @dataclass(frozen=True)
-class UnitBestAndMean(ScoreUnit):
+class UnitBestAndMean(SentenceBonus):
     """Every document token of a unit scores the unit's best score plus ``weight`` times its mean (both
     standardised): a unit is kept or dropped whole, ranked by its sharpest token and by how much of it
-    matters (a question's recipe over statements, ``scoring.QUESTION_UNITS``). ``WordUnits`` over the
-    same units is ``weight=0``; ``SentenceBonus`` keeps each token's own score in place of the unit's
-    best."""
+    matters (a question's recipe over statements, ``scoring.QUESTION_UNITS``). ``SentenceBonus`` keeps
+    each token's own score in place of the unit's best."""
 
-    weight: float = 4.0
     unit: str = "statement"
 
-    def __call__(self, scores: torch.Tensor, chunk: Chunk, words: torch.Tensor | None) -> torch.Tensor:
-        if words is None:
-            return scores
-        scores = scores.cpu().float()
-        doc = chunk.reducible & (words >= 0)
-        if not bool(doc.any()):
-            return scores
-        best = pool_words(scores, chunk.reducible, words)
-        means = pool_words(scores, chunk.reducible, words, reduce="mean")
-        return standardise(best, doc) + self.weight * standardise(means, doc)
+    def _own(self, scores: torch.Tensor, chunk: Chunk, words: torch.Tensor) -> torch.Tensor:
+        return pool_words(scores, chunk.reducible, words)
 
 
 @dataclass(frozen=True)
