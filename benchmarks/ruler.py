@@ -275,10 +275,7 @@ def _replay(method: str) -> dict[str, str]:
     """``HomerConfig`` fields a method pins: the per-question ablations replay the tree (as measured)."""
     if method == "homer_shared_recompute":
         return {"shared_root": "recompute"}
-    if method.startswith("homer_query_aware_") and method not in (
-        "homer_query_aware_stmt_mean",
-        "homer_query_aware_stmt_best_mean",
-    ):
+    if method.startswith("homer_query_aware_") and method not in RECOMPUTED:
         return {"replay": "tree"}
     return {}
 

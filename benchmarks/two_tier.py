@@ -71,6 +71,7 @@ METHODS = (
     "shared_recon_recompute",
     "per_question_qsent_recompute",
     "per_question_smax_recompute",
+    "per_question_bestmean_recompute",
 )
 """``shared`` and ``per_question*`` use the paper's last-token scorer for the shared root
 (``shared_scorer="last_token"``), and ``per_question*`` rows prune for the question by the paper's
@@ -103,7 +104,9 @@ the town on the other), so it was not run on the held-out seeds. ``*_recompute``
 selection (the shared root's, or the question's with the package recipe) re-read by one plain prefill
 of the kept tokens through every layer (``replay``/``shared_root="recompute"``, ``homer.recompute``).
 ``per_question_smax_recompute``: that re-read with a statement's best question attention alone
-instead of the sentence bonus's mean (ablation ``question_statement_max``)."""
+instead of the sentence bonus's mean (ablation ``question_statement_max``);
+``per_question_bestmean_recompute``: with a statement's best plus 4x its mean (``UnitBestAndMean``, the
+package's recipe since 2026-11-26, pinned as ablation ``question_statement_best_and_mean``)."""
 OPTIONS = GenerationOptions(max_new_tokens=12)
 
 CODES = [str(n) for n in range(10000, 99999, 7919)]
@@ -228,6 +231,8 @@ def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
         scoring = ABLATIONS[ablation](scoring)
     if "smax" in parts:  # question attention ranked by each statement's best token alone
         scoring = ABLATIONS["question_statement_max"](scoring)
+    if "bestmean" in parts:  # a statement's best plus 4x its mean (the recipe since 2026-11-26)
+        scoring = ABLATIONS["question_statement_best_and_mean"](scoring)
     if "qsent" in parts:  # question attention plus 4x its statement's mean (the recipe of 2026-11-25)
         scoring = ABLATIONS["question_statement_mean"](scoring)
     # every per-question row hands its recipe over explicitly (the paper's last token unless named
