@@ -21,6 +21,7 @@ $py benchmarks/passkey.py run --models $qwen --lengths 16000 --samples 6 --metho
 $py benchmarks/passkey.py run --models $qwen --lengths 16000 --samples 4 --seed-offset 6 --methods shared --no-ablations
 $py benchmarks/passkey.py run --models $qwen --lengths 16000 --samples 4 --methods query_aware --no-ablations
 $py benchmarks/passkey.py run --models $qwen --lengths 32000 --samples 2 --no-ablations        # plain: ~20 min a sample
+$py benchmarks/passkey.py run --models $qwen --lengths 32000 --methods query_aware --samples 4 --no-ablations --variant recompute
 $py benchmarks/passkey.py report
 $py benchmarks/two_tier.py run --tokens 8000 --samples 4                  # plain / shared / per-question tree / flat
 $py benchmarks/two_tier.py run --tokens 16000 --samples 1                 # one document: ~25 min on 2 cores
@@ -31,6 +32,7 @@ $py benchmarks/two_tier.py run --tokens 8000 --samples 4 --methods shared_recon_
 $py benchmarks/two_tier.py run --tokens 8000 16000 --samples 4 --methods per_question_flat_qsent per_question_qsent  # the question recipe
 $py benchmarks/two_tier.py run --tokens 8000 16000 --samples 4 --methods per_question_qsent_recompute  # the per-question default
 $py benchmarks/two_tier.py run --tokens 16000 --samples 4 --methods shared_recon_recompute
+$py benchmarks/two_tier.py run --tokens 8000 16000 --samples 4 --methods per_question_smax_recompute per_question_bestmean_recompute
 $py benchmarks/reconstruction_ranks.py 16000 2001                       # where the facts rank in their leaves
 # the flat root's selection rules replayed offline on the tuning seeds (3000+; two_tier's 2000+ stay held out)
 for tokens in 8000 16000; do
@@ -51,10 +53,17 @@ $py benchmarks/cache_latency.py --tokens 16000
 $py benchmarks/decode_speed.py                            # our decoding loop vs generate() over one cache
 $py benchmarks/langchain_overhead.py
 $py benchmarks/llama_index_overhead.py
+$py benchmarks/novel_qa.py run --models $qwen --tokens 8000 16000  # the bundled novel's questions
+$py benchmarks/novel_qa.py report
 $py benchmarks/corpus.py                                  # 20 documents in process and on Ray; first question at 16k
 # RULER side by side (resumes; kvpress runs in benchmarks/.work/kvpress-venv, created on first use).
 # Days on 2 CPU cores; on a GPU machine add --device cuda and raise --samples to 50.
 $py benchmarks/ruler.py run --lengths 4096 8192 --ratios 4 8 --samples 10 --share-prefill
 $py benchmarks/ruler.py run --tasks niah_single_2 niah_multikey_2 niah_multivalue niah_multiquery vt qa_1 --lengths 4096 8192 --ratios 4 --samples 10 --methods homer_query_aware_tree
 $py benchmarks/ruler.py run --lengths 16384 --ratios 8 --samples 10 --methods plain homer_shared homer_query_aware
+# the question recipe's selection rules, offline on RULER's tuning split (indices 10-19)
+$py benchmarks/question_layers.py record --tasks niah_multikey_2 qa_1
+$py benchmarks/question_layers.py record --tasks niah_multivalue vt --indices 10 11 12 13
+$py benchmarks/question_layers.py record --tasks niah_multiquery --indices 10 11 12
+$py benchmarks/question_layers.py simulate
 $py benchmarks/ruler.py report
