@@ -566,14 +566,87 @@ def plots(summary: dict[str, list[dict]], ratio_length: int) -> None:
     plt.close(fig)
 
 
+def paired(rows: list[dict], method: str, reference: str = "plain", draws: int = 2000) -> list[dict]:
+    """``method`` against ``reference`` on exactly the samples both answered, per (length, ratio).
+
+    The difference is the macro mean over tasks of (method - reference) per sample; its 90% interval
+    comes from a bootstrap that redraws each task's samples (pairs kept together), so it says how far
+    the sample counts can move the gap. Tasks need at least one pair to count.
+    """
+    import random
+
+    scores: dict[tuple, dict[str, float]] = defaultdict(dict)
+    for r in rows:
+        if r["method"] in (method, reference):
+            scores[(r["length"], float(r["ratio"]) if r["method"] == method else None, r["task"], r["index"])][
+                r["method"]
+            ] = r["score"]
+    out = []
+    for length, ratio in sorted({(k[0], k[1]) for k in scores if k[1] is not None}):
+        by_task: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        for (n, r, task, index), s in scores.items():
+            ref = scores.get((n, None, task, index), {}).get(reference)
+            if n == length and r == ratio and ref is not None:
+                by_task[task].append((s[method], ref))
+        if not by_task:
+            continue
+        rng = random.Random(0)
+
+        def gap(pairs_by_task: list[list[tuple[float, float]]]) -> float:
+            return sum(sum(a - b for a, b in ps) / len(ps) for ps in pairs_by_task) / len(pairs_by_task)
+
+        tasks = sorted(by_task)
+        draws_ = sorted(gap([rng.choices(by_task[t], k=len(by_task[t])) for t in tasks]) for _ in range(draws))
+        out.append(
+            {
+                "length": length,
+                "method": method,
+                "ratio": ratio,
+                "reference": reference,
+                "pairs": {t: len(by_task[t]) for t in tasks},
+                "accuracy": sum(sum(a for a, _ in by_task[t]) / len(by_task[t]) for t in tasks) / len(tasks),
+                "reference_accuracy": sum(sum(b for _, b in by_task[t]) / len(by_task[t]) for t in tasks) / len(tasks),
+                "difference": gap([by_task[t] for t in tasks]),
+                "interval_90": [draws_[int(0.05 * draws)], draws_[int(0.95 * draws) - 1]],
+            }
+        )
+    return out
+
+
+def paired_markdown(comparisons: list[dict]) -> str:
+    """README-ready table of ``paired`` comparisons."""
+    lines = [
+        "| tokens | method | ratio | tasks (pairs) | method | plain | difference | 90% interval |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in comparisons:
+        low, high = c["interval_90"]
+        lines.append(
+            f"| {c['length']} | {c['method']} | {c['ratio']:g}x | {len(c['pairs'])} ({sum(c['pairs'].values())}) | "
+            f"{c['accuracy']:.2f} | {c['reference_accuracy']:.2f} | {c['difference']:+.3f} | "
+            f"[{low:+.3f}, {high:+.3f}] |"
+        )
+    lines += [
+        "",
+        "Paired: only the samples both the method and plain prefill answered; macro mean over the tasks; "
+        "the interval is a bootstrap over each task's samples (2000 draws).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+PAIRED_METHODS = ("homer_query_aware", "homer_shared")
+"""The package's two tiers, compared sample by sample with plain prefill in the report."""
+
+
 def report(args: argparse.Namespace) -> None:
     merge_pending()
     rows = load_rows()
     if not rows:
         raise SystemExit(f"no rows in {RESULTS_FILE}; run `ruler.py run` first")
-    summary = summarize(rows)
+    summary: dict[str, Any] = summarize(rows)
+    summary["paired"] = [c for m in PAIRED_METHODS for c in paired(rows, m)]
     (RESULTS / "ruler.json").write_text(json.dumps(summary, indent=1) + "\n")
-    table = markdown(summary)
+    table = markdown(summary) + "\n" + paired_markdown(summary["paired"])
     (RESULTS / "ruler.md").write_text(table)
     lengths = sorted({r["length"] for r in rows})
     plots(summary, args.ratio_length if args.ratio_length in lengths else lengths[-1])

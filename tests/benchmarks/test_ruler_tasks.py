@@ -97,3 +97,27 @@ def test_every_method_sees_the_same_prompt(smol_engine) -> None:
         p = ruler.homer_prompt(smol_engine, sample, mode)
         assert p.prefix + p.document + p.suffix + p.continuation == chat + job["answer_prefix"]
         assert (p.prefix + p.document + p.suffix) == chat.partition("What is it?")[0]
+
+
+def test_paired_compares_only_the_samples_both_answered() -> None:
+    def row(method: str, task: str, index: int, score: float) -> dict:
+        return {"method": method, "task": task, "index": index, "length": 8192, "score": score,
+                "ratio": 1.0 if method == "plain" else 4.0}  # fmt: skip
+
+    rows = [
+        row("plain", "vt", 0, 1.0),
+        row("plain", "vt", 1, 0.0),
+        row("homer_query_aware", "vt", 0, 1.0),
+        row("homer_query_aware", "vt", 1, 1.0),
+        row("homer_query_aware", "vt", 2, 0.0),  # plain has no sample 2: not compared
+        row("plain", "qa_1", 0, 1.0),
+        row("homer_query_aware", "qa_1", 0, 0.0),
+    ]
+    (c,) = ruler.paired(rows, "homer_query_aware", draws=200)
+    assert c["pairs"] == {"qa_1": 1, "vt": 2}
+    assert c["accuracy"] == pytest.approx((0.0 + 1.0) / 2)
+    assert c["reference_accuracy"] == pytest.approx((1.0 + 0.5) / 2)
+    assert c["difference"] == pytest.approx(((0 - 1) + (1.0 - 0.5)) / 2)
+    low, high = c["interval_90"]
+    assert low <= c["difference"] <= high
+    assert "-0.250" in ruler.paired_markdown([c])
