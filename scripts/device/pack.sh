@@ -10,6 +10,7 @@
 #   carry [".xfer/pNN"]                    bash scripts/device/setup.sh   # one call per piece
 #   carry []                             bash scripts/device/checks.sh    # suite's CUDA tests + memory_speed
 #   passkey:  source scripts/device/setup.sh && python3 benchmarks/passkey.py run --device cuda ...
+#   RULER:    carry []  bash scripts/device/ruler.sh     (issue #11's points; see its header)
 # Measured 2026-11-26 on an H100: a 57 MB piece costs about 4 s of device time.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,7 +20,7 @@ exclude=$(git rev-parse --git-dir)/info/exclude
 mkdir -p "$(dirname "$exclude")"
 for d in /.whl/ /.gpu/ /.xfer/; do grep -qx "$d" "$exclude" 2>/dev/null || echo "$d" >>"$exclude"; done
 # The device's image has torch and most of our needs; these it lacks or holds in an older version.
-pins=$($py -m pip list 2>/dev/null | awk 'tolower($1) ~ /^(transformers|pydantic|pydantic_core|annotated-types|typing-inspection|platformdirs|gguf|llguidance)$/ {print $1"=="$2}')
+pins=$($py -m pip list 2>/dev/null | awk 'tolower($1) ~ /^(transformers|pydantic|pydantic_core|annotated-types|typing-inspection|platformdirs|gguf|llguidance|nvidia[-_]long[-_]context[-_]eval)$/ {print $1"=="$2}')
 plat=""
 for n in 17 24 27 28 31 34; do plat+=" --platform manylinux_2_${n}_x86_64"; done
 $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
