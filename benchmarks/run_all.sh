@@ -62,6 +62,7 @@ $py benchmarks/corpus.py                                  # 20 documents in proc
 $py benchmarks/ruler.py run --lengths 4096 8192 --ratios 4 8 --samples 10 --share-prefill
 $py benchmarks/ruler.py run --tasks niah_single_2 niah_multikey_2 niah_multivalue niah_multiquery vt qa_1 --lengths 4096 8192 --ratios 4 --samples 10 --methods homer_query_aware_tree
 $py benchmarks/ruler.py run --lengths 16384 --ratios 8 --samples 10 --methods plain homer_shared homer_query_aware
+# 32k (16x) for the two-tier issue: a plain 32k prefill is ~8 min a sample here; on a lent GPU, scripts/device/ruler.sh
 # the question recipe's selection rules, offline on RULER's tuning split (indices 10-19)
 $py benchmarks/question_layers.py record --tasks niah_multikey_2 qa_1
 $py benchmarks/question_layers.py record --tasks niah_multivalue vt --indices 10 11 12 13
