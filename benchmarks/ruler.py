@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -591,12 +592,16 @@ def paired(rows: list[dict], method: str, reference: str = "plain", draws: int =
         if not by_task:
             continue
         rng = random.Random(0)
+        tasks = sorted(by_task)
+
+        def macro(pairs_by_task: list[list[tuple[float, float]]], value: Callable[[float, float], float]) -> float:
+            return sum(sum(value(a, b) for a, b in ps) / len(ps) for ps in pairs_by_task) / len(pairs_by_task)
 
         def gap(pairs_by_task: list[list[tuple[float, float]]]) -> float:
-            return sum(sum(a - b for a, b in ps) / len(ps) for ps in pairs_by_task) / len(pairs_by_task)
+            return macro(pairs_by_task, lambda a, b: a - b)
 
-        tasks = sorted(by_task)
         draws_ = sorted(gap([rng.choices(by_task[t], k=len(by_task[t])) for t in tasks]) for _ in range(draws))
+        observed = [by_task[t] for t in tasks]
         out.append(
             {
                 "length": length,
@@ -604,9 +609,9 @@ def paired(rows: list[dict], method: str, reference: str = "plain", draws: int =
                 "ratio": ratio,
                 "reference": reference,
                 "pairs": {t: len(by_task[t]) for t in tasks},
-                "accuracy": sum(sum(a for a, _ in by_task[t]) / len(by_task[t]) for t in tasks) / len(tasks),
-                "reference_accuracy": sum(sum(b for _, b in by_task[t]) / len(by_task[t]) for t in tasks) / len(tasks),
-                "difference": gap([by_task[t] for t in tasks]),
+                "accuracy": macro(observed, lambda a, _: a),
+                "reference_accuracy": macro(observed, lambda _, b: b),
+                "difference": gap(observed),
                 "interval_90": [draws_[int(0.05 * draws)], draws_[int(0.95 * draws) - 1]],
             }
         )
