@@ -419,18 +419,34 @@ def run(args: argparse.Namespace) -> None:
 
 
 # ----------------------------------------------------------------------------------- report
+SECONDS = ("compress_seconds", "ttft", "question_seconds")
+
+
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _device(row: dict) -> str:
+    return row.get("device", "cpu")
+
+
 def summarize(rows: list[dict]) -> dict[str, list[dict]]:
-    """Per (task, length, method, ratio) and, averaged over tasks, per (length, method, ratio)."""
+    """Per (task, length, method, ratio) and, averaged over tasks, per (length, method, ratio).
+
+    Accuracy counts every row; seconds and peak RSS only the rows of one device per (length, method,
+    ratio), the CPU where it ran there (``seconds_device``): a GPU's seconds are not the CPU's.
+    """
     cells: dict[tuple, list[dict]] = defaultdict(list)
+    timed: dict[tuple, str] = {}
     for r in rows:
         cells[(r["task"], r["length"], r["method"], float(r["ratio"]))].append(r)
+        point = (r["length"], r["method"], float(r["ratio"]))
+        timed[point] = "cpu" if "cpu" in (timed.get(point), _device(r)) else _device(r)
     per_task = []
     for (task, length, method, ratio), rs in sorted(cells.items()):
-        isolated = [r for r in rs if not r.get("shared_prefill")]
+        device = timed[(length, method, ratio)]
+        on = [r for r in rs if _device(r) == device]
+        isolated = [r for r in on if not r.get("shared_prefill")]
         per_task.append(
             {
                 "task": task,
@@ -440,11 +456,12 @@ def summarize(rows: list[dict]) -> dict[str, list[dict]]:
                 "samples": len(rs),
                 "accuracy": _mean([r["score"] for r in rs]),
                 "budget": _mean([r["budget"] for r in rs]),
-                "compress_seconds": _mean([r["compress_seconds"] for r in rs]),
-                "ttft": _mean([r["ttft"] for r in rs]),
-                "question_seconds": _mean([r["question_seconds"] for r in rs]),
+                "seconds_device": device,
+                "compress_seconds": _mean([r["compress_seconds"] for r in on]),
+                "ttft": _mean([r["ttft"] for r in on]),
+                "question_seconds": _mean([r["question_seconds"] for r in on]),
                 "peak_rss_mb": max((r["peak_rss_mb"] for r in isolated), default=None),
-                "shared_prefill": len(isolated) < len(rs),
+                "shared_prefill": len(isolated) < len(on),
             }
         )
     groups: dict[tuple, list[dict]] = defaultdict(list)
@@ -466,9 +483,8 @@ def summarize(rows: list[dict]) -> dict[str, list[dict]]:
                 "tasks": {e["task"]: {"accuracy": e["accuracy"], "samples": e["samples"]} for e in es},
                 "accuracy": _mean([e["accuracy"] for e in es]),  # macro average over the tasks run
                 "samples": sum(e["samples"] for e in es),
-                "compress_seconds": _mean([e["compress_seconds"] for e in es]),
-                "ttft": _mean([e["ttft"] for e in es]),
-                "question_seconds": _mean([e["question_seconds"] for e in es]),
+                "seconds_device": es[0]["seconds_device"],
+                **{k: _mean([e[k] for e in es if e[k] is not None]) for k in SECONDS},
                 "peak_rss_mb": max(rss) if rss else None,
                 "shared_prefill": any(e["shared_prefill"] for e in es),
             }
@@ -480,7 +496,7 @@ def markdown(summary: dict[str, list[dict]]) -> str:
     """README-ready table: accuracy per task (samples), macro average, seconds and peak RSS."""
     tasks = [t for t in TASKS if any(e["task"] == t for e in summary["per_task"])]
     tasks += sorted({e["task"] for e in summary["per_task"]} - set(tasks))
-    head = ["tokens", "method", "ratio", *tasks, "average", "compress s", "TTFT s", "question s", "peak RSS MB"]
+    head = ["tokens", "method", "ratio", *tasks, "average", "compress s", "TTFT s", "question s", "on", "peak RSS MB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for e in summary["overall"]:
         cells = []
@@ -491,7 +507,8 @@ def markdown(summary: dict[str, list[dict]]) -> str:
         method = e["method"] + (" *" if e["shared_prefill"] else "")
         lines.append(
             f"| {e['length']} | {method} | {e['ratio']:g}x | " + " | ".join(cells) + f" | {e['accuracy']:.2f} | "
-            f"{e['compress_seconds']:.1f} | {e['ttft']:.2f} | {e['question_seconds']:.1f} | {rss} |"
+            f"{e['compress_seconds']:.1f} | {e['ttft']:.2f} | {e['question_seconds']:.1f} | {e['seconds_device']} | "
+            f"{rss} |"
         )
     lines += [
         "",
@@ -499,7 +516,9 @@ def markdown(summary: dict[str, list[dict]]) -> str:
         "(count in brackets); average: mean over the tasks in the row. compress s: the document's cost "
         "(plain prefill, HOMER shared root or leaf tier, kvpress prefill + press); TTFT and question s: per "
         "question after that (HOMER's query-aware replay included). * shared one prefill with the other "
-        "score-based presses: compress s = that prefill + the press's own scoring, no peak RSS of its own.",
+        "score-based presses: compress s = that prefill + the press's own scoring, no peak RSS of its own. "
+        "on: the device the seconds and peak RSS were measured on (the CPU where a point ran on both; "
+        "accuracy counts both, fp32 either way).",
     ]
     return "\n".join(lines) + "\n"
 

@@ -11,7 +11,9 @@
 #   carry []                             bash scripts/device/checks.sh    # suite's CUDA tests + memory_speed
 #   passkey:  source scripts/device/setup.sh && python3 benchmarks/passkey.py run --device cuda ...
 #   RULER:    carry []  bash scripts/device/ruler.sh     (issue #11's points; see its header)
-# Measured 2026-11-26 on an H100: a 57 MB piece costs about 4 s of device time.
+# A call carries at most 64 MiB with the tracked tree (21 MB now), so pieces are 45 MB (PIECE_BYTES):
+# 11 of them, each call ~18 s of device time with the turnaround (H100, 2026-11-26); the machine goes
+# back after 30 s idle, so make the calls back to back. Keep every wheel: the package imports llguidance.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 model=${1:-qwen2.5-coder-0.5b-instruct}
@@ -43,7 +45,7 @@ spec = EMBEDDED_MODELS[sys.argv[1]]
 print(gguf_file(spec, Path(tempfile.mkdtemp(prefix="homer-pack-"))))
 PY
 )
-split -b 57000000 -d -a 2 "$gguf" .xfer/p
+split -b "${PIECE_BYTES:-40000000}" -d -a 2 "$gguf" .xfer/p
 case "$gguf" in /tmp/homer-pack-*) rm -rf "$(dirname "$gguf")" ;; esac
 echo "$model $(ls .xfer/p?? | wc -l)" >.xfer/model
 du -sh .whl .gpu .xfer

@@ -1,29 +1,35 @@
 #!/bin/bash
 # Device side: RULER rows for issue #11's points (plain prefill, the per-question path and the shared
-# root at 2048 kept tokens: 8k 4x, 16k 8x, 32k 16x), sample by sample so that every sample is answered
-# by each method before the next one starts. Stops itself after $BUDGET seconds (default 480, under a
-# call's 600 s limit), keeps what finished, and leaves results/ruler.jsonl in $OUT.
+# root at 2048 kept tokens: 32k 16x, 16k 8x, 8k 4x). PLAN lists length:samples steps; each step is one
+# `ruler.py run` (one fresh worker per method, so few steps: a worker's start costs ~10 s), and rows
+# already in results/ruler.jsonl are skipped, so a step only adds samples and a second call resumes.
+# Stops itself after $BUDGET seconds (default 480, under a call's 600 s limit), keeps what finished,
+# and leaves ruler.jsonl and ruler.log in $OUT.
 #
-#   carry [".whl", ".gpu", ".xfer/model"]  bash scripts/device/setup.sh      # see pack.sh (the wheels
-#   carry [".xfer/pNN"] ...                bash scripts/device/setup.sh      #  include the RULER package)
-#   carry []   LENGTHS="32768 16384" SAMPLES=10 bash scripts/device/ruler.sh
+#   carry [".whl", ".xfer/model"]  bash scripts/device/setup.sh     # see pack.sh (the wheels include
+#   carry [".xfer/pNN"] ...        bash scripts/device/setup.sh     #  the RULER package, for scoring)
+#   carry [".xfer/pLAST"]  BUDGET=420 PLAN="32768:5 16384:10 32768:10" bash scripts/device/ruler.sh
+#
+# Measured on an H100 (2026-11-26, fp32): 32k, 5 samples of 6 tasks, plain + per-question + shared
+# root took 376 s (plain 162 s, per-question 89 s, shared the rest, worker starts included).
 #
 # The samples are the committed ones (benchmarks/results/ruler_samples/), so the device generates
-# nothing; rows already in results/ruler.jsonl are skipped, so a second call resumes. Back here:
-# cp "$files_at/ruler.jsonl" benchmarks/results/ && .venv/bin/python benchmarks/ruler.py report
+# nothing. Back here: cp "$files_at/ruler.jsonl" benchmarks/results/ && .venv/bin/python
+# benchmarks/ruler.py report
 source "$(dirname "$0")/setup.sh" >/dev/null
 cd "$(dirname "$0")/../.."
 deadline=$((SECONDS + ${BUDGET:-480}))
-tasks="niah_single_2 niah_multikey_2 niah_multivalue niah_multiquery vt qa_1"
-for n in $(seq 1 "${SAMPLES:-10}"); do
-  for length in ${LENGTHS:-32768 16384 8192}; do
-    ratio=$((length / 2048))
-    left=$((deadline - SECONDS))
-    [ "$left" -gt 20 ] || break 2
-    timeout -s INT "$left" python3 benchmarks/ruler.py run --device cuda --dtype float32 --lengths "$length" \
-      --ratios "$ratio" --samples "$n" --tasks $tasks --methods plain homer_query_aware homer_shared 2>&1 |
-      grep -E "^(plain|homer)" | tail -n 18
-  done
+tasks=${TASKS:-niah_single_2 niah_multikey_2 niah_multivalue niah_multiquery vt qa_1}
+log=${OUT:-/tmp}/ruler.log
+for step in ${PLAN:-32768:5 16384:10 32768:10}; do
+  length=${step%:*} samples=${step#*:}
+  left=$((deadline - SECONDS))
+  [ "$left" -gt 30 ] || break
+  echo "== $length tokens, samples 0-$((samples - 1)), $left s left" | tee -a "$log"
+  timeout -s INT "$left" python3 benchmarks/ruler.py run --device "${DEVICE:-cuda}" --dtype float32 \
+    --lengths "$length" --ratios $((length / 2048)) --samples "$samples" --tasks $tasks \
+    --methods ${METHODS:-plain homer_query_aware homer_shared} >>"$log" 2>&1
+  grep -E "^(plain|homer)|Error|error:" "$log" | tail -n 6
 done
 python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import ruler; ruler.merge_pending()"
-cp benchmarks/results/ruler.jsonl "$OUT/"
+cp benchmarks/results/ruler.jsonl "${OUT:-/tmp}/"

@@ -121,3 +121,20 @@ def test_paired_compares_only_the_samples_both_answered() -> None:
     low, high = c["interval_90"]
     assert low <= c["difference"] <= high
     assert "-0.250" in ruler.paired_markdown([c])
+
+
+def test_summary_times_each_point_on_one_device() -> None:
+    def row(task: str, index: int, device: str, seconds: float, score: float) -> dict:
+        return {"method": "plain", "task": task, "index": index, "length": 16384, "ratio": 1.0, "score": score,
+                "budget": 16000, "compress_seconds": seconds, "ttft": seconds / 10, "question_seconds": seconds,
+                "peak_rss_mb": 3000.0, "device": device}  # fmt: skip
+
+    rows = [row("vt", 0, "cpu", 400.0, 1.0), row("vt", 1, "cuda", 3.0, 0.0), row("qa_1", 0, "cuda", 5.0, 1.0)]
+    (point,) = ruler.summarize(rows)["overall"]
+    assert point["seconds_device"] == "cpu"
+    assert point["compress_seconds"] == pytest.approx(400.0)  # qa_1 ran on the GPU only: no CPU seconds
+    assert point["accuracy"] == pytest.approx((0.5 + 1.0) / 2)  # accuracy counts both devices
+    assert point["tasks"]["vt"]["samples"] == 2
+    (gpu,) = ruler.summarize(rows[1:])["overall"]
+    assert gpu["seconds_device"] == "cuda" and gpu["compress_seconds"] == pytest.approx(4.0)
+    assert "| cpu |" in ruler.markdown(ruler.summarize(rows))
