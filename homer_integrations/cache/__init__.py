@@ -7,15 +7,12 @@
 - ``local``: ``LocalStore``, a directory with a byte budget and least-recently-used eviction;
 - ``fsspec_store``: ``FsspecStore``, any fsspec URL (``s3://``, ``gs://``, ``file://``, ``memory://``);
 - ``flight``: one computation per key across threads and processes (file locks, leases);
+- ``stored``: ``StoredEntries``, a cache's entries in its store (verified reads, the locked miss,
+  writes, a leaf tier built into its own file, labels);
 - ``document_cache``: ``DocumentCache``, the façade that composes them.
 """
 
-from homer_integrations.cache.document_cache import (
-    DEFAULT_MEMORY_BUDGET,
-    CacheStats,
-    DocumentCache,
-    DocumentCacheWarning,
-)
+from homer_integrations.cache.document_cache import DEFAULT_MEMORY_BUDGET, CacheStats, DocumentCache
 from homer_integrations.cache.entry import (
     FORMAT_VERSION,
     MANIFEST_FORMAT,
@@ -33,6 +30,7 @@ from homer_integrations.cache.flight import LeaseLock, LockTimeout, SingleFlight
 from homer_integrations.cache.local import LocalStore
 from homer_integrations.cache.memory import MemoryLRU
 from homer_integrations.cache.store import EntryTooLarge, Store, open_store
+from homer_integrations.cache.stored import DocumentCacheWarning, StoredEntries
 
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",
@@ -52,6 +50,7 @@ __all__ = [
     "MemoryLRU",
     "SingleFlight",
     "Store",
+    "StoredEntries",
     "Unusable",
     "document_from_tensors",
     "document_nbytes",

@@ -1,9 +1,9 @@
 """``DocumentCache``: one compression per document, kept in memory and optionally in a store.
 
-It composes the parts of this package: ``MemoryLRU`` (memory, bounded by bytes), a ``Store``
-(``LocalStore``: a directory with an optional byte budget; ``FsspecStore``: any fsspec URL),
-``EntryCodec`` (manifest + safetensors, verified on every read) and single flight (``SingleFlight``
-across threads, the store's per-key lock across processes).
+It composes the parts of this package: ``MemoryLRU`` (memory, bounded by bytes), ``SingleFlight``
+(one lookup per key across threads) and, given a ``Store`` (``LocalStore``: a directory with an
+optional byte budget; ``FsspecStore``: any fsspec URL), ``StoredEntries`` (the store side: entries
+verified on every read by ``EntryCodec``, the store's per-key lock across processes, writes).
 
 Interface every caller relies on:
 - ``get_or_compute(key, compute) -> (entry, source)`` with source in ``memory`` / ``disk`` /
@@ -29,14 +29,12 @@ import contextlib
 import contextvars
 import logging
 import threading
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
 
 from homer_integrations.cache.entry import (
     FORMAT_VERSION,
@@ -45,28 +43,20 @@ from homer_integrations.cache.entry import (
     CacheSource,
     E,
     Entry,
-    EntryCodec,
     Unusable,
-    mapped_tier,
-    relabelled,
-    to_device,
 )
-from homer_integrations.cache.flight import LockTimeout, SingleFlight
+from homer_integrations.cache.flight import SingleFlight
 from homer_integrations.cache.local import LocalStore
 from homer_integrations.cache.memory import MemoryLRU, Slot
-from homer_integrations.cache.staged import StagedTensors
 from homer_integrations.cache.store import Store, open_store
+from homer_integrations.cache.stored import StoredEntries
 from homer_integrations.homer.compressed import CacheSpec, CompressedDocument
-from homer_integrations.homer.leaf_tier import Allocate, Layout, LeafTier
+from homer_integrations.homer.leaf_tier import Allocate, LeafTier
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MEMORY_BUDGET = 2 * 1024**3
 _LABEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("homer_document_label", default=None)
-
-
-class DocumentCacheWarning(UserWarning):
-    """A stored entry was unusable (and removed), or could not be written."""
 
 
 @dataclass(frozen=True)
@@ -159,7 +149,8 @@ class DocumentCache:
         self.device = torch.device(device) if device is not None else None
         self._flights: SingleFlight[tuple[Entry, CacheSource]] = SingleFlight()
         self._counts = _Counters()
-        self._staged: dict[str, StagedTensors] = {}  # a leaf tier being built into its entry's file
+        self.stored = StoredEntries(self.store, self.device, self._counts.add) if self.store is not None else None
+        """The store side (None for memory only): verified reads, the locked miss, writes, labels."""
 
     @classmethod
     def open(cls, store: str | Path | Store | None = None, disk_budget: int | None = None) -> DocumentCache:
@@ -215,14 +206,17 @@ class DocumentCache:
             doc, source = result
             self._memory.put(key, doc, label, unverified=source == "disk" and spec is None)
 
-        (doc, source), role = self._flights.run(
-            key, cached, lambda: self._load_or_compute(key, compute, label, spec), keep
-        )
+        def miss() -> tuple[Entry, CacheSource]:
+            computed = lambda: self._compute(key, compute)  # noqa: E731
+            if self.stored is None:
+                return computed(), "computed"
+            return self.stored.load_or_compute(key, computed, label, spec, self.lock_timeout)
+
+        (doc, source), role = self._flights.run(key, cached, miss, keep)
         if role != "leader":
             self._counts.add("hits_memory")
         if role == "cached" and slot is not None and label is not None and slot.label != label:
-            self._memory.relabel(key, label)
-            self._write_label(key, label)
+            self.set_label(key, label)
         return doc, "memory" if role == "follower" else source  # type: ignore[return-value]
 
     async def aget_or_compute(
@@ -241,10 +235,10 @@ class DocumentCache:
         slot = self._memory.get(key, verified=spec is not None)
         if slot is not None:
             return slot.doc
-        if self.store is None:
+        if self.stored is None:
             return None
         try:
-            loaded = self._read(key, spec)
+            loaded = self.stored.read(key, spec)
         except Unusable:
             return None
         if loaded is None:
@@ -275,7 +269,14 @@ class DocumentCache:
     def set_label(self, key: str, label: str | None) -> bool:
         """Name the entry for ``key`` (in memory and in the store); False when there is no such entry."""
         in_memory = self._memory.relabel(key, label)
-        return self._write_label(key, label) or in_memory
+        return (self.stored is not None and self.stored.write_label(key, label)) or in_memory
+
+    def allocator(self, key: str) -> Allocate | None:
+        """Storage for ``key``'s leaf tier (CPU) inside the file that becomes its stored entry, so the
+        tier is never held whole in process memory (``StagedTensors``); None without a store. Pass it
+        to the build inside ``get_or_compute``'s ``compute``; if the file cannot be made, it returns
+        None and the build allocates in memory instead."""
+        return self.stored.allocator(key) if self.stored is not None else None
 
     # ----------------------------------------------------------------------------- housekeeping
     def stats(self) -> CacheStats:
@@ -348,98 +349,6 @@ class DocumentCache:
         budget); how many went. Only a local directory has a budget."""
         return len(self.store.trim(budget_bytes)) if isinstance(self.store, LocalStore) else 0
 
-    # ----------------------------------------------------------------------------- store
-    def _load_or_compute(
-        self, key: str, compute: Callable[[], E], label: str | None, spec: CacheSpec | None
-    ) -> tuple[E, CacheSource]:
-        if self.store is None:
-            return self._compute(key, compute), "computed"
-        with contextlib.suppress(Unusable):  # anything odd is re-examined under the lock
-            loaded = self._read(key, spec)
-            if loaded is not None:
-                return self._loaded(key, loaded, label), "disk"
-        lock = self.store.lock(key, self.lock_timeout)
-        try:
-            lock.acquire()
-        except LockTimeout:
-            warnings.warn(
-                f"another process has held the cache lock for {key[:12]} over {self.lock_timeout}s; "
-                f"compressing without it",
-                DocumentCacheWarning,
-                stacklevel=5,
-            )
-            lock = None
-        except OSError as exc:
-            warnings.warn(
-                f"cannot use the document cache directory {self.store.location}: {exc}; "
-                f"keeping documents in memory only",
-                DocumentCacheWarning,
-                stacklevel=5,
-            )
-            try:
-                return self._compute(key, compute), "computed"
-            finally:
-                self._drop_staged(key)  # a tier built in a staged file stays readable through its mapping
-        try:
-            try:
-                loaded = self._read(key, spec)
-            except Unusable as exc:
-                self._counts.add("discarded")
-                warnings.warn(
-                    f"discarding unusable document cache entry {self.store.where(key)}: {exc}; recomputing",
-                    DocumentCacheWarning,
-                    stacklevel=5,
-                )
-                self.store.remove(key)
-                loaded = None
-            if loaded is not None:  # written by another process while we waited for the lock
-                return self._loaded(key, loaded, label, locked=True), "disk"
-            doc = self._compute(key, compute)
-            staged = self._staged.get(key)
-            in_place = staged if staged is not None and isinstance(doc, LeafTier) and staged.backs(doc.hidden) else None
-            if self._write(key, doc, label, in_place) and isinstance(doc, LeafTier):
-                # a tier built in its staged file already lives in the stored file (renamed, same pages)
-                doc = replace(doc, mapped=True) if in_place is not None else self._remapped(key, doc)  # type: ignore[assignment]
-            return doc, "computed"
-        finally:
-            self._drop_staged(key)
-            if lock is not None:
-                lock.release()
-
-    # ----------------------------------------------------------------------------- staged leaf tiers
-    def allocator(self, key: str) -> Allocate | None:
-        """Storage for ``key``'s leaf tier (CPU) inside the file that becomes its stored entry, so the
-        tier is never held whole in process memory (``StagedTensors``); None without a store. Pass it
-        to the build inside ``get_or_compute``'s ``compute``; if the file cannot be made, it returns
-        None and the build allocates in memory instead."""
-        if self.store is None:
-            return None
-        store = self.store
-
-        def allocate(layout: Layout) -> dict[str, torch.Tensor] | None:
-            self._drop_staged(key)
-            path = None
-            try:
-                path = store.staging_file(key)
-                staged = StagedTensors(path, layout)
-            except (OSError, ValueError, RuntimeError) as exc:
-                logger.warning("building the leaf tier %s in memory: cannot stage it in a file (%s)", key[:12], exc)
-                if path is not None:
-                    path.unlink(missing_ok=True)
-                return None
-            self._staged[key] = staged
-            return staged.tensors
-
-        return allocate
-
-    def _drop_staged(self, key: str) -> None:
-        """Forget ``key``'s staged file and remove it if it was not renamed into the store (a failed
-        build or write; a tier built in it stays readable through its mapping)."""
-        staged = self._staged.pop(key, None)
-        if staged is not None:
-            with contextlib.suppress(OSError):
-                staged.path.unlink(missing_ok=True)
-
     def _compute(self, key: str, compute: Callable[[], E]) -> E:
         self._counts.add("misses", "computations")
         doc = compute()
@@ -449,95 +358,3 @@ class DocumentCache:
             logger.debug("compute() returned a document keyed %s; storing it under %s", doc.key[:12], key[:12])
             doc = replace(doc, key=key)
         return doc
-
-    def _loaded(self, key: str, loaded: tuple[E, dict[str, Any]], label: str | None, *, locked: bool = False) -> E:
-        """A store hit: counted, marked used, relabelled if ``label`` is new."""
-        doc, manifest = loaded
-        self._counts.add("hits_disk")
-        assert self.store is not None
-        self.store.touch(key)
-        if label is not None and manifest.get("label") != label:
-            self._write_label(key, label, locked=locked)
-        return doc
-
-    def _read(self, key: str, spec: CacheSpec | None = None) -> tuple[Entry, dict[str, Any]] | None:
-        """Load and verify ``key``'s stored entry: None if absent; raises ``Unusable`` if it cannot be trusted."""
-        store = self.store
-        assert store is not None
-        try:
-            raw = store.read_manifest(key)
-        except OSError as exc:
-            raise Unusable(f"cannot read the manifest: {exc}") from exc
-        if raw is None:
-            return None
-        doc, manifest = EntryCodec.decode(key, raw, lambda: store.read_tensors(key), spec, store.tensors_file(key))
-        return to_device(doc, manifest.get("device"), self.device), manifest
-
-    def _remapped(self, key: str, tier: LeafTier) -> LeafTier:
-        """The leaf tier just written (under ``key``'s lock), memory-mapped from its file so the built
-        copy can be freed; ``tier`` itself when the store has no local file or the mapping fails.
-        Not re-verified by checksum: this process wrote the file a moment ago."""
-        assert self.store is not None
-        path = self.store.tensors_file(key)
-        if path is None or tier.hidden.device.type != "cpu":
-            return tier
-        try:
-            return mapped_tier(path)
-        except (SafetensorError, ValueError, KeyError, OSError) as exc:
-            logger.warning("could not map the leaf tier just written for %s: %s", key[:12], exc)
-            return tier
-
-    def _write(self, key: str, doc: Entry, label: str | None, in_place: StagedTensors | None = None) -> bool:
-        """Store ``doc``'s entry (atomically); on failure warn, keep it in memory only and return False.
-
-        The tensors are serialised into a staged file (no second copy in memory), or, for a leaf tier
-        built in its staged file (``in_place``, see ``allocator``), that file only gets its header
-        (whatever is left of it is ``_drop_staged``'s)."""
-        assert self.store is not None
-        staged: Path | None = None
-        try:
-            if in_place is not None:
-                manifest, tensors = EntryCodec.encode(
-                    key, doc, label, into=in_place.finish(doc.to_tensors()[1]), written=True
-                )
-            else:
-                staged = self.store.staging_file(key)
-                manifest, tensors = EntryCodec.encode(key, doc, label, into=staged)
-            self.store.write(key, manifest, tensors)
-            return True
-        except (OSError, SafetensorError, ValueError) as exc:
-            warnings.warn(
-                f"could not write the document cache entry {self.store.where(key)}: {exc}; keeping it in memory only",
-                DocumentCacheWarning,
-                stacklevel=6,
-            )
-            self.store.remove(key)
-            return False
-        finally:
-            if staged is not None:  # renamed into place, or left over from a failed write
-                with contextlib.suppress(OSError):
-                    staged.unlink(missing_ok=True)
-
-    def _write_label(self, key: str, label: str | None, *, locked: bool = False) -> bool:
-        """Rewrite the label in ``key``'s stored manifest (best effort); False when there is none.
-
-        ``locked``: the caller already holds ``key``'s lock.
-        """
-        if self.store is None:
-            return False
-        lock = None if locked else self.store.lock(key, 1.0)
-        try:
-            if lock is not None:
-                lock.acquire()
-            try:
-                raw = self.store.read_manifest(key)
-                manifest = relabelled(raw, key, label) if raw is not None else None
-                if manifest is None:
-                    return False
-                self.store.write_manifest(key, manifest)
-                return True
-            finally:
-                if lock is not None:
-                    lock.release()
-        except (OSError, ValueError, LockTimeout):
-            return False

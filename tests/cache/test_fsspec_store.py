@@ -115,7 +115,7 @@ def test_readers_never_see_half_an_entry(store_url: str, cache_docs: list[Compre
         t.start()
     try:
         for i in range(16):
-            writer._write(doc.key, variants[i % 2], None)
+            writer.stored.write(doc.key, variants[i % 2], None)
         wait_for(lambda: any(d is not None for d in seen))  # the last write is whole: a read completes
     finally:
         stop.set()

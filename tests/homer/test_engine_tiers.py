@@ -120,7 +120,7 @@ def test_a_damaged_tier_on_disk_is_recomputed(tokenizer, calib, text, tmp_path):
     tier = writer.document_cache.get(key)
     assert isinstance(tier, LeafTier)
     bad = LeafTier(**{**tier.__dict__, "hidden": torch.full_like(tier.hidden, float("nan"))})
-    writer.document_cache._write(key, bad, None)  # a well-formed entry whose checksum matches
+    writer.document_cache.stored.write(key, bad, None)  # a well-formed entry whose checksum matches
     reader = make_engine(tokenizer, calib, DocumentCache(tmp_path), mode="query_aware")
     with pytest.warns(UserWarning, match="NaN"):
         stream = reader.run(text, "Who?", max_new_tokens=4)

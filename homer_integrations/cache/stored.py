@@ -1,0 +1,235 @@
+"""``StoredEntries``: a ``DocumentCache``'s entries in its ``Store``.
+
+The store side of the cache: verified reads, the locked miss (re-read under the key's lock, compute,
+write), atomic writes (a leaf tier built straight into the file that becomes its entry), memory
+mapping of a tier just written, and label rewrites. ``DocumentCache`` adds memory and single flight
+in front of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+
+from homer_integrations.cache.entry import (
+    CacheSource,
+    E,
+    Entry,
+    EntryCodec,
+    Unusable,
+    mapped_tier,
+    relabelled,
+    to_device,
+)
+from homer_integrations.cache.flight import LockTimeout
+from homer_integrations.cache.staged import StagedTensors
+from homer_integrations.cache.store import Store
+from homer_integrations.homer.compressed import CacheSpec
+from homer_integrations.homer.leaf_tier import Allocate, Layout, LeafTier
+
+logger = logging.getLogger(__name__)
+
+
+class DocumentCacheWarning(UserWarning):
+    """A stored entry was unusable (and removed), or could not be written."""
+
+
+class StoredEntries:
+    """Entries of one ``store``, loaded onto ``device`` (None: where they were computed, if it exists here).
+
+    ``count(name)`` is told of each ``hits_disk`` and ``discarded`` event.
+    """
+
+    def __init__(self, store: Store, device: torch.device | None, count: Callable[..., None]) -> None:
+        self.store = store
+        self.device = device
+        self._count = count
+        self._staged: dict[str, StagedTensors] = {}  # a leaf tier being built into its entry's file
+
+    def read(self, key: str, spec: CacheSpec | None = None) -> tuple[Entry, dict[str, Any]] | None:
+        """Load and verify ``key``'s stored entry: None if absent; raises ``Unusable`` if it cannot be trusted."""
+        store = self.store
+        try:
+            raw = store.read_manifest(key)
+        except OSError as exc:
+            raise Unusable(f"cannot read the manifest: {exc}") from exc
+        if raw is None:
+            return None
+        doc, manifest = EntryCodec.decode(key, raw, lambda: store.read_tensors(key), spec, store.tensors_file(key))
+        return to_device(doc, manifest.get("device"), self.device), manifest
+
+    def load_or_compute(
+        self,
+        key: str,
+        compute: Callable[[], E],
+        label: str | None,
+        spec: CacheSpec | None,
+        lock_timeout: float | None,
+    ) -> tuple[E, CacheSource]:
+        """``key``'s stored entry, or ``compute()`` under the key's lock and write it (a miss).
+
+        Anything unusable is removed and recomputed with a warning; a store that cannot be locked
+        (or a lock held past ``lock_timeout``) leaves the document computed and kept in memory only.
+        """
+        with contextlib.suppress(Unusable):  # anything odd is re-examined under the lock
+            loaded = self.read(key, spec)
+            if loaded is not None:
+                return self._loaded(key, loaded, label), "disk"
+        lock = self.store.lock(key, lock_timeout)
+        try:
+            lock.acquire()
+        except LockTimeout:
+            warnings.warn(
+                f"another process has held the cache lock for {key[:12]} over {lock_timeout}s; compressing without it",
+                DocumentCacheWarning,
+                stacklevel=5,
+            )
+            lock = None
+        except OSError as exc:
+            warnings.warn(
+                f"cannot use the document cache directory {self.store.location}: {exc}; "
+                f"keeping documents in memory only",
+                DocumentCacheWarning,
+                stacklevel=5,
+            )
+            try:
+                return compute(), "computed"
+            finally:
+                self.drop_staged(key)  # a tier built in a staged file stays readable through its mapping
+        try:
+            try:
+                loaded = self.read(key, spec)
+            except Unusable as exc:
+                self._count("discarded")
+                warnings.warn(
+                    f"discarding unusable document cache entry {self.store.where(key)}: {exc}; recomputing",
+                    DocumentCacheWarning,
+                    stacklevel=5,
+                )
+                self.store.remove(key)
+                loaded = None
+            if loaded is not None:  # written by another process while we waited for the lock
+                return self._loaded(key, loaded, label, locked=True), "disk"
+            doc = compute()
+            staged = self._staged.get(key)
+            in_place = staged if staged is not None and isinstance(doc, LeafTier) and staged.backs(doc.hidden) else None
+            if self.write(key, doc, label, in_place) and isinstance(doc, LeafTier):
+                # a tier built in its staged file already lives in the stored file (renamed, same pages)
+                doc = replace(doc, mapped=True) if in_place is not None else self._remapped(key, doc)  # type: ignore[assignment]
+            return doc, "computed"
+        finally:
+            self.drop_staged(key)
+            if lock is not None:
+                lock.release()
+
+    def _loaded(self, key: str, loaded: tuple[E, dict[str, Any]], label: str | None, *, locked: bool = False) -> E:
+        """A store hit: counted, marked used, relabelled if ``label`` is new."""
+        doc, manifest = loaded
+        self._count("hits_disk")
+        self.store.touch(key)
+        if label is not None and manifest.get("label") != label:
+            self.write_label(key, label, locked=locked)
+        return doc
+
+    # ----------------------------------------------------------------------------- staged leaf tiers
+    def allocator(self, key: str) -> Allocate:
+        """Storage for ``key``'s leaf tier (CPU) inside the file that becomes its stored entry
+        (``StagedTensors``); it returns None, and the build allocates in memory, if the file cannot be made."""
+
+        def allocate(layout: Layout) -> dict[str, torch.Tensor] | None:
+            self.drop_staged(key)
+            path = None
+            try:
+                path = self.store.staging_file(key)
+                staged = StagedTensors(path, layout)
+            except (OSError, ValueError, RuntimeError) as exc:
+                logger.warning("building the leaf tier %s in memory: cannot stage it in a file (%s)", key[:12], exc)
+                if path is not None:
+                    path.unlink(missing_ok=True)
+                return None
+            self._staged[key] = staged
+            return staged.tensors
+
+        return allocate
+
+    def drop_staged(self, key: str) -> None:
+        """Forget ``key``'s staged file and remove it if it was not renamed into the store (a failed
+        build or write; a tier built in it stays readable through its mapping)."""
+        staged = self._staged.pop(key, None)
+        if staged is not None:
+            with contextlib.suppress(OSError):
+                staged.path.unlink(missing_ok=True)
+
+    def _remapped(self, key: str, tier: LeafTier) -> LeafTier:
+        """The leaf tier just written (under ``key``'s lock), memory-mapped from its file so the built
+        copy can be freed; ``tier`` itself when the store has no local file or the mapping fails.
+        Not re-verified by checksum: this process wrote the file a moment ago."""
+        path = self.store.tensors_file(key)
+        if path is None or tier.hidden.device.type != "cpu":
+            return tier
+        try:
+            return mapped_tier(path)
+        except (SafetensorError, ValueError, KeyError, OSError) as exc:
+            logger.warning("could not map the leaf tier just written for %s: %s", key[:12], exc)
+            return tier
+
+    # ----------------------------------------------------------------------------- writes
+    def write(self, key: str, doc: Entry, label: str | None, in_place: StagedTensors | None = None) -> bool:
+        """Store ``doc``'s entry (atomically); on failure warn, keep it in memory only and return False.
+
+        The tensors are serialised into a staged file (no second copy in memory), or, for a leaf tier
+        built in its staged file (``in_place``, see ``allocator``), that file only gets its header
+        (whatever is left of it is ``drop_staged``'s)."""
+        staged: Path | None = None
+        try:
+            if in_place is not None:
+                manifest, tensors = EntryCodec.encode(
+                    key, doc, label, into=in_place.finish(doc.to_tensors()[1]), written=True
+                )
+            else:
+                staged = self.store.staging_file(key)
+                manifest, tensors = EntryCodec.encode(key, doc, label, into=staged)
+            self.store.write(key, manifest, tensors)
+            return True
+        except (OSError, SafetensorError, ValueError) as exc:
+            warnings.warn(
+                f"could not write the document cache entry {self.store.where(key)}: {exc}; keeping it in memory only",
+                DocumentCacheWarning,
+                stacklevel=6,
+            )
+            self.store.remove(key)
+            return False
+        finally:
+            if staged is not None:  # renamed into place, or left over from a failed write
+                with contextlib.suppress(OSError):
+                    staged.unlink(missing_ok=True)
+
+    def write_label(self, key: str, label: str | None, *, locked: bool = False) -> bool:
+        """Rewrite the label in ``key``'s stored manifest (best effort); False when there is none.
+
+        ``locked``: the caller already holds ``key``'s lock.
+        """
+        lock = None if locked else self.store.lock(key, 1.0)
+        try:
+            if lock is not None:
+                lock.acquire()
+            try:
+                raw = self.store.read_manifest(key)
+                manifest = relabelled(raw, key, label) if raw is not None else None
+                if manifest is None:
+                    return False
+                self.store.write_manifest(key, manifest)
+                return True
+            finally:
+                if lock is not None:
+                    lock.release()
+        except (OSError, ValueError, LockTimeout):
+            return False
