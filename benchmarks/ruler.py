@@ -638,9 +638,10 @@ def paired(rows: list[dict], method: str, reference: str = "plain", draws: int =
 
 
 def paired_markdown(comparisons: list[dict]) -> str:
-    """README-ready table of ``paired`` comparisons."""
+    """README-ready table of ``paired`` comparisons (one reference: its name heads a column)."""
+    (reference,) = {c["reference"] for c in comparisons} or {"plain"}
     lines = [
-        "| tokens | method | ratio | tasks (pairs) | method | plain | difference | 90% interval |",
+        f"| tokens | method | ratio | tasks (pairs) | method | {reference} | difference | 90% interval |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for c in comparisons:
@@ -652,7 +653,7 @@ def paired_markdown(comparisons: list[dict]) -> str:
         )
     lines += [
         "",
-        "Paired: only the samples both the method and plain prefill answered; macro mean over the tasks; "
+        f"Paired: only the samples both the method and {reference} answered; macro mean over the tasks; "
         "the interval is a bootstrap over each task's samples (2000 draws).",
     ]
     return "\n".join(lines) + "\n"

@@ -121,6 +121,7 @@ def test_paired_compares_only_the_samples_both_answered() -> None:
     low, high = c["interval_90"]
     assert low <= c["difference"] <= high
     assert "-0.250" in ruler.paired_markdown([c])
+    assert "| method | homer_shared | difference |" in ruler.paired_markdown([{**c, "reference": "homer_shared"}])
 
 
 def test_summary_times_each_point_on_one_device() -> None:
