@@ -6,14 +6,16 @@
 #   bash scripts/device/pack.sh [MODEL]      # MODEL: qwen2.5-coder-0.5b-instruct (default) or -1.5b-
 #
 # Then, with the device tool (each line one call, back to back: the machine stays warm 30 s):
-#   carry [".whl", ".gpu", ".xfer/model"]  bash scripts/device/setup.sh   # first call: installs
-#   carry [".xfer/pNN"]                    bash scripts/device/setup.sh   # one call per piece
-#   carry []                             bash scripts/device/checks.sh    # suite's CUDA tests + memory_speed
+#   carry [".whl", ".xfer/model"]  bash scripts/device/setup.sh   # first call: installs the wheels
+#   carry [".gpu"]                 bash scripts/device/setup.sh   # only for checks.sh (random weights)
+#   carry [".xfer/pNN"]            bash scripts/device/setup.sh   # one call per piece but the last
+#   carry []                     bash scripts/device/checks.sh    # suite's CUDA tests + memory_speed
 #   passkey:  source scripts/device/setup.sh && python3 benchmarks/passkey.py run --device cuda ...
-#   RULER:    carry []  bash scripts/device/ruler.sh     (issue #11's points; see its header)
-# A call carries at most 64 MiB with the tracked tree (21 MB now), so pieces are 45 MB (PIECE_BYTES):
-# 11 of them, each call ~18 s of device time with the turnaround (H100, 2026-11-26); the machine goes
-# back after 30 s idle, so make the calls back to back. Keep every wheel: the package imports llguidance.
+#   RULER:    carry [".xfer/pLAST"]  bash scripts/device/ruler.sh   (issue #11's points; its header)
+# A call carries at most 64 MiB with the tracked tree (21 MB now): .whl and .gpu do not fit one call
+# together, and pieces are 45 MB (PIECE_BYTES), 11 of them, each call ~18 s of device time with the
+# turnaround (H100, 2026-11-26; setup and pieces took ~4.5 of the 15 minutes). The machine goes back
+# after 30 s idle: make the calls back to back. Keep every wheel: the package imports llguidance.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 model=${1:-qwen2.5-coder-0.5b-instruct}
