@@ -457,9 +457,7 @@ def summarize(rows: list[dict]) -> dict[str, list[dict]]:
                 "accuracy": _mean([r["score"] for r in rs]),
                 "budget": _mean([r["budget"] for r in rs]),
                 "seconds_device": device,
-                "compress_seconds": _mean([r["compress_seconds"] for r in on]),
-                "ttft": _mean([r["ttft"] for r in on]),
-                "question_seconds": _mean([r["question_seconds"] for r in on]),
+                **{k: _mean([r[k] for r in on]) for k in SECONDS},
                 "peak_rss_mb": max((r["peak_rss_mb"] for r in isolated), default=None),
                 "shared_prefill": len(isolated) < len(on),
             }
