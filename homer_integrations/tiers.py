@@ -184,15 +184,20 @@ class DocumentTiers:
         )
 
     def compressor(self, prunes: bool, *, query_aware: bool, full: bool = False) -> TierCompressor:
-        """A compressor with these settings; ``prunes``: the calibration bias is needed;
-        ``query_aware``: planned like a leaf tier, scoring with the question in the suffix; ``full``:
-        one chunk as long as the model's window, nothing pruned (a plain prefill)."""
+        """A compressor with these settings; ``prunes``: it will prune (the calibration bias is read
+        when its scoring needs one: question attention does not, so a first query-aware question
+        never waits for a calibration); ``query_aware``: planned like a leaf tier, scoring with the
+        question in the suffix; ``full``: one chunk as long as the model's window, nothing pruned (a
+        plain prefill)."""
         c, window = self.config, self.prompting.context_window
+        scoring = self.question_scoring if query_aware else self.scoring
+        reads_bias = prunes and scoring.needs_calibration
+        bias = self.calibration.bias(progress=self.progress is not False) if reads_bias else None
         settings = CompressorSettings(
             max_chunk_len=window if full else c.max_chunk_len,
             warmup_layers=c.warmup_layers,
             final_cache_len=window if full else c.final_cache_len,
-            scoring=self.question_scoring if query_aware else self.scoring,
+            scoring=scoring,
             # The shared suffix's length, so the tier splits the document exactly as the shared root
             # does and no question changes the tree's shape (a question's longer suffix makes merged
             # nodes that many tokens longer than max_chunk_len, still far inside the model's window;
@@ -203,7 +208,7 @@ class DocumentTiers:
         return TierCompressor(
             self.stack,
             settings,
-            self.calibration.bias(progress=self.progress is not False) if prunes else None,
+            bias,
             self.prune_observer,
         )
 

@@ -61,6 +61,18 @@ def test_second_question_replays_from_the_tier_without_rerunning_the_leaves(toke
     assert entry.kind == "leaf_tier" and entry.document_tokens == first.info.document_tokens
 
 
+def test_a_first_query_aware_question_computes_no_calibration(tokenizer, text, tmp_path):
+    # question attention reads no bias: a fresh engine must not spend minutes calibrating for it
+    engine = make_engine(tokenizer, tmp_path, mode="query_aware")
+    asked = engine.run(text, "Who is Mr. Bingley?", max_new_tokens=3)
+    asked.text()
+    assert asked.info.cache_tokens < asked.info.document_tokens, "the question's compression pruned"
+    assert not list(tmp_path.iterdir()), "no calibration table computed"
+    shared = engine.run(text, "Who is Mr. Bingley?", mode="shared", max_new_tokens=3)
+    shared.text()
+    assert list(tmp_path.iterdir()), "the shared root's merged nodes still calibrate"
+
+
 def test_replayed_compression_equals_a_query_aware_compression_from_scratch(tokenizer, calib, text):
     # the calibrated scorer, real word units and score memory, a real chat layout
     # (with the last-token shared scorer: no reconstruction prior in the tier)
