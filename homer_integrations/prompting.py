@@ -12,6 +12,9 @@ from transformers import PreTrainedTokenizerBase
 from homer_integrations.homer.config import HomerConfig, Mode, check_mode
 from homer_integrations.homer.prompt import PromptText, PromptTexts, encode, render_chat, render_layout
 
+DOCUMENTS_REMEMBERED = 4
+"""Documents whose token ids ``Prompting`` keeps (an id is 8 bytes: 0.5 MB for a 64k-token document)."""
+
 
 class Prompting:
     """Token counts, prompt layouts and size limits for ``tokenizer`` under ``config`` (resolved).
@@ -26,6 +29,10 @@ class Prompting:
         self.config = config
         self.num_layers = num_layers
         self.context_window = context_window
+        # A document's ids are asked for again by every question on it (the tier's build, each replay's
+        # re-read): tokenizing 32k tokens costs ~0.1 s, a fifth of a GPU question. Keyed by the text
+        # itself; a str caches its hash, so a hit on the caller's own string object costs nothing.
+        self._document_ids = functools.lru_cache(maxsize=DOCUMENTS_REMEMBERED)(self._encode_document)
 
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` as plain text (a ``PromptText`` keeps its markup's control tokens)."""
@@ -84,13 +91,19 @@ class Prompting:
                 f"{self.num_layers} layers); split it, or raise max_chunk_len"
             )
 
+    def _encode_document(self, document: str) -> torch.Tensor:
+        return encode(self.tokenizer, document)
+
     def encode_span(
         self, prefix: str, document: str, suffix: str, *, full: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Token ids ``[P]``, ``[N]``, ``[S]`` of the three spans; a document the merge tree (or, ``full``,
         the window) cannot hold is refused here, before calibration or any layer runs."""
         prefix_ids = encode(self.tokenizer, prefix, first=True, formatted=True)
-        document_ids = encode(self.tokenizer, document)
+        if type(document) is str:  # a PromptText's markup is not part of its str equality: not remembered
+            document_ids = self._document_ids(document).clone()  # the remembered ids stay untouched
+        else:
+            document_ids = encode(self.tokenizer, document)
         suffix_ids = encode(self.tokenizer, suffix, formatted=True)
         prompt_len = prefix_ids.numel() + document_ids.numel() + suffix_ids.numel()
         if full and prompt_len >= self.context_window:
