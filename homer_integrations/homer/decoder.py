@@ -87,6 +87,7 @@ class DecoderStack:
         rope: RopeTables,
         cache: DynamicCache,
         query_rows: int = 0,
+        key_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Causal self-attention of layer ``layer_idx`` with the residual added.
 
@@ -95,7 +96,9 @@ class DecoderStack:
         layer's window. Returns the new hidden states [1, T, D] and, if ``query_rows`` > 0, the
         rotated queries [1, H, R, d] of the last R tokens exactly as the attention used them
         (pruning uses the last one, calibration several). Each layer's mask follows from the
-        cache length and the layer's window.
+        cache length and the layer's window. A batch of B sequences ([B, T, D], the cache [B, Hkv, K, d])
+        may add ``key_mask`` [B, 1, 1, K + T] (0 or the dtype's minimum) to hide keys of some of them
+        (not with flash-attn, whose layers take no mask).
         """
         cos_sin = rope[self.family.rope_kind(layer_idx)]
         window = self.family.window(layer_idx)
@@ -106,6 +109,9 @@ class DecoderStack:
             past = cache.layers[layer_idx].get_seq_length() if layer_idx < len(cache.layers) else 0
             rows = hidden[:, block]
             layer_mask = self._layer_mask(window, past, rows.shape[1])
+            if key_mask is not None:
+                seen = key_mask[..., : past + rows.shape[1]]
+                layer_mask = seen if layer_mask is None else layer_mask + seen
             out, normed = self.family.attend(
                 layer_idx, rows, (cos_sin[0][:, block], cos_sin[1][:, block]), cache, layer_mask
             )

@@ -20,6 +20,7 @@ from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.compressor import CompressionResult, ProgressFn, PruneEvent
 from homer_integrations.homer.kv import cache_from_tensors
+from homer_integrations.homer.leaf_batch import batchable, leaf_positions, leaf_reducible, score_leaves
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.merging import merge_siblings
 from homer_integrations.homer.pruning import keep_mask, standardise
@@ -61,7 +62,11 @@ class TierCompressor(LeafTierCompressor):
             return self.replay_flat(tier, suffix_ids, progress)
         start = time.perf_counter()
         plan, schedule = self._replay_plan(tier, suffix_ids)
-        leaves = self._tier_leaves(tier, suffix_ids, plan, schedule)
+        layers = schedule.layers_at(0)
+        if batchable(self.stack, layers):
+            leaves = self._scored_leaves(tier, suffix_ids, plan, layers)
+        else:
+            leaves = self._tier_leaves(tier, suffix_ids, plan, schedule)
         selected = self._select_flat(leaves, plan, schedule, progress, scores_only=True)
         return self._recomputed(selected, prefix_ids, document_ids, suffix_ids, plan, start)
 
@@ -105,6 +110,28 @@ class TierCompressor(LeafTierCompressor):
             selected = self._select_flat(leaf, plan, schedule, progress, scores_only=True)
             return self._recomputed(selected, prefix_ids, document_ids, suffix_ids, plan, start)
         return self._result(self._flat(leaf, plan, schedule, progress), plan, schedule, start)
+
+    def _scored_leaves(self, tier: LeafTier, suffix_ids: torch.Tensor, plan: ChunkPlan, layers: range) -> FlatLeafFn:
+        """``FlatLeafFn`` of scores-only leaves, every leaf scored in one batched pass (``leaf_batch``)."""
+        scores = score_leaves(self.stack, self.scoring.scorer, self.bias, tier, suffix_ids, plan, layers)
+        P, E, S = plan.prefix_len, plan.piece_len, plan.suffix_len
+
+        def leaf(index: int, target_len: int) -> tuple[Chunk, torch.Tensor | None]:
+            span = plan.piece(index)
+            reducible = leaf_reducible(P, span.stop - span.start, S)
+            chunk = Chunk(
+                hidden=self.stack.empty((1, reducible.numel(), 0)),
+                position_ids=leaf_positions(P, span.stop - span.start, E, S),
+                reducible=reducible,
+                origin=torch.cat([torch.full((P,), -1), torch.arange(span.start, span.stop), torch.full((S,), -1)]),
+                memory=torch.full((reducible.numel(),), float("-inf")),
+                prefix_len=P,
+                suffix_len=S,
+                cache=cache_from_tensors([], []),
+            )
+            return chunk, scores[index] if chunk.length > target_len else None
+
+        return leaf
 
     def _recomputed(
         self,

@@ -26,7 +26,7 @@ class UnsupportedModelError(ValueError):
 class Family:
     """A Llama-layout decoder: ``x + attn(input_norm(x))``, then ``x + mlp(post_attention_norm(x))``.
 
-    Shapes: hidden states [1, T, D]; normed rows [1, R, D]; queries [1, H, R, d].
+    Shapes: hidden states [1, T, D]; normed rows [1, R, D]; queries [1, H, R, d] (B for 1 where a batch runs).
     """
 
     model_types: ClassVar[tuple[str, ...]] = ()
@@ -91,7 +91,7 @@ class Family:
     def query_states(self, layer_idx: int, normed_rows: torch.Tensor) -> torch.Tensor:
         """Queries [1, H, R, d] of normed rows [1, R, D] as the attention computes them, before RoPE."""
         attn = self.layers[layer_idx].self_attn
-        return attn.q_proj(normed_rows).view(1, normed_rows.shape[1], -1, attn.head_dim).transpose(1, 2)
+        return attn.q_proj(normed_rows).view(*normed_rows.shape[:2], -1, attn.head_dim).transpose(1, 2)
 
     def rotate(self, query: torch.Tensor, rope: CosSin) -> torch.Tensor:
         """RoPE on queries [1, H, R, d] with their rows' cos, sin [1, R, d]."""

@@ -42,7 +42,7 @@ class Gemma3Family(Family):
 
     def query_states(self, layer_idx: int, normed_rows: torch.Tensor) -> torch.Tensor:
         attn = self.layers[layer_idx].self_attn
-        q = attn.q_proj(normed_rows).view(1, normed_rows.shape[1], -1, attn.head_dim)
+        q = attn.q_proj(normed_rows).view(*normed_rows.shape[:2], -1, attn.head_dim)
         return attn.q_norm(q).transpose(1, 2)
 
     def logits(self, hidden_last: torch.Tensor) -> torch.Tensor:

@@ -19,4 +19,4 @@ class Phi3Family(Family):
         attn = self.layers[layer_idx].self_attn
         width = self.config.num_attention_heads * attn.head_dim
         q = attn.qkv_proj(normed_rows)[..., :width]
-        return q.view(1, normed_rows.shape[1], -1, attn.head_dim).transpose(1, 2)
+        return q.view(*normed_rows.shape[:2], -1, attn.head_dim).transpose(1, 2)

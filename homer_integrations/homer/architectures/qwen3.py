@@ -13,5 +13,5 @@ class Qwen3Family(Family):
     def query_states(self, layer_idx: int, normed_rows: torch.Tensor) -> torch.Tensor:
         """Projected queries through ``q_norm`` (over each head's d), [1, H, R, d], before RoPE."""
         attn = self.layers[layer_idx].self_attn
-        q = attn.q_proj(normed_rows).view(1, normed_rows.shape[1], -1, attn.head_dim)
+        q = attn.q_proj(normed_rows).view(*normed_rows.shape[:2], -1, attn.head_dim)
         return attn.q_norm(q).transpose(1, 2)
