@@ -11,8 +11,8 @@ first question, which builds the tier, is not timed.
 
     .venv/bin/python benchmarks/question_overhead.py              # about 2 minutes
 
-Writes benchmarks/results/question_overhead.json and .md. The real model's GPU timings come from
-``ruler.py`` on the device machine.
+Writes benchmarks/results/question_overhead.json and .md (``--device cuda``: question_overhead_cuda.*).
+The real model's GPU timings come from ``ruler.py`` on the device machine.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ POINTS = ((8192, 4), (16384, 8), (32768, 16))
 QUESTIONS = ("Who is Mr. Darcy?", "Where is Netherfield?", "How many sisters are there?", "Who is Lydia?")
 
 
-def one_point(tokens: int, ratio: int, repeats: int) -> dict:
+def one_point(tokens: int, ratio: int, repeats: int, device: str = "cpu") -> dict:
     import torch
     from ruler import chunk_length
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -46,7 +46,7 @@ def one_point(tokens: int, ratio: int, repeats: int) -> dict:
     torch.manual_seed(0)
     shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=24, num_attention_heads=2)
     config = Qwen2Config(vocab_size=len(tok), num_key_value_heads=1, head_dim=8, max_position_embeddings=65536, **shape)
-    model = Qwen2ForCausalLM(config).eval()
+    model = Qwen2ForCausalLM(config).eval().to(device)
     budget = tokens // ratio
     settings = HomerConfig(max_chunk_len=chunk_length(tokens, budget), final_cache_len=budget, mode="query_aware")
     engine = HomerModel(model, tok, settings, model_name="qwen2-shape-tiny", progress=False)
@@ -89,20 +89,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=6, help="questions per variant and point")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cuda: the launch-bound case itself")
     args = parser.parse_args()
     import torch
 
     torch.set_num_threads(args.threads)
     started = time.time()
-    rows = [one_point(tokens, ratio, args.repeats) for tokens, ratio in POINTS]
+    rows = [one_point(tokens, ratio, args.repeats, args.device) for tokens, ratio in POINTS]
     for r in rows:
         print(f"{r['tokens']} x{r['ratio']}: {r['median_batched']:.3f} s vs {r['median_leaf_by_leaf']:.3f} s")
-    result = {"threads": args.threads, "wall_seconds": round(time.time() - started, 1), "points": rows}
+    result = {
+        "device": args.device,
+        "threads": args.threads,
+        "wall_seconds": round(time.time() - started, 1),
+        "points": rows,
+    }
+    name = "question_overhead" if args.device == "cpu" else f"question_overhead_{args.device}"
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "question_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         "Host-side time to first token of a query-aware question (Qwen2.5-0.5B's 24 layers at tiny widths, "
-        f"random weights; CPU, {args.threads} thread; median of {args.repeats} questions per variant, alternated).",
+        f"random weights; {args.device}, {args.threads} thread; median of {args.repeats} questions per variant, "
+        "alternated).",
         "",
         "| tokens | ratio | leaves | batched s | leaf by leaf s | batched / leaf by leaf |",
         "|---|---|---|---|---|---|",
@@ -112,7 +120,7 @@ def main() -> None:
             f"| {r['tokens']:,} | {r['ratio']}x | {r['leaves']} | {r['median_batched']:.3f} | "
             f"{r['median_leaf_by_leaf']:.3f} | {r['batched_over_leaf_by_leaf']:.2f} |"
         )
-    (RESULTS / "question_overhead.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

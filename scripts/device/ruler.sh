@@ -4,7 +4,8 @@
 # `ruler.py run` (one fresh worker per method, so few steps: a worker's start costs ~10 s), and rows
 # already in results/ruler.jsonl are skipped, so a step only adds samples and a second call resumes.
 # Stops itself after $BUDGET seconds (default 480, under a call's 600 s limit), keeps what finished,
-# and leaves ruler.jsonl and ruler.log in $OUT.
+# and leaves ruler.jsonl and ruler.log in $OUT. First (OVERHEAD=0 skips it, ~1-2 min) the per-question
+# path's launch-bound cost, batched against leaf by leaf (benchmarks/question_overhead.py --device cuda).
 #
 #   carry [".whl", ".xfer/model"]  bash scripts/device/setup.sh     # see pack.sh (the wheels include
 #   carry [".xfer/pNN"] ...        bash scripts/device/setup.sh     #  the RULER package, for scoring)
@@ -21,6 +22,10 @@ cd "$(dirname "$0")/../.."
 deadline=$((SECONDS + ${BUDGET:-480}))
 tasks=${TASKS:-niah_single_2 niah_multikey_2 niah_multivalue niah_multiquery vt qa_1}
 log=${OUT:-/tmp}/ruler.log
+if [ "${OVERHEAD:-1}" = 1 ]; then  # batched vs leaf-by-leaf question scoring where launches set the pace
+  timeout 150 python3 benchmarks/question_overhead.py --device cuda >>"$log" 2>&1 && tail -n 3 "$log"
+  cp benchmarks/results/question_overhead_cuda.* "${OUT:-/tmp}/" 2>/dev/null
+fi
 for step in ${PLAN:-32768:5 16384:10 32768:10}; do
   length=${step%:*} samples=${step#*:}
   left=$((deadline - SECONDS))
