@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -33,7 +34,7 @@ QUESTIONS = ("Who is Mr. Darcy?", "Where is Netherfield?", "How many sisters are
 def one_point(tokens: int, ratio: int, repeats: int, device: str = "cpu") -> dict:
     import torch
     from ruler import chunk_length
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     import homer_integrations.homer.flat as flat
     from homer_integrations import HomerConfig, HomerModel
@@ -42,7 +43,8 @@ def one_point(tokens: int, ratio: int, repeats: int, device: str = "cpu") -> dic
     from homer_integrations.models import SMOLLM2, load_embedded
     from homer_integrations.paths import bundled_excerpt
 
-    _, tok = load_embedded(SMOLLM2)
+    saved = os.environ.get("HOMER_TEST_TOKENIZER")  # the device machine's copy (scripts/device/setup.sh)
+    tok = AutoTokenizer.from_pretrained(saved) if saved else load_embedded(SMOLLM2)[1]
     torch.manual_seed(0)
     shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=24, num_attention_heads=2)
     config = Qwen2Config(vocab_size=len(tok), num_key_value_heads=1, head_dim=8, max_position_embeddings=65536, **shape)
