@@ -18,6 +18,7 @@ from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.compressor import CompressionResult, HomerCompressor, ProgressFn
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
+from homer_integrations.homer.leaf_batch import leaf_reducible
 from homer_integrations.homer.leaf_tier import Allocate, Layout, LeafSlice, LeafTier
 from homer_integrations.homer.schedule import LayerSchedule
 
@@ -163,12 +164,10 @@ class LeafTierCompressor(HomerCompressor):
         P, S = plan.prefix_len, plan.suffix_len
         n = part.hidden.shape[1] - P
         suffix_positions = torch.arange(P + plan.piece_len, P + plan.piece_len + S)
-        flags = torch.zeros(P + n + S, dtype=torch.bool)
-        flags[P : P + n] = True
         chunk = Chunk(
             hidden=part.hidden,
             position_ids=torch.cat([part.position_ids, suffix_positions]),
-            reducible=flags,
+            reducible=leaf_reducible(P, n, S),
             origin=torch.cat([part.origin, torch.full((S,), -1)]),
             memory=torch.full((P + n + S,), float("-inf")),
             prefix_len=P,
