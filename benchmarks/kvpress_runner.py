@@ -9,10 +9,12 @@ Each job is tokenized by kvpress's own pipeline (``preprocess``: chat template, 
 answer prefix), compressed inside ``with press(model)`` as its pipeline does, and answered greedily
 from the compressed cache with the question at positions after the ORIGINAL context length.
 ``--share-prefill`` runs the score-based presses (knorm, snapkv, expected_attention,
-streaming_llm) off ONE prefill: kvpress presses prune each layer's cache after its attention and
-never touch the hidden states, so every press sees the same layer inputs; a fan-out press stores
-each press's pruned layer instead of pruning the shared cache. Their ``compress_seconds`` is then
-the shared prefill plus the press's own scoring time, and the process peak RSS is the group's.
+streaming_llm) off ONE prefill, and answers that prefill's whole cache too (``kvpress_full``, the
+harness's control against ``ruler.py``'s plain prefill): kvpress presses prune each layer's cache
+after its attention and never touch the hidden states, so every press sees the same layer inputs; a
+fan-out press stores each press's pruned layer instead of pruning the shared cache. Their
+``compress_seconds`` is then the shared prefill plus the press's own scoring time, and the process peak
+RSS is the group's.
 
     benchmarks/.work/kvpress-venv/bin/python benchmarks/kvpress_runner.py --model DIR --jobs jobs.jsonl \
         --out rows.jsonl --presses knorm kvzip --ratios 4 8
@@ -40,6 +42,9 @@ PINS = ("kvpress==0.5.5", "torch==2.13.0", "transformers>=5.2,<5.3")
 PRESSES = ("knorm", "snapkv", "expected_attention", "streaming_llm", "kvzip", "snapkv_question")
 SHARABLE = ("knorm", "snapkv", "expected_attention", "streaming_llm")
 """Score-based presses that can share one prefill (``--share-prefill``)."""
+FULL = "kvpress_full"
+"""Rows of the shared prefill's own uncompressed cache, answered by the same code as the presses: a
+check that this harness's prompt and answering agree with ``ruler.py``'s plain prefill."""
 
 
 def ensure_venv(venv: Path = VENV, torch_spec: str | None = None) -> Path:
@@ -214,7 +219,6 @@ def run_job(job: dict, args: argparse.Namespace, model: Any, pipe: Any, answer: 
             model.model(input_ids=context_ids, past_key_values=cache)
         total = time.perf_counter() - start
         prefill = total - sum(fan.seconds.values())
-        del cache
         for (n, r), _ in presses.items():
             layers = fan.kept.pop(f"{n}@{r}")
             row = answer(
@@ -231,6 +235,20 @@ def run_job(job: dict, args: argparse.Namespace, model: Any, pipe: Any, answer: 
                 "shared_prefill": True,
                 **row,
             }
+        # the control: the same prefill through kvpress's pipeline, nothing pruned (the hooks leave the
+        # shared cache whole), answered like the presses; it should score as ``ruler.py``'s plain prefill
+        row = answer(cache, ids["questions_ids"][0].to(device), context_ids.shape[1], job["max_new_tokens"])
+        yield {
+            **base,
+            "method": FULL,
+            "ratio": 1.0,
+            "context_tokens": context_ids.shape[1],
+            "budget": context_ids.shape[1],
+            "cache_tokens": context_ids.shape[1],
+            "compress_seconds": prefill,
+            "shared_prefill": True,
+            **row,
+        }
 
 
 def main() -> None:

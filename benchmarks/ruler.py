@@ -514,7 +514,8 @@ def markdown(summary: dict[str, list[dict]]) -> str:
         "(count in brackets); average: mean over the tasks in the row. compress s: the document's cost "
         "(plain prefill, HOMER shared root or leaf tier, kvpress prefill + press); TTFT and question s: per "
         "question after that (HOMER's query-aware replay included). * shared one prefill with the other "
-        "score-based presses: compress s = that prefill + the press's own scoring, no peak RSS of its own. "
+        "score-based presses: compress s = that prefill + the press's own scoring, no peak RSS of its own; "
+        "kvpress_full: that prefill's whole cache, answered by the press harness (a control for plain). "
         "on: the device the seconds and peak RSS were measured on (the CPU where a point ran on both; "
         "accuracy counts both, fp32 either way).",
     ]
@@ -657,8 +658,9 @@ def paired_markdown(comparisons: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-PAIRED_METHODS = ("homer_query_aware", "homer_shared")
-"""The package's two tiers, compared sample by sample with plain prefill in the report."""
+PAIRED_METHODS = ("homer_query_aware", "homer_shared", "kvpress_full")
+"""The package's two tiers, and the press harness's uncompressed control (``kvpress_runner.FULL``),
+compared sample by sample with plain prefill in the report."""
 
 
 def report(args: argparse.Namespace) -> None:
