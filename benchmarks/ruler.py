@@ -237,7 +237,15 @@ def homer_rows(args: argparse.Namespace) -> None:
 
                 engine = with_compact_positions(engine)
         prompt = homer_prompt(engine, sample, mode)
-        stream = _answer(engine, prompt, sample, mode)
+        try:
+            stream = _answer(engine, prompt, sample, mode)
+        except ValueError as error:
+            if "never pruned" not in str(error):
+                raise
+            # cwe's few-shot example sits in HOMER's prefix: at a small budget it alone exceeds it; no row
+            # (the table shows "-"), and the other samples of this worker still run
+            print(f"{args.method} x{args.ratio:g} {task} {length} #{index}: skipped: {error}", flush=True)
+            continue
         prediction = stream.text()
         info = stream.info
         document_seconds = info.document_seconds
