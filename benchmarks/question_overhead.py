@@ -24,6 +24,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 RESULTS = Path(__file__).parent / "results"
@@ -31,24 +32,31 @@ POINTS = ((8192, 4), (16384, 8), (32768, 16))
 QUESTIONS = ("Who is Mr. Darcy?", "Where is Netherfield?", "How many sisters are there?", "Who is Lydia?")
 
 
-def one_point(tokens: int, ratio: int, repeats: int, device: str = "cpu") -> dict:
+def tiny_qwen(device: str = "cpu") -> tuple[Any, Any]:
+    """Qwen2.5-0.5B's depth (24 layers) at tiny widths, random weights, and SmolLM2's tokenizer."""
     import torch
-    from ruler import chunk_length
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    import homer_integrations.homer.flat as flat
-    from homer_integrations import HomerConfig, HomerModel
-    from homer_integrations.answering import AnswerInfo
-    from homer_integrations.homer.generation import GenerationOptions
     from homer_integrations.models import SMOLLM2, load_embedded
-    from homer_integrations.paths import bundled_excerpt
 
     saved = os.environ.get("HOMER_TEST_TOKENIZER")  # the device machine's copy (scripts/device/setup.sh)
     tok = AutoTokenizer.from_pretrained(saved) if saved else load_embedded(SMOLLM2)[1]
     torch.manual_seed(0)
     shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=24, num_attention_heads=2)
     config = Qwen2Config(vocab_size=len(tok), num_key_value_heads=1, head_dim=8, max_position_embeddings=65536, **shape)
-    model = Qwen2ForCausalLM(config).eval().to(device)
+    return Qwen2ForCausalLM(config).eval().to(device), tok
+
+
+def one_point(tokens: int, ratio: int, repeats: int, device: str = "cpu") -> dict:
+    from ruler import chunk_length
+
+    import homer_integrations.homer.flat as flat
+    from homer_integrations import HomerConfig, HomerModel
+    from homer_integrations.answering import AnswerInfo
+    from homer_integrations.homer.generation import GenerationOptions
+    from homer_integrations.paths import bundled_excerpt
+
+    model, tok = tiny_qwen(device)
     budget = tokens // ratio
     settings = HomerConfig(max_chunk_len=chunk_length(tokens, budget), final_cache_len=budget, mode="query_aware")
     engine = HomerModel(model, tok, settings, model_name="qwen2-shape-tiny", progress=False)

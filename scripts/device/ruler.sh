@@ -5,7 +5,8 @@
 # already in results/ruler.jsonl are skipped, so a step only adds samples and a second call resumes.
 # Stops itself after $BUDGET seconds (default 480, under a call's 600 s limit), keeps what finished,
 # and leaves ruler.jsonl and ruler.log in $OUT. First (OVERHEAD=0 skips it, ~1-2 min) the per-question
-# path's launch-bound cost, batched against leaf by leaf (benchmarks/question_overhead.py --device cuda).
+# path's launch-bound cost, batched against leaf by leaf (benchmarks/question_overhead.py --device cuda),
+# and the shared root's build in row blocks of 1,024 against 8,192 (benchmarks/root_overhead.py).
 #
 #   carry [".whl", ".xfer/model"]  bash scripts/device/setup.sh     # see pack.sh (the wheels include
 #   carry [".xfer/pNN"] ...        bash scripts/device/setup.sh     #  the RULER package, for scoring)
@@ -24,7 +25,8 @@ tasks=${TASKS:-niah_single_2 niah_multikey_2 niah_multivalue niah_multiquery vt 
 log=${OUT:-/tmp}/ruler.log
 if [ "${OVERHEAD:-1}" = 1 ]; then  # batched vs leaf-by-leaf question scoring where launches set the pace
   timeout 150 python3 benchmarks/question_overhead.py --device cuda >>"$log" 2>&1 && tail -n 3 "$log"
-  cp benchmarks/results/question_overhead_cuda.* "${OUT:-/tmp}/" 2>/dev/null
+  timeout 200 python3 benchmarks/root_overhead.py --device cuda >>"$log" 2>&1 && tail -n 4 "$log"
+  cp benchmarks/results/question_overhead_cuda.* benchmarks/results/root_overhead_cuda.* "${OUT:-/tmp}/" 2>/dev/null
 fi
 for step in ${PLAN:-32768:5 16384:10 32768:10}; do
   length=${step%:*} samples=${step#*:}
