@@ -53,13 +53,14 @@ def main() -> None:
     plain = {(r["length"], r["index"]): r for r in ruler.load_rows() if r["method"] == "plain" and r["task"] == TASK}
     rows = []
     for sample in (s for length in (4096, 8192, 16384, 32768) for s in ruler.SAMPLES.load(TASK, length)):
-        if (sample.length, sample.index) not in plain:
+        reference = plain.get((sample.length, sample.index))
+        if reference is None:
             continue
         costs = needle_costs(sample.document, tokenizer)
-        tokens = plain[(sample.length, sample.index)]["context_tokens"]
+        tokens = reference["context_tokens"]
         row = {"length": sample.length, "index": sample.index, "context_tokens": tokens, "needles": len(costs)}
         row["key_value_tokens"] = sum(costs)
-        row["plain_score"] = plain[(sample.length, sample.index)]["score"]
+        row["plain_score"] = reference["score"]
         for r in RATIOS:
             row[f"bound_{r}x"] = fit(costs, round(tokens / r)) / len(costs)
         rows.append(row)
