@@ -33,6 +33,13 @@ expands the keys and values to every query head; blocks keep both one block's si
 whole leaf's (float32 mask of an 8k leaf: 256 MB, built twice). Measured on an 8k shared
 compression of Qwen2.5-Coder-0.5B: 86 MB less peak RSS than whole leaves, a little faster (README)."""
 
+ACCELERATOR_ROWS = 8192
+"""Rows per block of either half on an accelerator (SDPA or flash-attn): there each block is another
+round of kernel launches, which set the pace of a HOMER build, and memory is not what the blocks save.
+Measured (``benchmarks/root_overhead.py``, 24 tiny-width layers): on an H100 the shared root built in
+0.60-0.65 of the time of 1,024-row blocks, on a CPU 1.16-1.19x slower, hence a size per device. Eager
+attention keeps the CPU sizes: it materialises every head's scores [H, R, past + R]."""
+
 RopeTables = dict[str, CosSin]
 """cos, sin [1, T, d] per RoPE table the layers use (one for most models; Gemma-3: global and local)."""
 
@@ -104,8 +111,9 @@ class DecoderStack:
         window = self.family.window(layer_idx)
         total = hidden.shape[1]
         outputs, normed_tail = [], []
-        for start in range(0, total, ATTENTION_ROWS):
-            block = slice(start, start + ATTENTION_ROWS)
+        block_rows = self._block_rows(ATTENTION_ROWS)
+        for start in range(0, total, block_rows):
+            block = slice(start, start + block_rows)
             past = cache.layers[layer_idx].get_seq_length() if layer_idx < len(cache.layers) else 0
             rows = hidden[:, block]
             layer_mask = self._layer_mask(window, past, rows.shape[1])
@@ -125,6 +133,11 @@ class DecoderStack:
             normed = torch.cat(normed_tail, dim=1)[:, -r:]
             query = self.queries(layer_idx, normed, (cos_sin[0][:, -r:], cos_sin[1][:, -r:]))
         return hidden, query
+
+    def _block_rows(self, cpu_rows: int) -> int:
+        """Rows per block: ``cpu_rows`` on a CPU or with eager attention, else ``ACCELERATOR_ROWS``."""
+        eager = str(self.model.config._attn_implementation) == "eager"
+        return cpu_rows if self.device.type == "cpu" or eager else ACCELERATOR_ROWS
 
     def _layer_mask(self, window: int | None, past: int, rows: int) -> torch.Tensor | None:
         """Additive mask [1, 1, R, past + R]: row i sees keys j with ``past + i - window < j <= past + i``.
@@ -157,11 +170,12 @@ class DecoderStack:
 
     def mlp(self, layer_idx: int, hidden: torch.Tensor) -> torch.Tensor:
         """The layer's MLP block with its residual (and norms): [1, T, D] -> [1, T, D], in blocks of
-        ``MLP_ROWS`` rows."""
-        if hidden.shape[1] <= MLP_ROWS:
+        ``MLP_ROWS`` rows (``ACCELERATOR_ROWS`` on an accelerator)."""
+        block_rows = self._block_rows(MLP_ROWS)
+        if hidden.shape[1] <= block_rows:
             return self.family.feed_forward(layer_idx, hidden)
         # not transformers' apply_chunking_to_forward: it refuses a T that is no multiple of the block
-        blocks = [self.family.feed_forward(layer_idx, rows) for rows in hidden.split(MLP_ROWS, dim=1)]
+        blocks = [self.family.feed_forward(layer_idx, rows) for rows in hidden.split(block_rows, dim=1)]
         return torch.cat(blocks, dim=1)
 
     def logits(self, hidden_last: torch.Tensor) -> torch.Tensor:

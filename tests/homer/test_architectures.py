@@ -123,6 +123,15 @@ def test_the_feed_forward_in_blocks_gives_the_same_rows(kind, monkeypatch):
     torch.testing.assert_close(blocks, whole, atol=1e-6, rtol=1e-6)  # a GEMM over fewer rows may round apart
 
 
+@pytest.mark.parametrize(
+    ("device", "attn", "accelerator_rows"), [("cpu", "sdpa", False), ("meta", "sdpa", True), ("meta", "eager", False)]
+)
+def test_row_blocks_grow_on_an_accelerator_unless_attention_is_eager(device, attn, accelerator_rows):
+    """The meta device stands for an accelerator: no arithmetic runs, only the block size is read."""
+    stack = DecoderStack(build("qwen3", attn=attn).to(device))
+    assert stack._block_rows(16) == (decoder.ACCELERATOR_ROWS if accelerator_rows else 16)
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("kind", ["qwen3", "gemma3", "mistral_window"])
 def test_attention_in_blocks_gives_the_same_rows_and_cache(kind, attn, monkeypatch):
