@@ -206,7 +206,7 @@ def homer_rows(args: argparse.Namespace) -> None:
     """Worker (fresh process): one HOMER method or plain over the jobs, rows appended to ``args.out``."""
     import torch
 
-    from homer_integrations import HomerConfig, HomerModel
+    from homer_integrations import HomerConfig, HomerModel, PromptTooLongError
     from homer_integrations.homer.prompt import encode
     from homer_integrations.models import load_model
 
@@ -239,9 +239,7 @@ def homer_rows(args: argparse.Namespace) -> None:
         prompt = homer_prompt(engine, sample, mode)
         try:
             stream = _answer(engine, prompt, sample, mode)
-        except ValueError as error:
-            if "never pruned" not in str(error):
-                raise
+        except PromptTooLongError as error:
             # cwe's few-shot example sits in HOMER's prefix: at a small budget it alone exceeds it; no row
             # (the table shows "-"), and the other samples of this worker still run
             print(f"{args.method} x{args.ratio:g} {task} {length} #{index}: skipped: {error}", flush=True)

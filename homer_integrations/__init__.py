@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from homer_integrations.homer.compressed import CompressedDocument, CompressionStats
     from homer_integrations.homer.config import HomerConfig
     from homer_integrations.homer.generation import GenerationOptions
+    from homer_integrations.tiers import PromptTooLongError
 
 _EXPORTS = {
     "AnswerInfo": "homer_integrations.engine",
@@ -23,6 +24,7 @@ _EXPORTS = {
     "CompressionStats": "homer_integrations.homer.compressed",
     "HomerConfig": "homer_integrations.homer.config",
     "GenerationOptions": "homer_integrations.homer.generation",
+    "PromptTooLongError": "homer_integrations.tiers",
 }
 
 
@@ -47,5 +49,6 @@ __all__ = [
     "GenerationOptions",
     "HomerConfig",
     "HomerModel",
+    "PromptTooLongError",
 ]
 __version__ = "0.1.0"

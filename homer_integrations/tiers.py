@@ -44,6 +44,11 @@ ALGORITHM_VERSION = 1
 """Bumped whenever compression changes its output for the same settings: old cache entries then miss."""
 
 
+class PromptTooLongError(ValueError):
+    """The prompt around the document (system prompt, instructions, question, template), which is never
+    pruned, leaves the compressed cache no room for the document within ``final_cache_len``."""
+
+
 class Compressed(NamedTuple):
     """A document's cache for one call: ``source`` says where its cached entry came from; ``seconds``
     is the time spent computing that entry (0 when it was cached)."""
@@ -252,11 +257,11 @@ class DocumentTiers:
         return doc
 
     def _check_room(self, fixed_tokens: int) -> None:
-        """Raise ``ValueError`` when the prompt around the document, which is never pruned, leaves the
-        compressed cache no room for the document (``final_cache_len``)."""
+        """Raise ``PromptTooLongError`` when the prompt around the document, which is never pruned,
+        leaves the compressed cache no room for the document (``final_cache_len``)."""
         budget = self.config.final_cache_len
         if fixed_tokens >= budget:
-            raise ValueError(
+            raise PromptTooLongError(
                 f"the prompt around the document (system prompt, instructions, question, template) is "
                 f"{fixed_tokens} tokens and is never pruned, which leaves no room for the document in "
                 f"final_cache_len={budget}: shorten that text, move it into the document, or raise final_cache_len"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from homer_integrations import HomerConfig, HomerModel
+from homer_integrations import HomerConfig, HomerModel, PromptTooLongError
 from homer_integrations.cli import main
 from homer_integrations.documents import DEFAULT_MAX_BYTES, FileTooLargeError, read_document
 from homer_integrations.homer.prompt import encode, render_layout
@@ -203,6 +203,7 @@ def test_a_prompt_around_the_document_too_long_for_the_cache_is_a_clear_error_be
     text = novel[:3000]
     cfg = HomerConfig(max_chunk_len=128, warmup_layers=2, final_cache_len=64, calibration_segments=1)
     never_pruned = r"is \d+ tokens and is never pruned.*final_cache_len=64"
+    assert issubclass(PromptTooLongError, ValueError)  # callers that caught ValueError still do
 
     def engine(config: HomerConfig) -> HomerModel:
         return HomerModel(tiny_model("llama"), tokenizer, config, calibration_dir=tmp_path, progress=False)
@@ -210,13 +211,13 @@ def test_a_prompt_around_the_document_too_long_for_the_cache_is_a_clear_error_be
     long_system_prompt = engine(cfg.model_copy(update={"system_prompt": "Answer briefly and exactly. " * 12}))
     calls = LayerCalls(long_system_prompt.model)
     try:
-        with pytest.raises(ValueError, match=never_pruned):
+        with pytest.raises(PromptTooLongError, match=never_pruned):
             long_system_prompt.compress(text)
     finally:
         calls.remove()
     assert calls.calls == 0, "refused before any layer ran"
     question = "Which of the daughters " * 10 + "is the eldest?"
-    with pytest.raises(ValueError, match=never_pruned):  # after the leaf tier, before its replay
+    with pytest.raises(PromptTooLongError, match=never_pruned):  # after the leaf tier, before its replay
         engine(cfg).compress(text, question=question, mode="query_aware")
     assert engine(cfg).compress(text).num_tokens <= 64
 
@@ -227,6 +228,7 @@ def test_the_cli_reports_a_document_too_long_for_the_tree_in_one_line(
     model_dir = tmp_path / "tiny"  # a real checkpoint on disk: 6 layers, so at most 32 leaves
     tiny_model("llama").save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
+    capsys.readouterr()  # the save's own progress bar (shown unless an earlier test turned them off)
     path = tmp_path / "long.txt"
     path.write_text(novel[:20_000], encoding="utf-8")
     code, _, err = run_cli(
