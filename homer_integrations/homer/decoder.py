@@ -35,7 +35,8 @@ compression of Qwen2.5-Coder-0.5B: 86 MB less peak RSS than whole leaves, a litt
 
 ACCELERATOR_ROWS = 8192
 """Rows per block of either half on an accelerator (SDPA or flash-attn): there each block is another
-round of kernel launches, which set the pace of a HOMER build, and memory is not what the blocks save.
+round of kernel launches, which set the pace of a HOMER build, while a block's float mask after a
+cache (rows x keys: 1 GB for 8,192 rows after 24k keys in fp32, in a 32k ``full`` prefill) fits.
 Measured (``benchmarks/root_overhead.py``, 24 tiny-width layers): on an H100 the shared root built in
 0.60-0.65 of the time of 1,024-row blocks, on a CPU 1.16-1.19x slower, hence a size per device. Eager
 attention keeps the CPU sizes: it materialises every head's scores [H, R, past + R]."""
