@@ -13,7 +13,9 @@
 #   carry [".xfer/pLAST"]  BUDGET=420 PLAN="32768:5 16384:10 32768:10" bash scripts/device/ruler.sh
 #
 # Measured on an H100 (2026-11-26, fp32): 32k, 5 samples of 6 tasks, plain + per-question + shared
-# root took 376 s (plain 162 s, per-question 89 s, shared the rest, worker starts included).
+# root took 376 s (plain 162 s, per-question 89 s, shared the rest, worker starts included); on a
+# second lease (2026-11-27) samples 5-9 took the whole 450 s budget (the first worker converts the
+# model's GGUF), leaving the shared root's last five qa_1 samples undone.
 #
 # The samples are the committed ones (benchmarks/results/ruler_samples/), so the device generates
 # nothing. Back here: cp "$files_at/ruler.jsonl" benchmarks/results/ && .venv/bin/python
