@@ -47,13 +47,25 @@ def tiny_qwen(device: str = "cpu") -> tuple[Any, Any]:
     return Qwen2ForCausalLM(config).eval().to(device), tok
 
 
+def ask_query_aware(engine: Any, document: str, question: str) -> Any:
+    """One query-aware question of ``document`` (the tier built or reused), one new token; its AnswerInfo."""
+    from homer_integrations.homer.generation import GenerationOptions
+
+    lay = engine.prompting.layout(question, mode="query_aware")
+    stream = engine.answerer.answer_span(
+        lay.prefix, document, lay.suffix, lay.continuation, GenerationOptions(max_new_tokens=1),
+        question=question, mode="query_aware",
+    )  # fmt: skip
+    stream.text()
+    return stream.info
+
+
 def one_point(tokens: int, ratio: int, repeats: int, device: str = "cpu") -> dict:
     from ruler import chunk_length
 
     import homer_integrations.homer.flat as flat
     from homer_integrations import HomerConfig, HomerModel
     from homer_integrations.answering import AnswerInfo
-    from homer_integrations.homer.generation import GenerationOptions
     from homer_integrations.paths import bundled_excerpt
 
     model, tok = tiny_qwen(device)
@@ -63,13 +75,7 @@ def one_point(tokens: int, ratio: int, repeats: int, device: str = "cpu") -> dic
     document = bundled_excerpt(tok, tokens)
 
     def ask(question: str) -> AnswerInfo:
-        lay = engine.prompting.layout(question, mode="query_aware")
-        options = GenerationOptions(max_new_tokens=1)
-        stream = engine.answerer.answer_span(
-            lay.prefix, document, lay.suffix, lay.continuation, options, question=question, mode="query_aware"
-        )
-        stream.text()
-        return stream.info
+        return ask_query_aware(engine, document, question)
 
     leaves = ask("Who is Elizabeth?").compression.leaves  # builds the tier
     batchable = flat.batchable

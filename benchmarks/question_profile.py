@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from question_overhead import RESULTS, tiny_qwen
+from question_overhead import RESULTS, ask_query_aware, tiny_qwen
 
 QUESTIONS = ("Who is Elizabeth?", "Who is Jane?", "Where is Netherfield?")
 
@@ -36,7 +36,6 @@ def profile_question(tokens: int, ratio: int, device: str, tiny: bool, dtype: st
     from ruler import MODEL, chunk_length
 
     from homer_integrations import HomerConfig, HomerModel
-    from homer_integrations.homer.generation import GenerationOptions
     from homer_integrations.models import load_model
     from homer_integrations.paths import bundled_excerpt
 
@@ -48,14 +47,9 @@ def profile_question(tokens: int, ratio: int, device: str, tiny: bool, dtype: st
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
     def ask(question: str) -> float:
-        lay = engine.prompting.layout(question, mode="query_aware")
-        stream = engine.answerer.answer_span(
-            lay.prefix, document, lay.suffix, lay.continuation, GenerationOptions(max_new_tokens=1),
-            question=question, mode="query_aware",
-        )  # fmt: skip
-        stream.text()
+        ttft = ask_query_aware(engine, document, question).time_to_first_token
         sync()
-        return stream.info.time_to_first_token
+        return ttft
 
     tier_start = time.perf_counter()
     ask(QUESTIONS[0])  # builds the tier
