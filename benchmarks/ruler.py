@@ -596,22 +596,23 @@ def paired(rows: list[dict], method: str, reference: str = "plain", draws: int =
 
     The difference is the macro mean over tasks of (method - reference) per sample; its 90% interval
     comes from a bootstrap that redraws each task's samples (pairs kept together), so it says how far
-    the sample counts can move the gap. Tasks need at least one pair to count.
+    the sample counts can move the gap. Tasks need at least one pair to count. A compressing
+    ``reference`` (a press) is compared at the method's own ratio, plain prefill at any.
     """
     import random
 
+    same_ratio = reference != "plain"
     scores: dict[tuple, dict[str, float]] = defaultdict(dict)
     for r in rows:
         if r["method"] in (method, reference):
-            scores[(r["length"], float(r["ratio"]) if r["method"] == method else None, r["task"], r["index"])][
-                r["method"]
-            ] = r["score"]
+            ratio = float(r["ratio"]) if r["method"] == method or same_ratio else None
+            scores[(r["length"], ratio, r["task"], r["index"])][r["method"]] = r["score"]
     out = []
     for length, ratio in sorted({(k[0], k[1]) for k in scores if k[1] is not None}):
         by_task: dict[str, list[tuple[float, float]]] = defaultdict(list)
         for (n, r, task, index), s in scores.items():
-            ref = scores.get((n, None, task, index), {}).get(reference)
-            if n == length and r == ratio and ref is not None:
+            ref = scores.get((n, ratio if same_ratio else None, task, index), {}).get(reference)
+            if n == length and r == ratio and method in s and ref is not None:
                 by_task[task].append((s[method], ref))
         if not by_task:
             continue
@@ -643,23 +644,30 @@ def paired(rows: list[dict], method: str, reference: str = "plain", draws: int =
 
 
 def paired_markdown(comparisons: list[dict]) -> str:
-    """README-ready table of ``paired`` comparisons (one reference: its name heads a column)."""
-    (reference,) = {c["reference"] for c in comparisons} or {"plain"}
+    """README-ready table of ``paired`` comparisons: one reference names a column; several get a
+    ``versus`` column and a ``reference`` accuracy column."""
+    references = sorted({c["reference"] for c in comparisons}) or ["plain"]
+    one = len(references) == 1
+    head = "| tokens | method | ratio |" + ("" if one else " versus |")
+    ref_column = references[0] if one else "reference"
     lines = [
-        f"| tokens | method | ratio | tasks (pairs) | method | {reference} | difference | 90% interval |",
-        "|---|---|---|---|---|---|---|---|",
+        f"{head} tasks (pairs) | method | {ref_column} | difference | 90% interval |",
+        "|---|---|---|" + ("" if one else "---|") + "---|---|---|---|---|",
     ]
     for c in comparisons:
         low, high = c["interval_90"]
+        versus = "" if one else f" {c['reference']} |"
         lines.append(
-            f"| {c['length']} | {c['method']} | {c['ratio']:g}x | {len(c['pairs'])} ({sum(c['pairs'].values())}) | "
-            f"{c['accuracy']:.2f} | {c['reference_accuracy']:.2f} | {c['difference']:+.3f} | "
-            f"[{low:+.3f}, {high:+.3f}] |"
+            f"| {c['length']} | {c['method']} | {c['ratio']:g}x |{versus} {len(c['pairs'])} "
+            f"({sum(c['pairs'].values())}) | {c['accuracy']:.2f} | {c['reference_accuracy']:.2f} | "
+            f"{c['difference']:+.3f} | [{low:+.3f}, {high:+.3f}] |"
         )
+    who = references[0] if one else "the reference"
     lines += [
         "",
-        f"Paired: only the samples both the method and {reference} answered; macro mean over the tasks; "
-        "the interval is a bootstrap over each task's samples (2000 draws).",
+        f"Paired: only the samples both the method and {who} answered"
+        + ("" if one or "plain" in references else ", at the same ratio")
+        + "; macro mean over the tasks; the interval is a bootstrap over each task's samples (2000 draws).",
     ]
     return "\n".join(lines) + "\n"
 
@@ -669,6 +677,14 @@ PAIRED_METHODS = ("homer_query_aware", "homer_shared", "kvpress_full")
 compared sample by sample with plain prefill in the report."""
 
 
+PEER_PAIRS = (
+    *(("homer_shared", press) for press in ("kvzip", "snapkv", "expected_attention", "streaming_llm", "knorm")),
+    ("homer_query_aware", "snapkv_question"),
+)
+"""The peers issue's comparisons at equal budget: the shared root against each question-agnostic press,
+the per-question path against kvpress's question-aware SnapKV (sample by sample, same ratio)."""
+
+
 def report(args: argparse.Namespace) -> None:
     merge_pending()
     rows = load_rows()
@@ -676,8 +692,11 @@ def report(args: argparse.Namespace) -> None:
         raise SystemExit(f"no rows in {RESULTS_FILE}; run `ruler.py run` first")
     summary: dict[str, Any] = summarize(rows)
     summary["paired"] = [c for m in PAIRED_METHODS for c in paired(rows, m)]
+    summary["peers"] = [c for m, press in PEER_PAIRS for c in paired(rows, m, press)]
     (RESULTS / "ruler.json").write_text(json.dumps(summary, indent=1) + "\n")
     table = markdown(summary) + "\n" + paired_markdown(summary["paired"])
+    if summary["peers"]:
+        table += "\n" + paired_markdown(summary["peers"])
     (RESULTS / "ruler.md").write_text(table)
     lengths = sorted({r["length"] for r in rows})
     plots(summary, args.ratio_length if args.ratio_length in lengths else lengths[-1])

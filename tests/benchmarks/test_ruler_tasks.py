@@ -124,6 +124,25 @@ def test_paired_compares_only_the_samples_both_answered() -> None:
     assert "| method | homer_shared | difference |" in ruler.paired_markdown([{**c, "reference": "homer_shared"}])
 
 
+def test_a_press_is_compared_at_the_same_ratio() -> None:
+    def row(method: str, ratio: float, index: int, score: float) -> dict:
+        return {"method": method, "task": "vt", "index": index, "length": 4096, "score": score, "ratio": ratio}
+
+    rows = [
+        row("homer_shared", 4.0, 0, 1.0),
+        row("homer_shared", 8.0, 0, 0.0),
+        row("knorm", 4.0, 0, 0.0),
+        row("knorm", 8.0, 0, 1.0),
+        row("knorm", 8.0, 1, 1.0),  # the root has no sample 1: not compared
+    ]
+    by_ratio = {c["ratio"]: c for c in ruler.paired(rows, "homer_shared", "knorm", draws=50)}
+    assert by_ratio[4.0]["difference"] == pytest.approx(1.0)
+    assert by_ratio[8.0]["difference"] == pytest.approx(-1.0)
+    assert by_ratio[8.0]["pairs"] == {"vt": 1}
+    table = ruler.paired_markdown([by_ratio[4.0], {**by_ratio[8.0], "reference": "snapkv"}])
+    assert "| versus |" in table and "| 4096 | homer_shared | 8x | snapkv | 1 (1) | 0.00 | 1.00 | -1.000 |" in table
+
+
 def test_summary_times_each_point_on_one_device() -> None:
     def row(task: str, index: int, device: str, seconds: float, score: float) -> dict:
         return {"method": "plain", "task": task, "index": index, "length": 16384, "ratio": 1.0, "score": score,
