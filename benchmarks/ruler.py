@@ -496,13 +496,15 @@ def summarize(rows: list[dict]) -> dict[str, list[dict]]:
     return {"overall": overall, "per_task": per_task}
 
 
-def markdown(summary: dict[str, list[dict]]) -> str:
-    """README-ready table: accuracy per task (samples), macro average, seconds and peak RSS."""
-    tasks = [t for t in TASKS if any(e["task"] == t for e in summary["per_task"])]
-    tasks += sorted({e["task"] for e in summary["per_task"]} - set(tasks))
+def markdown(summary: dict[str, list[dict]], methods: Callable[[str], bool] = lambda m: True) -> str:
+    """README-ready table of the ``methods`` rows: accuracy per task (samples), macro average (tasks),
+    seconds and peak RSS."""
+    overall = [e for e in summary["overall"] if methods(e["method"])]
+    present = {t for e in overall for t in e["tasks"]}
+    tasks = [t for t in TASKS if t in present] + sorted(present - set(TASKS))
     head = ["tokens", "method", "ratio", *tasks, "average", "compress s", "TTFT s", "question s", "on", "peak RSS MB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for e in summary["overall"]:
+    for e in overall:
         cells = []
         for t in tasks:
             c = e["tasks"].get(t)
@@ -510,14 +512,16 @@ def markdown(summary: dict[str, list[dict]]) -> str:
         rss = "-" if e["peak_rss_mb"] is None else f"{e['peak_rss_mb']:.0f}"
         method = e["method"] + (" *" if e["shared_prefill"] else "")
         lines.append(
-            f"| {e['length']} | {method} | {e['ratio']:g}x | " + " | ".join(cells) + f" | {e['accuracy']:.2f} | "
+            f"| {e['length']} | {method} | {e['ratio']:g}x | " + " | ".join(cells) + f" | {e['accuracy']:.2f} "
+            f"({len(e['tasks'])}) | "
             f"{e['compress_seconds']:.1f} | {e['ttft']:.2f} | {e['question_seconds']:.1f} | {e['seconds_device']} | "
             f"{rss} |"
         )
     lines += [
         "",
         "Accuracy: RULER's per-sample metric (string_match_all; string_match_part for qa), mean over samples "
-        "(count in brackets); average: mean over the tasks in the row. compress s: the document's cost "
+        "(count in brackets); average: mean over the tasks in the row (their count in brackets: rows over "
+        "different tasks do not compare; the paired tables do). compress s: the document's cost "
         "(plain prefill, HOMER shared root or leaf tier, kvpress prefill + press); TTFT and question s: per "
         "question after that (HOMER's query-aware replay included). * shared one prefill with the other "
         "score-based presses: compress s = that prefill + the press's own scoring, no peak RSS of its own; "
@@ -677,6 +681,9 @@ PAIRED_METHODS = ("homer_query_aware", "homer_shared", "kvpress_full")
 compared sample by sample with plain prefill in the report."""
 
 
+MAIN_TABLE = ("plain", "homer_shared", "homer_query_aware", *KVPRESS_METHODS, "kvpress_full")
+"""The methods of ``ruler.md`` (the README's table); the ablations, with plain prefill, go to ``ruler_ablations.md``."""
+
 PEER_PAIRS = (
     *(("homer_shared", press) for press in ("kvzip", "snapkv", "expected_attention", "streaming_llm", "knorm")),
     ("homer_query_aware", "snapkv_question"),
@@ -694,10 +701,11 @@ def report(args: argparse.Namespace) -> None:
     summary["paired"] = [c for m in PAIRED_METHODS for c in paired(rows, m)]
     summary["peers"] = [c for m, press in PEER_PAIRS for c in paired(rows, m, press)]
     (RESULTS / "ruler.json").write_text(json.dumps(summary, indent=1) + "\n")
-    table = markdown(summary) + "\n" + paired_markdown(summary["paired"])
+    table = markdown(summary, lambda m: m in MAIN_TABLE) + "\n" + paired_markdown(summary["paired"])
     if summary["peers"]:
         table += "\n" + paired_markdown(summary["peers"])
     (RESULTS / "ruler.md").write_text(table)
+    (RESULTS / "ruler_ablations.md").write_text(markdown(summary, lambda m: m not in MAIN_TABLE or m == "plain"))
     lengths = sorted({r["length"] for r in rows})
     plots(summary, args.ratio_length if args.ratio_length in lengths else lengths[-1])
     print(table)

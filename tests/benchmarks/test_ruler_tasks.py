@@ -157,4 +157,6 @@ def test_summary_times_each_point_on_one_device() -> None:
     assert point["tasks"]["vt"]["samples"] == 2
     (gpu,) = ruler.summarize(rows[1:])["overall"]
     assert gpu["seconds_device"] == "cuda" and gpu["compress_seconds"] == pytest.approx(4.0)
-    assert "| cpu |" in ruler.markdown(ruler.summarize(rows))
+    table = ruler.markdown(ruler.summarize(rows))
+    assert "| cpu |" in table and "| 0.75 (2) |" in table  # the average says over how many tasks
+    assert "| 16384 | plain |" not in ruler.markdown(ruler.summarize(rows), lambda m: m != "plain")
