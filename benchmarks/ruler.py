@@ -670,7 +670,7 @@ def paired_markdown(comparisons: list[dict]) -> str:
     lines += [
         "",
         f"Paired: only the samples both the method and {who} answered"
-        + ("" if one or "plain" in references else ", at the same ratio")
+        + ("" if references == ["plain"] else ", at the same ratio")
         + "; macro mean over the tasks; the interval is a bootstrap over each task's samples (2000 draws).",
     ]
     return "\n".join(lines) + "\n"
