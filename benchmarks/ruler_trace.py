@@ -12,8 +12,9 @@ paper's last token with max-pooled word units, the package's recipe before 2026-
 (its scores with the sentence bonus), ``qattn`` (ablation ``question_attention`` with the recipe's
 word units) or ``qattn_sent`` (question attention, sentence bonus over ``sentence`` units, which
 end at a colon). One JSON line per
-sample and variant: each reference value's tokens and its line's (its sentence in an essay) kept in
-the cache, and the answer.
+sample and variant: the budget, how many cached tokens are prompt (prefix and suffix, never pruned)
+and how many document, each reference value's tokens and its line's (its sentence in an essay) kept
+in the cache, and the answer.
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ def main() -> None:
             prompt = ruler.homer_prompt(engine, sample, mode)
             question = sample.question.lstrip() if mode == "query_aware" else None
             doc = engine.tiers.compress(prompt.prefix, text, prompt.suffix, question, mode).document
-            kept = set(doc.origin.tolist())
+            origin = doc.origin.tolist()
+            kept = set(origin)
             answer = engine.answerer.continue_from(
                 doc, prompt.continuation, GenerationOptions(max_new_tokens=sample.max_new_tokens)
             )
@@ -110,6 +112,10 @@ def main() -> None:
                 "task": args.task,
                 "index": sample.index,
                 "variant": variant,
+                "budget": budget,
+                # what the budget held: the never-pruned prompt (prefix and suffix) and the document's share
+                "prompt_kept": sum(i < 0 for i in origin),
+                "document_kept": sum(i >= 0 for i in origin),
                 "value_kept": [f"{sum(i in kept for i in v)}/{len(v)}" for v, _ in spans],
                 "line_kept": [f"{sum(i in kept for i in line)}/{len(line)}" for _, line in spans],
                 "answer": answer.text(),

@@ -258,13 +258,24 @@ class DocumentTiers:
 
     def _check_room(self, fixed_tokens: int) -> None:
         """Raise ``PromptTooLongError`` when the prompt around the document, which is never pruned,
-        leaves the compressed cache no room for the document (``final_cache_len``)."""
+        leaves the compressed cache no room for the document (``final_cache_len``); warn when it
+        leaves the document less than half of it."""
         budget = self.config.final_cache_len
         if fixed_tokens >= budget:
             raise PromptTooLongError(
                 f"the prompt around the document (system prompt, instructions, question, template) is "
                 f"{fixed_tokens} tokens and is never pruned, which leaves no room for the document in "
                 f"final_cache_len={budget}: shorten that text, move it into the document, or raise final_cache_len"
+            )
+        if 2 * fixed_tokens > budget:
+            # RULER's vt at 4k, 8x: a 412-token few-shot example left the document 41 of 481 tokens
+            logger.warning(
+                "the prompt around the document is %d tokens and is never pruned: the document keeps only "
+                "%d of final_cache_len=%d tokens; shorten that text, move it into the document, or raise "
+                "final_cache_len",
+                fixed_tokens,
+                budget - fixed_tokens,
+                budget,
             )
 
     def _build_tier(self, key: str, prefix: str, document: str) -> LeafTier:

@@ -8,6 +8,8 @@ real ``homer-qa`` subprocess whose time and peak memory are measured.
 from __future__ import annotations
 
 import json
+import logging
+import re
 import subprocess
 import sys
 import textwrap
@@ -220,6 +222,30 @@ def test_a_prompt_around_the_document_too_long_for_the_cache_is_a_clear_error_be
     with pytest.raises(PromptTooLongError, match=never_pruned):  # after the leaf tier, before its replay
         engine(cfg).compress(text, question=question, mode="query_aware")
     assert engine(cfg).compress(text).num_tokens <= 64
+
+
+def test_a_prompt_around_the_document_that_takes_most_of_the_cache_is_a_warning(
+    tokenizer, novel: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = HomerConfig(max_chunk_len=128, warmup_layers=2, final_cache_len=64, calibration_segments=1)
+
+    def compress(system_prompt: str) -> int:
+        engine = HomerModel(
+            tiny_model("llama"),
+            tokenizer,
+            cfg.model_copy(update={"system_prompt": system_prompt}),
+            calibration_dir=tmp_path,
+            progress=False,
+        )
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="homer_integrations.tiers"):
+            return engine.compress(novel[:3000]).num_tokens
+
+    assert compress("Answer briefly.") <= 64
+    assert not [r for r in caplog.records if "never pruned" in r.getMessage()]
+    assert compress("Answer briefly and exactly. " * 6) <= 64  # about 40 of the 64 tokens
+    warnings = [r.getMessage() for r in caplog.records if "never pruned" in r.getMessage()]
+    assert len(warnings) == 1 and re.search(r"the document keeps only \d+ of final_cache_len=64", warnings[0])
 
 
 def test_the_cli_reports_a_document_too_long_for_the_tree_in_one_line(
