@@ -110,6 +110,8 @@ def main() -> None:
             )
             row = {
                 "task": args.task,
+                "length": args.length,
+                "ratio": args.ratio,
                 "index": sample.index,
                 "variant": variant,
                 "budget": budget,
