@@ -72,6 +72,8 @@ RECONSTRUCTION_ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
     "reconstruction_word_units": lambda s: replace(s, units=Scoring.from_config(HomerConfig()).units),
     # the sentence bonus over statements (a colon does not end the unit) instead of sentences
     "reconstruction_statements": lambda s: _swap_units(s, "statement"),
+    # the probe scores at model layer 9 (of Qwen2.5-0.5B's 24) and stops there, not at the leaves' last
+    "reconstruction_probe_layer_9": lambda s: replace(s, scorer=replace(s.scorer, probe_layer=9)),
 }
 """Ablations of the reconstruction-scored shared root (a ``Scoring`` whose scorer probes)."""
 

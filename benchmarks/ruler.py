@@ -61,6 +61,7 @@ HOMER_METHODS = (
     "homer_query_aware_tree",
     "homer_query_aware_stmt_mean",
     "homer_query_aware_stmt_max",
+    "homer_shared_probe9",
 )
 """``homer_shared_stmt``: the shared root with the ``reconstruction_statements`` ablation (its sentence
 bonus over statements, so a needle's key and value are ranked as one unit);
@@ -81,7 +82,10 @@ token and the recipe's word units; the package's per-question path before 2026-1
 ``homer_query_aware_qattn`` with the ``question_attention_sentences`` ablation (sentence units, which
 end at a colon). See ``_scoring``. ``_compact``: answering from ``ablations.compact_positions`` of the
 cache (each kept token its own position, 0..K-1). ``homer_shared_recompute``: the shared root's flat
-selection re-read by one plain prefill of the kept tokens (``shared_root="recompute"``)."""
+selection re-read by one plain prefill of the kept tokens (``shared_root="recompute"``).
+``homer_shared_probe9``: the shared root whose reconstruction probe scores at model layer 9 and stops
+there (ablation ``reconstruction_probe_layer_9``; ``benchmarks/probe_depth.py`` chose the layer on the
+tuning split)."""
 KVPRESS_METHODS = ("kvzip", "snapkv", "expected_attention", "streaming_llm", "knorm", "snapkv_question")
 METHODS = HOMER_METHODS + KVPRESS_METHODS
 ABLATION_METHODS = tuple(m for m in HOMER_METHODS if m not in ("plain", "homer_shared", "homer_query_aware"))
@@ -300,6 +304,8 @@ def _scoring(args: argparse.Namespace, package: Any, config: Any) -> Any:
 
     if args.method.endswith("_stmt"):
         return RECONSTRUCTION_ABLATIONS["reconstruction_statements"](package)
+    if args.method == "homer_shared_probe9":
+        return RECONSTRUCTION_ABLATIONS["reconstruction_probe_layer_9"](package)
     if args.method.endswith("_last_token"):
         return ABLATIONS["question_last_token"](Scoring.from_config(config))
     if args.method.endswith("_qattn"):

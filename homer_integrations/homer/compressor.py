@@ -269,7 +269,8 @@ class HomerCompressor:
         rope = stack.rotary(hidden, torch.arange(start, start + rows))
         reducible = torch.ones(length, dtype=torch.bool)
         evidence: list[torch.Tensor] = []
-        for layer_idx in layers:
+        last = max(layer for layer in layers if scorer.probe_scores_at(layer, layers))  # the probe stops there
+        for layer_idx in range(layers.start, last + 1):
             score_here = scorer.probe_scores_at(layer_idx, layers)
             hidden, query = stack.attention(layer_idx, hidden, rope, cache, query_rows=rows if score_here else 0)
             if score_here:
@@ -277,7 +278,7 @@ class HomerCompressor:
                     query, cache.layers[layer_idx].keys, positions, reducible, layer_idx, stack.scaling, None
                 )
                 evidence.append(scorer.probe_scores(x, length))
-            if layer_idx != layers[-1]:
+            if layer_idx != last:
                 hidden = stack.mlp(layer_idx, hidden)
         for layer in cache.layers:
             layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]

@@ -220,6 +220,9 @@ class ReconstructionScorer(Scorer):
     prompt_ids: tuple[int, ...] = ()
     merged: Scorer = field(default_factory=LastTokenScorer)
     every_layer: bool = False
+    probe_layer: int | None = None
+    """The model layer the probe scores at (None: the leaves' last layer; never past it). The probe
+    rows stop there, so an earlier layer costs proportionally less."""
     probes: bool = field(default=True, init=False, repr=False)
     block: int = field(default=256, compare=False, repr=False)
     """Probe rows per softmax block (memory: H x block x keys floats)."""
@@ -243,7 +246,8 @@ class ReconstructionScorer(Scorer):
         return self.merged.combine(per_layer, reducible)
 
     def probe_scores_at(self, layer: int, layers: range) -> bool:
-        return self.every_layer or layer == layers[-1]
+        last = layers[-1] if self.probe_layer is None else min(max(self.probe_layer, layers[0]), layers[-1])
+        return layer == last or (self.every_layer and layer < last)
 
     def probe_ids(self, piece_ids: torch.Tensor) -> torch.Tensor:
         return torch.cat([torch.tensor(self.prompt_ids, dtype=torch.long), piece_ids.cpu()])

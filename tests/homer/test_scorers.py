@@ -106,12 +106,13 @@ def test_every_layer_averages_every_layer_a_node_runs():
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 @pytest.mark.parametrize("every_layer", [True, False])
-def test_reconstruction_scores_are_the_repeat_rows_best_attention(kind, every_layer):
+@pytest.mark.parametrize("probe_layer", [None, 1])
+def test_reconstruction_scores_are_the_repeat_rows_best_attention(kind, every_layer, probe_layer):
     model = tiny_model(kind, vocab_size=256)
     g = torch.Generator().manual_seed(0)
     prefix, doc, suffix = (torch.randint(0, 256, (n,), generator=g) for n in (5, 200, 4))
     merged = LastTokenScorer(calibrated=False)
-    scorer = ReconstructionScorer(prompt_ids=(7, 8, 9), merged=merged, every_layer=every_layer)
+    scorer = ReconstructionScorer(prompt_ids=(7, 8, 9), merged=merged, every_layer=every_layer, probe_layer=probe_layer)
     settings = CompressorSettings(max_chunk_len=128, warmup_layers=3, final_cache_len=64, scoring=Scoring(scorer))
     events = []
     result = HomerCompressor(DecoderStack(model), settings, None, events.append).compress(prefix, doc, suffix)
@@ -125,7 +126,8 @@ def test_reconstruction_scores_are_the_repeat_rows_best_attention(kind, every_la
     with torch.no_grad():
         attentions = model(ids[None], output_attentions=True).attentions  # per layer [1, H, N, N]
     length = 5 + piece.numel()
-    probed = result.schedule.layers_at(0) if every_layer else [leaf0.layer]
+    at = leaf0.layer if probe_layer is None else probe_layer  # an earlier layer: the probe stops there
+    probed = [layer for layer in result.schedule.layers_at(0) if layer <= at] if every_layer else [at]
     best = torch.stack([attentions[layer][0, :, length:, :length].amax(dim=(0, 1)) for layer in probed]).amax(0)
     expected = best.clamp(min=1e-12).log()
     torch.testing.assert_close(leaf0.scores[leaf0.reducible], expected[5:], atol=1e-4, rtol=1e-4)

@@ -1,0 +1,122 @@
+"""At which leaf layer should the shared root's reconstruction probe score? A RULER diagnostic.
+
+    .venv/bin/python benchmarks/probe_depth.py --length 4096 --ratio 4 --indices 10 11 12 13 14 \
+        --tasks niah_single_2 niah_multikey_2 niah_multivalue niah_multiquery vt
+
+The package probes the last leaf layer (``ReconstructionScorer``): the probe rows run through every
+leaf layer, about as much work as the leaves themselves. Scoring at an earlier layer would stop the
+probe there. For each sample every leaf runs as the shared root runs it, the probe records its score
+at every leaf layer, and each reference value's best token gets, per layer, its percentile among all
+the document's tokens (the flat root selects across leaves) and whether it would be inside the
+document's share of the budget. Samples 10 and up are the tuning split (``ruler.py`` reports 0-9).
+Writes ``results/probe_depth_<length>_<ratio>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ruler
+import ruler_tasks
+from ruler_trace import value_and_line
+
+from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.homer.chunking import ChunkPlan
+from homer_integrations.homer.kv import cache_from_tensors
+from homer_integrations.homer.prompt import encode
+from homer_integrations.homer.scorers import ReconstructionScorer, ScoreInput
+from homer_integrations.homer.scoring import Scoring
+from homer_integrations.models import load_model
+
+
+@dataclass(frozen=True)
+class LayerProbe(ReconstructionScorer):
+    """The package's probe at every leaf layer, keeping each layer's scores [T] in ``records``."""
+
+    records: list = field(default_factory=list, compare=False)
+
+    def probe_scores(self, x: ScoreInput, length: int) -> torch.Tensor:
+        scores = super().probe_scores(x, length)
+        self.records.append(scores)
+        return scores
+
+
+def layer_scores(engine: HomerModel, prompt: ruler.Prompt) -> tuple[torch.Tensor, int, int]:
+    """Probe scores [Lw, N] of the N document tokens at each of the Lw leaf layers, the first leaf
+    layer's index, and the prompt tokens (prefix and suffix) the budget always holds."""
+    comp = engine.tiers.compressor(True, query_aware=False)
+    prefix_ids, doc_ids, suffix_ids = engine.prompting.encode_span(prompt.prefix, prompt.document, prompt.suffix)
+    plan = ChunkPlan.build(prefix_ids.numel(), doc_ids.numel(), suffix_ids.numel(), comp.settings.max_chunk_len)
+    layers = comp._schedule(plan).layers_at(0)
+    prefix = comp._prefix_part(prefix_ids, layers)
+    P, per_leaf = prefix_ids.numel(), []
+    for leaf in range(plan.num_leaves):
+        span = plan.piece(leaf)
+        probe = LayerProbe(engine.tiers.scoring.scorer.prompt_ids, every_layer=True)
+        comp.scoring = Scoring(probe, engine.tiers.scoring.units)
+        part = comp._leaf_part(prefix, doc_ids[span], span.start, layers)
+        comp._probe(cache_from_tensors(part.keys, part.values), part.position_ids, doc_ids[span], layers)
+        per_leaf.append(torch.stack(probe.records)[:, P:])
+    return torch.cat(per_leaf, dim=1), layers.start, P + suffix_ids.numel()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tasks", nargs="+", default=["niah_single_2", "niah_multikey_2", "niah_multivalue"])
+    parser.add_argument("--length", type=int, default=4096)
+    parser.add_argument("--ratio", type=float, default=4.0)
+    parser.add_argument("--indices", type=int, nargs="+", default=[10, 11, 12, 13, 14])
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.set_grad_enabled(False)
+    model, tok = load_model(ruler.MODEL)
+    rows = []
+    for task in args.tasks:
+        samples = ruler_tasks.make_samples(task, args.length, max(args.indices) + 1, str(ruler.model_dir()))
+        for sample in (s for s in samples if s.index in args.indices):
+            probe = HomerModel(model, tok, HomerConfig(), model_name=ruler.MODEL, progress=False)
+            prompt = ruler.homer_prompt(probe, sample, "shared")
+            context = sum(len(encode(tok, t)) for t in (prompt.prefix, prompt.document, prompt.suffix))
+            budget = round(context / args.ratio)
+            config = HomerConfig(
+                max_chunk_len=ruler.chunk_length(context, budget), final_cache_len=budget, mode="shared"
+            )
+            engine = HomerModel(model, tok, config, model_name=ruler.MODEL, progress=False)
+            scores, first, fixed = layer_scores(engine, prompt)
+            offsets = tok(sample.document, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+            if len(offsets) != scores.shape[1]:
+                raise RuntimeError(f"{len(offsets)} offsets for {scores.shape[1]} document tokens")
+            share = (budget - fixed) / scores.shape[1]  # the document's share of the budget
+            values = [value_and_line(sample.document, offsets, v)[0] for v in sample.outputs]
+            row = {"task": task, "index": sample.index, "share": round(share, 3), "layers": {}}
+            for k, layer_score in enumerate(scores):
+                pct = [float((layer_score < layer_score[v].max()).float().mean()) for v in values]
+                row["layers"][first + k] = {
+                    "percentile": [round(p, 3) for p in pct],
+                    "inside": sum(p >= 1 - share for p in pct) / len(pct),
+                }
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    summary = {}
+    for layer in rows[0]["layers"]:
+        summary[layer] = {
+            "inside": round(sum(r["layers"][layer]["inside"] for r in rows) / len(rows), 3),
+            "mean_percentile": round(
+                sum(sum(p := r["layers"][layer]["percentile"]) / len(p) for r in rows) / len(rows), 3
+            ),
+        }
+    out = Path(__file__).parent / "results" / f"probe_depth_{args.length}_{args.ratio:g}.json"
+    out.write_text(json.dumps({"args": vars(args), "summary": summary, "rows": rows}, indent=1))
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
