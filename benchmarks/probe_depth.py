@@ -67,6 +67,25 @@ def layer_scores(engine: HomerModel, prompt: ruler.Prompt) -> tuple[torch.Tensor
     return torch.cat(per_leaf, dim=1), layers.start, P + suffix_ids.numel()
 
 
+def summarize(rows: list[dict]) -> dict[str, dict]:
+    """Per leaf layer (and ``last``: each sample's last leaf layer, where the package probes), over the
+    samples that ran it: the share of reference values inside the budget and their mean percentile."""
+    per: dict[str, list[dict]] = {}
+    for row in rows:
+        layers = row["layers"]
+        for layer, v in layers.items():
+            per.setdefault(layer, []).append(v)
+        per.setdefault("last", []).append(layers[max(layers, key=int)])
+    return {
+        layer: {
+            "samples": len(vs),
+            "inside": round(sum(v["inside"] for v in vs) / len(vs), 3),
+            "mean_percentile": round(sum(sum(v["percentile"]) / len(v["percentile"]) for v in vs) / len(vs), 3),
+        }
+        for layer, vs in sorted(per.items(), key=lambda kv: (kv[0] == "last", int(kv[0]) if kv[0] != "last" else 0))
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", nargs="+", default=["niah_single_2", "niah_multikey_2", "niah_multivalue"])
@@ -99,20 +118,13 @@ def main() -> None:
             row = {"task": task, "index": sample.index, "share": round(share, 3), "layers": {}}
             for k, layer_score in enumerate(scores):
                 pct = [float((layer_score < layer_score[v].max()).float().mean()) for v in values]
-                row["layers"][first + k] = {
+                row["layers"][str(first + k)] = {
                     "percentile": [round(p, 3) for p in pct],
                     "inside": sum(p >= 1 - share for p in pct) / len(pct),
                 }
             print(json.dumps(row), flush=True)
             rows.append(row)
-    summary = {}
-    for layer in rows[0]["layers"]:
-        summary[layer] = {
-            "inside": round(sum(r["layers"][layer]["inside"] for r in rows) / len(rows), 3),
-            "mean_percentile": round(
-                sum(sum(p := r["layers"][layer]["percentile"]) / len(p) for r in rows) / len(rows), 3
-            ),
-        }
+    summary = summarize(rows)
     out = Path(__file__).parent / "results" / f"probe_depth_{args.length}_{args.ratio:g}.json"
     out.write_text(json.dumps({"args": vars(args), "summary": summary, "rows": rows}, indent=1))
     print(json.dumps(summary, indent=1))

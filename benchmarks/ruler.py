@@ -696,6 +696,8 @@ PEER_PAIRS = (
 )
 """The peers issue's comparisons at equal budget: the shared root against each question-agnostic press,
 the per-question path against kvpress's question-aware SnapKV (sample by sample, same ratio)."""
+ABLATION_PAIRS = (("homer_shared_probe9", "homer_shared"),)
+"""Ablations against the recipe they vary, sample by sample (``ruler_ablations.md``)."""
 
 
 def report(args: argparse.Namespace) -> None:
@@ -706,12 +708,16 @@ def report(args: argparse.Namespace) -> None:
     summary: dict[str, Any] = summarize(rows)
     summary["paired"] = [c for m in PAIRED_METHODS for c in paired(rows, m)]
     summary["peers"] = [c for m, press in PEER_PAIRS for c in paired(rows, m, press)]
-    (RESULTS / "ruler.json").write_text(json.dumps(summary, indent=1) + "\n")
     table = markdown(summary, lambda m: m in MAIN_TABLE) + "\n" + paired_markdown(summary["paired"])
     if summary["peers"]:
         table += "\n" + paired_markdown(summary["peers"])
     (RESULTS / "ruler.md").write_text(table)
-    (RESULTS / "ruler_ablations.md").write_text(markdown(summary, lambda m: m not in MAIN_TABLE or m == "plain"))
+    summary["ablation_pairs"] = [c for m, recipe in ABLATION_PAIRS for c in paired(rows, m, recipe)]
+    ablations = markdown(summary, lambda m: m not in MAIN_TABLE or m == "plain")
+    if summary["ablation_pairs"]:
+        ablations += "\n" + paired_markdown(summary["ablation_pairs"])
+    (RESULTS / "ruler_ablations.md").write_text(ablations)
+    (RESULTS / "ruler.json").write_text(json.dumps(summary, indent=1) + "\n")
     lengths = sorted({r["length"] for r in rows})
     plots(summary, args.ratio_length if args.ratio_length in lengths else lengths[-1])
     print(table)
