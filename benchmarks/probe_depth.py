@@ -9,16 +9,22 @@ probe there. For each sample every leaf runs as the shared root runs it, the pro
 at every leaf layer, and each reference value's best token gets, per layer, its percentile among all
 the document's tokens (the flat root selects across leaves) and whether it would be inside the
 document's share of the budget. Samples 10 and up are the tuning split (``ruler.py`` reports 0-9).
-Writes ``results/probe_depth_<length>_<ratio>.json``.
+Writes ``results/probe_depth_<length>_<ratio>.json``. With ``--time-layer N`` it instead times one
+root with the probe at the last leaf layer and at layer N, alternated in one process:
+
+    .venv/bin/python benchmarks/probe_depth.py --time-layer 9 --tasks niah_single_2 --indices 10
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -86,6 +92,49 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
     }
 
 
+def time_roots(model: Any, tok: Any, args: argparse.Namespace) -> None:
+    """Seconds to compress one shared root with the probe at the last leaf layer and at ``--time-layer``,
+    alternated in this process (so both see the same load); ``results/probe_depth_time_<length>.json``."""
+    sample = ruler_tasks.make_samples(args.tasks[0], args.length, args.indices[0] + 1, str(ruler.model_dir()))[-1]
+    probe = HomerModel(model, tok, HomerConfig(), model_name=ruler.MODEL, progress=False)
+    prompt = ruler.homer_prompt(probe, sample, "shared")
+    context = sum(len(encode(tok, t)) for t in (prompt.prefix, prompt.document, prompt.suffix))
+    budget = round(context / args.ratio)
+    config = HomerConfig(max_chunk_len=ruler.chunk_length(context, budget), final_cache_len=budget, mode="shared")
+    seconds: dict[str, list[float]] = {"last": [], f"layer_{args.time_layer}": []}
+    for _ in range(args.repeats):
+        for name in seconds:
+            engine = HomerModel(model, tok, config, model_name=ruler.MODEL, progress=False)
+            if name != "last":
+                early = replace(engine.tiers.scoring.scorer, probe_layer=args.time_layer)
+                engine = HomerModel(
+                    model,
+                    tok,
+                    config,
+                    model_name=ruler.MODEL,
+                    progress=False,
+                    scoring=replace(engine.tiers.scoring, scorer=early),
+                )
+            start = time.perf_counter()
+            engine.tiers.compress(prompt.prefix, prompt.document, prompt.suffix, None, "shared")
+            seconds[name].append(round(time.perf_counter() - start, 2))
+            print(name, seconds[name][-1], flush=True)
+    out = {
+        "task": sample.task,
+        "index": sample.index,
+        "length": args.length,
+        "ratio": args.ratio,
+        "threads": args.threads,
+        "seconds": seconds,
+        "ratio_of_medians": round(
+            statistics.median(seconds[f"layer_{args.time_layer}"]) / statistics.median(seconds["last"]), 3
+        ),
+    }
+    path = Path(__file__).parent / "results" / f"probe_depth_time_{args.length}.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(out))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", nargs="+", default=["niah_single_2", "niah_multikey_2", "niah_multivalue"])
@@ -93,10 +142,15 @@ def main() -> None:
     parser.add_argument("--ratio", type=float, default=4.0)
     parser.add_argument("--indices", type=int, nargs="+", default=[10, 11, 12, 13, 14])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--time-layer", type=int, default=None, help="time the root probed there against the last")
+    parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
     model, tok = load_model(ruler.MODEL)
+    if args.time_layer is not None:
+        time_roots(model, tok, args)
+        return
     rows = []
     for task in args.tasks:
         samples = ruler_tasks.make_samples(task, args.length, max(args.indices) + 1, str(ruler.model_dir()))
