@@ -36,7 +36,6 @@ from ruler_trace import value_and_line
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.kv import cache_from_tensors
-from homer_integrations.homer.prompt import encode
 from homer_integrations.homer.scorers import ReconstructionScorer, ScoreInput
 from homer_integrations.homer.scoring import Scoring
 from homer_integrations.models import load_model
@@ -98,9 +97,7 @@ def time_roots(model: Any, tok: Any, args: argparse.Namespace) -> None:
     sample = ruler_tasks.make_samples(args.tasks[0], args.length, args.indices[0] + 1, str(ruler.model_dir()))[-1]
     probe = HomerModel(model, tok, HomerConfig(), model_name=ruler.MODEL, progress=False)
     prompt = ruler.homer_prompt(probe, sample, "shared")
-    context = sum(len(encode(tok, t)) for t in (prompt.prefix, prompt.document, prompt.suffix))
-    budget = round(context / args.ratio)
-    config = HomerConfig(max_chunk_len=ruler.chunk_length(context, budget), final_cache_len=budget, mode="shared")
+    config = ruler.sample_config(probe, sample, args.ratio, mode="shared")
     seconds: dict[str, list[float]] = {"last": [], f"layer_{args.time_layer}": []}
     for _ in range(args.repeats):
         for name in seconds:
@@ -157,11 +154,8 @@ def main() -> None:
         for sample in (s for s in samples if s.index in args.indices):
             probe = HomerModel(model, tok, HomerConfig(), model_name=ruler.MODEL, progress=False)
             prompt = ruler.homer_prompt(probe, sample, "shared")
-            context = sum(len(encode(tok, t)) for t in (prompt.prefix, prompt.document, prompt.suffix))
-            budget = round(context / args.ratio)
-            config = HomerConfig(
-                max_chunk_len=ruler.chunk_length(context, budget), final_cache_len=budget, mode="shared"
-            )
+            config = ruler.sample_config(probe, sample, args.ratio, mode="shared")
+            budget = config.final_cache_len
             engine = HomerModel(model, tok, config, model_name=ruler.MODEL, progress=False)
             scores, first, fixed = layer_scores(engine, prompt)
             offsets = tok(sample.document, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]

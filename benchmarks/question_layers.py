@@ -35,7 +35,7 @@ import ruler_tasks
 from ruler_trace import value_and_line
 
 from homer_integrations import HomerConfig, HomerModel
-from homer_integrations.homer.prompt import encode, unit_ids
+from homer_integrations.homer.prompt import unit_ids
 from homer_integrations.homer.pruning import standardise
 from homer_integrations.homer.score_units import pool_words
 from homer_integrations.homer.scorers import QuestionAttentionScorer, ScoreInput
@@ -76,12 +76,8 @@ def record(args: argparse.Namespace) -> None:
             if out.is_file():
                 continue
             probe = HomerModel(model, tok, HomerConfig(), model_name=ruler.MODEL, progress=False)
-            shared = ruler.homer_prompt(probe, sample, "shared")
-            context = sum(len(encode(tok, t)) for t in (shared.prefix, shared.document, shared.suffix))
-            budget = round(context / args.ratio)
-            config = HomerConfig(
-                max_chunk_len=ruler.chunk_length(context, budget), final_cache_len=budget, mode="query_aware"
-            )
+            config = ruler.sample_config(probe, sample, args.ratio, mode="query_aware")
+            budget = config.final_cache_len
             engine = HomerModel(model, tok, config, model_name=ruler.MODEL, progress=False)
             scoring = engine.tiers.question_scoring
             engine.tiers.question_scoring = replace(scoring, scorer=RecordingScorer())

@@ -131,6 +131,20 @@ def homer_prompt(engine: Any, sample: RulerSample, mode: str) -> Prompt:
     )
 
 
+def sample_config(engine: Any, sample: RulerSample, ratio: float, **settings: Any) -> Any:
+    """The ``HomerConfig`` a HOMER method runs ``sample`` with at ``ratio`` (as ``homer_rows``): the budget
+    is the shared prompt's tokens / ``ratio``, the same for every method, and the chunk length
+    ``chunk_length``'s; ``settings`` (``mode``, ``replay``, ...) go to the config as they are."""
+    from homer_integrations import HomerConfig
+    from homer_integrations.homer.prompt import encode
+
+    shared = homer_prompt(engine, sample, "shared")
+    tok = engine.prompting.tokenizer
+    context = sum(len(encode(tok, t)) for t in (shared.prefix, shared.document, shared.suffix))
+    budget = round(context / ratio)
+    return HomerConfig(max_chunk_len=chunk_length(context, budget), final_cache_len=budget, **settings)
+
+
 def kvpress_job(sample: RulerSample, document_suffix: str) -> dict:
     """The same texts for kvpress's pipeline (it applies the chat template itself)."""
     return {

@@ -34,7 +34,6 @@ from ablations import ABLATIONS
 
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.generation import GenerationOptions
-from homer_integrations.homer.prompt import encode
 from homer_integrations.homer.score_units import ScoreMemory, SentenceBonus
 from homer_integrations.homer.scoring import Scoring
 from homer_integrations.models import load_model
@@ -82,20 +81,15 @@ def main() -> None:
     generated = ruler_tasks.make_samples(args.task, args.length, max(args.indices) + 1, str(ruler.model_dir()))
     for sample in (s for s in generated if s.index in args.indices):
         probe = HomerModel(model, tok, HomerConfig(), model_name=ruler.MODEL, progress=False)
-        shared = ruler.homer_prompt(probe, sample, "shared")
-        context = sum(len(encode(tok, t)) for t in (shared.prefix, shared.document, shared.suffix))
-        budget = round(context / args.ratio)
+        budget = ruler.sample_config(probe, sample, args.ratio).final_cache_len
         text = sample.document
         offsets = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
         spans = [value_and_line(text, offsets, value) for value in sample.outputs]
         for variant in args.variants:
             replay, _, name = variant.partition(":")
             mode = "shared" if replay == "shared" else "query_aware"
-            config = HomerConfig(
-                max_chunk_len=ruler.chunk_length(context, budget),
-                final_cache_len=budget,
-                mode=mode,
-                **({} if mode == "shared" else {"replay": replay}),
+            config = ruler.sample_config(
+                probe, sample, args.ratio, mode=mode, **({} if mode == "shared" else {"replay": replay})
             )
             engine = HomerModel(
                 model, tok, config, model_name=ruler.MODEL, progress=False, scoring=scoring_for(name, config)
