@@ -101,17 +101,11 @@ def time_roots(model: Any, tok: Any, args: argparse.Namespace) -> None:
     seconds: dict[str, list[float]] = {"last": [], f"layer_{args.time_layer}": []}
     for _ in range(args.repeats):
         for name in seconds:
-            engine = HomerModel(model, tok, config, model_name=ruler.MODEL, progress=False)
+            scoring = None  # the package's recipe
             if name != "last":
-                early = replace(engine.tiers.scoring.scorer, probe_layer=args.time_layer)
-                engine = HomerModel(
-                    model,
-                    tok,
-                    config,
-                    model_name=ruler.MODEL,
-                    progress=False,
-                    scoring=replace(engine.tiers.scoring, scorer=early),
-                )
+                package = probe.tiers.scoring
+                scoring = replace(package, scorer=replace(package.scorer, probe_layer=args.time_layer))
+            engine = HomerModel(model, tok, config, model_name=ruler.MODEL, progress=False, scoring=scoring)
             start = time.perf_counter()
             engine.tiers.compress(prompt.prefix, prompt.document, prompt.suffix, None, "shared")
             seconds[name].append(round(time.perf_counter() - start, 2))
