@@ -1,0 +1,202 @@
+"""Does head-wise selection (KVzip's) rescue a question-agnostic HOMER cache? RULER samples, one line each.
+
+    .venv/bin/python benchmarks/headwise_probe.py --task niah_multikey_2 --indices 0 1 2 \
+        --variants homer:4:global prefill:4:global prefill:2:global
+
+Each variant is ``base:candidates:selection``. ``base`` builds a cache of ``candidates`` x the budget's
+document tokens: ``homer`` is the package's shared flat root (each leaf scores its tokens by
+reconstruction, the best survive, the upper layers run over them as one node; tokens keep their leaf
+positions), ``prefill`` re-reads that same selection by one plain prefill (positions 0..K-1, every
+layer; with candidates >= the ratio this is a plain prefill of the whole prompt). ``selection`` then
+cuts that cache to the budget with ``homer.headwise``'s reconstruction scores per layer and head:
+``uniform`` (the same count in every head), ``global`` (KVzip's one budget over all heads and layers;
+the answer hides each head's padding slots from attention through a wrapped SDPA), or ``none`` (the
+candidates' cache as built, no cut). Prefix and suffix stay in every head. Reported: the answer and
+RULER's score, and in how many (layer, head) pairs all of a reference value's tokens survive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ruler
+import ruler_tasks
+from ruler_trace import value_and_line
+
+from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.homer.compressor import CompressionResult
+from homer_integrations.homer.decoder import DecoderStack
+from homer_integrations.homer.flat import TierCompressor
+from homer_integrations.homer.generation import GenerationOptions
+from homer_integrations.homer.headwise import head_scores, keep_global, keep_per_head
+from homer_integrations.models import load_model
+from homer_integrations.tiers import _document
+
+OUT = ruler.RESULTS / "headwise_probe.jsonl"
+
+
+@contextlib.contextmanager
+def hidden_slots(hidden: list[torch.Tensor] | None) -> Iterator[None]:
+    """While inside, SDPA hides the cache slots ``hidden[layer]`` [Hkv, W] (True) of each layer's heads
+    from every query (kvpress does the same for its KVzip with fake keys; an additive mask is exact)."""
+    if hidden is None:
+        yield
+        return
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    def masked(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None,
+        **kw: object,
+    ) -> object:
+        slots = hidden[module.layer_idx]
+        rows, keys, heads = query.shape[2], key.shape[2], query.shape[1]
+        lowest = torch.finfo(query.dtype).min
+        extra = torch.zeros(1, heads, rows, keys, dtype=query.dtype, device=query.device)
+        if mask is not None:
+            extra = extra + mask[:, :, :, :keys]
+        elif rows > 1:
+            causal = torch.ones(rows, keys, dtype=torch.bool, device=query.device).tril(keys - rows)
+            extra = extra.masked_fill(~causal, lowest)
+        per_head = slots.repeat_interleave(heads // slots.shape[0], 0).to(query.device)  # [H, W]
+        width = per_head.shape[1]
+        extra[0, :, :, :width] = extra[0, :, :, :width].masked_fill(per_head[:, None, :], lowest)
+        return sdpa(module, query, key, value, extra, **kw)
+
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = masked
+    try:
+        yield
+    finally:
+        ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa
+
+
+def candidates_cache(
+    compressor: TierCompressor, ids: tuple[torch.Tensor, ...], words: torch.Tensor | None, base: str, factor: float
+) -> CompressionResult:
+    s = compressor.settings
+    prefix_ids, document_ids, suffix_ids = ids
+    fixed = prefix_ids.numel() + suffix_ids.numel()
+    wide = fixed + math.ceil(factor * (s.final_cache_len - fixed))
+    wider = TierCompressor(compressor.stack, replace(s, final_cache_len=wide), compressor.bias, None)
+    return wider.compress_flat(prefix_ids, document_ids, suffix_ids, None, words, recompute=base == "prefill")
+
+
+def select(
+    stack: DecoderStack,
+    compressor: TierCompressor,
+    built: CompressionResult,
+    document_ids: torch.Tensor,
+    selection: str,
+    budget: int,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, torch.Tensor | None]:
+    """``built``'s cache cut to ``budget`` slots a head by ``selection``: keys, values, the kept slots
+    [L, Hkv, W] and the padding attention must not see [L, Hkv, W] (``global`` only)."""
+    if selection == "none":
+        heads = built.keys[0].shape[1]
+        return built.keys, built.values, torch.arange(built.origin.numel()).expand(len(built.keys), heads, -1), None
+    document = built.origin >= 0
+    prompt_ids = torch.tensor(compressor.scoring.scorer.prompt_ids, dtype=torch.long)
+    repeat = document_ids[built.origin[document]]
+    scores = head_scores(
+        stack, built.keys, built.values, built.position_ids, prompt_ids, repeat, document.nonzero()[:, 0]
+    )
+    if selection == "global":
+        return keep_global(built.keys, built.values, scores, ~document, budget)
+    return (*keep_per_head(built.keys, built.values, scores, ~document, budget), None)
+
+
+def value_cover(
+    origin: torch.Tensor, kept: torch.Tensor, hidden: torch.Tensor | None, values: list[list[int]]
+) -> list[float]:
+    """Per reference value (its document token indices), the share of (layer, head) pairs in which
+    every one of its tokens survives (kept and not hidden)."""
+    seen = torch.zeros((*kept.shape[:2], origin.numel()), dtype=torch.bool)
+    seen.scatter_(2, kept, torch.ones_like(kept, dtype=torch.bool) if hidden is None else ~hidden)
+    cover = []
+    for tokens in values:
+        slots = (origin[None] == torch.tensor(tokens)[:, None]).nonzero()[:, 1]
+        whole = slots.numel() == len(tokens) and len(tokens) > 0
+        cover.append(round(float(seen[:, :, slots].all(-1).float().mean()), 3) if whole else 0.0)
+    return cover
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--task", default="niah_multikey_2")
+    parser.add_argument("--length", type=int, default=4096)
+    parser.add_argument("--ratio", type=float, default=4.0)
+    parser.add_argument("--indices", type=int, nargs="+", default=[0])
+    parser.add_argument("--variants", nargs="+", default=["homer:4:global", "prefill:4:global"])
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model, tok = load_model(ruler.MODEL)
+    samples = [s for s in ruler.SAMPLES.load(args.task, args.length) if s.index in args.indices]
+    for sample in samples:
+        probe = HomerModel(model, tok, HomerConfig(), model_name=ruler.MODEL, progress=False)
+        config = ruler.sample_config(probe, sample, args.ratio, mode="shared")
+        engine = HomerModel(model, tok, config, model_name=ruler.MODEL, progress=False)
+        prompt = ruler.homer_prompt(engine, sample, "shared")
+        offsets = tok(sample.document, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        values = [value_and_line(sample.document, offsets, v)[0] for v in sample.outputs]
+        tiers = engine.tiers
+        ids = tiers.prompting.encode_span(prompt.prefix, sample.document, prompt.suffix)
+        compressor = tiers.compressor(True, query_aware=False)
+        words = tiers.unit_ids(sample.document, ids[1], tiers.scoring)
+        budget = compressor.settings.final_cache_len
+        for variant in args.variants:
+            base, factor, selection = variant.split(":")
+            started = time.perf_counter()
+            built = candidates_cache(compressor, ids, words, base, float(factor))
+            build_s = time.perf_counter() - started
+            keys, vals, kept, hidden = select(tiers.stack, compressor, built, ids[1], selection, budget)
+            select_s = time.perf_counter() - started - build_s
+            cover = value_cover(built.origin, kept, hidden, values)
+            first = kept[0, 0]
+            result = replace(
+                built, keys=keys, values=vals, position_ids=built.position_ids[first], origin=built.origin[first]
+            )
+            doc = _document("headwise", result, sum(t.numel() for t in ids), None)
+            with hidden_slots(None if hidden is None else list(hidden)):
+                answer = engine.answerer.continue_from(
+                    doc, prompt.continuation, GenerationOptions(max_new_tokens=sample.max_new_tokens)
+                ).text()
+            row = {
+                "task": args.task,
+                "length": args.length,
+                "ratio": args.ratio,
+                "index": sample.index,
+                "variant": variant,
+                "budget": budget,
+                "candidates": built.origin.numel(),
+                "width": keys[0].shape[2],
+                "value_cover": cover,
+                "answer": answer,
+                "expected": sample.outputs,
+                "score": ruler_tasks.score(sample, answer),
+                "build_s": round(build_s, 1),
+                "select_s": round(select_s, 1),
+                "threads": args.threads,
+            }
+            print(json.dumps(row), flush=True)
+            with OUT.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
