@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/headwise_probe.py --task niah_multikey_2 --indices 0 1 2 \
         --variants homer:4:global prefill:4:global prefill:2:global
+    .venv/bin/python benchmarks/headwise_probe.py report     # results/headwise_probe.md
 
 Each variant is ``base:candidates:selection``. ``base`` builds a cache of ``candidates`` x the budget's
 document tokens: ``homer`` is the package's shared flat root (each leaf scores its tokens by
@@ -33,18 +34,20 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 sys.path.insert(0, str(Path(__file__).parent))
 import ruler
 import ruler_tasks
-from ruler_trace import value_and_line
+from ruler_trace import answer_after, row_head, value_and_line
 
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.compressor import CompressionResult
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.flat import TierCompressor
-from homer_integrations.homer.generation import GenerationOptions
 from homer_integrations.homer.headwise import head_scores, keep_global, keep_per_head
 from homer_integrations.models import load_model
 from homer_integrations.tiers import _document
 
 OUT = ruler.RESULTS / "headwise_probe.jsonl"
+REPORT = ruler.RESULTS / "headwise_probe.md"
+REFERENCES = ("plain", "homer_shared", "kvzip")
+"""``ruler.py``'s rows of the same samples, at the same ratio (plain: 1x), shown beside each variant."""
 
 
 @contextlib.contextmanager
@@ -135,7 +138,50 @@ def value_cover(
     return cover
 
 
+def report() -> str:
+    """Markdown: per variant and task (and all its samples), its mean score and the references' on
+    exactly its samples (count)."""
+    rows = [json.loads(line) for line in OUT.read_text().splitlines() if line.strip()]
+    reference = {
+        (r["task"], r["length"], r["index"], r["method"], r["ratio"]): r["score"]
+        for r in ruler.load_rows()
+        if r["method"] in REFERENCES
+    }
+    lines = [
+        "| tokens | ratio | variant | task | samples | variant | "
+        + " | ".join(REFERENCES)
+        + " | cache width / budget |",
+        "|---|---|---|---|---|---|" + "---|" * len(REFERENCES) + "---|",
+    ]
+    groups = {(r["length"], r["ratio"], r["variant"], task) for r in rows for task in (r["task"], "all")}
+    for key in sorted(groups, key=lambda k: (k[:3], k[3] == "all", k[3])):
+        mine = [r for r in rows if (r["length"], r["ratio"], r["variant"]) == key[:3] and key[3] in (r["task"], "all")]
+        cells = []
+        for method in REFERENCES:
+            ratio = 1.0 if method == "plain" else key[1]
+            found = [reference.get((r["task"], r["length"], r["index"], method, ratio)) for r in mine]
+            known = [x for x in found if x is not None]
+            cells.append(f"{sum(known) / len(known):.2f} ({len(known)})" if known else "-")
+        width = sum(r["width"] / r["budget"] for r in mine) / len(mine)
+        score = sum(r["score"] for r in mine) / len(mine)
+        task = "**all**" if key[3] == "all" else key[3].removeprefix("niah_")
+        lines.append(
+            f"| {key[0]} | {key[1]:g}x | {key[2]} | {task} | {len(mine)} | {score:.2f} | "
+            + " | ".join(cells)
+            + f" | {width:.2f} |"
+        )
+    return "\n".join(lines) + (
+        "\n\nMean RULER score over the variant's samples (indices 0-2 of the reported split); the references "
+        "are `ruler.py`'s rows of the same samples (their count in brackets). Cache width / budget: the "
+        "slots a head holds over the budget (``global`` pads every head to its layer's widest).\n"
+    )
+
+
 def main() -> None:
+    if sys.argv[1:] == ["report"]:
+        REPORT.write_text(report())
+        print(REPORT.read_text())
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", default="niah_multikey_2")
     parser.add_argument("--length", type=int, default=4096)
@@ -173,16 +219,9 @@ def main() -> None:
             )
             doc = _document("headwise", result, sum(t.numel() for t in ids), None)
             with hidden_slots(None if hidden is None else list(hidden)):
-                answer = engine.answerer.continue_from(
-                    doc, prompt.continuation, GenerationOptions(max_new_tokens=sample.max_new_tokens)
-                ).text()
+                answer = answer_after(engine, doc, prompt, sample)
             row = {
-                "task": args.task,
-                "length": args.length,
-                "ratio": args.ratio,
-                "index": sample.index,
-                "variant": variant,
-                "budget": budget,
+                **row_head(args, sample, variant, budget),
                 "candidates": built.origin.numel(),
                 "width": keys[0].shape[2],
                 "value_cover": cover,

@@ -24,6 +24,7 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -67,6 +68,24 @@ def value_and_line(text: str, offsets: list[tuple[int, int]], value: str) -> tup
     return token_span(offsets, start, start + len(value)), token_span(offsets, line_start, line_end)
 
 
+def answer_after(engine: HomerModel, doc: Any, prompt: ruler.Prompt, sample: Any) -> str:
+    """The greedy answer to ``sample`` read from the compressed ``doc`` (the prompt's continuation fed first)."""
+    options = GenerationOptions(max_new_tokens=sample.max_new_tokens)
+    return engine.answerer.continue_from(doc, prompt.continuation, options).text()
+
+
+def row_head(args: argparse.Namespace, sample: Any, variant: str, budget: int) -> dict[str, Any]:
+    """The fields every diagnostic row of one sample and variant starts with."""
+    return {
+        "task": args.task,
+        "length": args.length,
+        "ratio": args.ratio,
+        "index": sample.index,
+        "variant": variant,
+        "budget": budget,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", default="niah_multikey_2")
@@ -99,22 +118,15 @@ def main() -> None:
             doc = engine.tiers.compress(prompt.prefix, text, prompt.suffix, question, mode).document
             origin = doc.origin.tolist()
             kept = set(origin)
-            answer = engine.answerer.continue_from(
-                doc, prompt.continuation, GenerationOptions(max_new_tokens=sample.max_new_tokens)
-            )
+            answer = answer_after(engine, doc, prompt, sample)
             row = {
-                "task": args.task,
-                "length": args.length,
-                "ratio": args.ratio,
-                "index": sample.index,
-                "variant": variant,
-                "budget": budget,
+                **row_head(args, sample, variant, budget),
                 # what the budget held: the never-pruned prompt (prefix and suffix) and the document's share
                 "prompt_kept": sum(i < 0 for i in origin),
                 "document_kept": sum(i >= 0 for i in origin),
                 "value_kept": [f"{sum(i in kept for i in v)}/{len(v)}" for v, _ in spans],
                 "line_kept": [f"{sum(i in kept for i in line)}/{len(line)}" for _, line in spans],
-                "answer": answer.text(),
+                "answer": answer,
                 "expected": sample.outputs,
             }
             print(json.dumps(row), flush=True)
