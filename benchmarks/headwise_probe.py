@@ -71,8 +71,9 @@ def hidden_slots(hidden: list[torch.Tensor] | None) -> Iterator[None]:
         rows, keys, heads = query.shape[2], key.shape[2], query.shape[1]
         lowest = torch.finfo(query.dtype).min
         extra = torch.zeros(1, heads, rows, keys, dtype=query.dtype, device=query.device)
-        if mask is not None:
-            extra = extra + mask[:, :, :, :keys]
+        if mask is not None:  # transformers' SDPA masks are boolean (True: attend) or additive
+            mask = mask[:, :, :, :keys]
+            extra = extra.masked_fill(~mask, lowest) if mask.dtype == torch.bool else extra + mask
         elif rows > 1:
             causal = torch.ones(rows, keys, dtype=torch.bool, device=query.device).tril(keys - rows)
             extra = extra.masked_fill(~causal, lowest)
