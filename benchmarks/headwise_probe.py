@@ -38,7 +38,6 @@ from ruler_trace import answer_after, row_head, value_and_line
 
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.compressor import CompressionResult
-from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.flat import TierCompressor
 from homer_integrations.homer.headwise import head_scores, keep_global, keep_per_head
 from homer_integrations.models import load_model
@@ -101,7 +100,6 @@ def candidates_cache(
 
 
 def select(
-    stack: DecoderStack,
     compressor: TierCompressor,
     built: CompressionResult,
     document_ids: torch.Tensor,
@@ -117,7 +115,7 @@ def select(
     prompt_ids = torch.tensor(compressor.scoring.scorer.prompt_ids, dtype=torch.long)
     repeat = document_ids[built.origin[document]]
     scores = head_scores(
-        stack, built.keys, built.values, built.position_ids, prompt_ids, repeat, document.nonzero()[:, 0]
+        compressor.stack, built.keys, built.values, built.position_ids, prompt_ids, repeat, document.nonzero()[:, 0]
     )
     if selection == "global":
         return keep_global(built.keys, built.values, scores, ~document, budget)
@@ -174,7 +172,7 @@ def report() -> str:
     return "\n".join(lines) + (
         "\n\nMean RULER score over the variant's samples (indices 0-2 of the reported split); the references "
         "are `ruler.py`'s rows of the same samples (their count in brackets). Cache width / budget: the "
-        "slots a head holds over the budget (``global`` pads every head to its layer's widest).\n"
+        "slots a head holds over the budget (``global`` pads every head to the widest head of any layer).\n"
     )
 
 
@@ -211,7 +209,7 @@ def main() -> None:
             started = time.perf_counter()
             built = candidates_cache(compressor, ids, words, base, float(factor))
             build_s = time.perf_counter() - started
-            keys, vals, kept, hidden = select(tiers.stack, compressor, built, ids[1], selection, budget)
+            keys, vals, kept, hidden = select(compressor, built, ids[1], selection, budget)
             select_s = time.perf_counter() - started - build_s
             cover = value_cover(built.origin, kept, hidden, values)
             first = kept[0, 0]
