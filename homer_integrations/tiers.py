@@ -26,12 +26,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from homer_integrations.cache.keys import DocumentKeys
 from homer_integrations.document_cache import CacheSource, DocumentCache
 from homer_integrations.homer.calibration import Calibration, CalibrationStore
-from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, CompressionStats
+from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, CompressionStats, cached_tokens
 from homer_integrations.homer.compressor import CompressionResult, CompressorSettings, PruneObserver
 from homer_integrations.homer.config import Mode, check_mode
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_fingerprint
 from homer_integrations.homer.flat import TierCompressor
+from homer_integrations.homer.headwise_root import compress_headwise
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.prompt import encode, markup, unit_ids
 from homer_integrations.homer.scoring import REPEAT_PROMPT, Scoring
@@ -91,8 +92,10 @@ class DocumentTiers:
         """What query-aware compressions (the question in the suffix) prune by."""
         self.scoring = recipe
         """What shared compressions prune by."""
+        self.repeat_ids = encode(tokenizer, REPEAT_PROMPT)
+        """The reconstruction prompt [R] (a head-wise root's probe reads it before the repeated text)."""
         if scoring is None and c.shared_scorer == "reconstruction":
-            self.scoring = recipe.with_reconstruction(encode(tokenizer, REPEAT_PROMPT))
+            self.scoring = recipe.with_reconstruction(self.repeat_ids)
         store = CalibrationStore(
             calibration_dir or cache_root() / "calibration", bundled_dir=PACKAGE_DATA / "calibration"
         )
@@ -242,9 +245,13 @@ class DocumentTiers:
             root = "tree" if full else self.config.shared_root
             if root == "tree":
                 result = compressor.compress(prefix_ids, document_ids, suffix_ids, progress=bar.update, word_ids=words)
+            elif root == "headwise" and prunes:
+                result = compress_headwise(
+                    compressor, prefix_ids, document_ids, suffix_ids, self.repeat_ids, bar.update, words
+                )
             else:
                 result = compressor.compress_flat(
-                    prefix_ids, document_ids, suffix_ids, bar.update, words, recompute=root == "recompute"
+                    prefix_ids, document_ids, suffix_ids, bar.update, words, recompute=root != "flat"
                 )
         doc = _document(key, result, prompt_len, None)
         logger.info(
@@ -323,7 +330,7 @@ def _document(key: str, result: CompressionResult, prompt_len: int, question: st
     stats = CompressionStats(
         document_tokens=result.plan.document_len,
         prompt_tokens=prompt_len,
-        cache_tokens=result.keys[0].shape[2],
+        cache_tokens=cached_tokens(result.keys, result.head_lengths),
         cache_bytes=sum(t.numel() * t.element_size() for t in result.keys + result.values),
         seconds=result.seconds,
         peak_kv_bytes=result.peak_kv_bytes,
@@ -341,4 +348,5 @@ def _document(key: str, result: CompressionResult, prompt_len: int, question: st
         next_token_logits=result.next_token_logits,
         question=question,
         stats=stats,
+        head_lengths=result.head_lengths,
     )

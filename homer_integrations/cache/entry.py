@@ -24,7 +24,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from safetensors.torch import save_file as save_safetensors_file
 
-from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, check_consistent, validate
+from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, check_consistent, check_layout, validate
 from homer_integrations.homer.leaf_tier import SERIAL_FORMAT as LEAF_TIER_FORMAT
 from homer_integrations.homer.leaf_tier import LeafTier
 
@@ -278,8 +278,8 @@ def document_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, str]
     """``CompressedDocument.from_tensors``, then the stricter checks a stored file gets.
 
     On top of what ``from_tensors`` checks (format, version, fields, one cache length): at least
-    one layer, no stray tensors, per layer K/V of one shape ``[1, Hkv, K, d]``, 1-D positions and
-    origins of length K, logits 1-D, the question text or None.
+    one layer, no stray tensors, the K/V layout (``check_layout``: dense ``[1, Hkv, K, d]`` with K
+    positions and origins, or head-wise rows per layer), logits 1-D, the question text or None.
     Raises ``ValueError`` on anything foreign, old or inconsistent.
     """
     try:
@@ -290,17 +290,11 @@ def document_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, str]
     expected = {f"k.{i}" for i in range(layers)} | {f"v.{i}" for i in range(layers)} | {"position_ids", "origin"}
     if doc.next_token_logits is not None:
         expected.add("next_token_logits")
+    if doc.head_lengths is not None:
+        expected.add("head_lengths")
     if layers < 1 or set(tensors) != expected:
         raise ValueError(f"unexpected tensors {sorted(set(tensors) ^ expected)[:4]} for {layers} layers")
-    kv = doc.keys + doc.values
-    if any(t.dim() != 4 for t in kv) or len({t.shape for t in kv}) != 1:
-        raise ValueError("key/value tensors are not all [heads, tokens, head_dim] of one shape")
-    tokens = doc.num_tokens
-    if doc.position_ids.shape != (tokens,) or doc.origin.shape != (tokens,):
-        raise ValueError(
-            f"inconsistent cache lengths: {tokens} cached tokens, "
-            f"{tuple(doc.position_ids.shape)} positions, {tuple(doc.origin.shape)} origins"
-        )
+    check_layout(doc)
     if doc.next_token_logits is not None and doc.next_token_logits.dim() != 1:
         raise ValueError("next-token logits are not one vector")
     if doc.question is not None and not isinstance(doc.question, str):

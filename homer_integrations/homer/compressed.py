@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from transformers import DynamicCache
 
+from homer_integrations.homer.headwise_cache import headwise_cache
 from homer_integrations.homer.kv import cache_from_tensors, tensors_nbytes
 
 SERIAL_FORMAT = "homer-compressed-document"
@@ -44,13 +45,15 @@ class CompressedDocument:
 
     Attributes:
         key: the document-cache key (model, settings, calibration, mode, affixes, text).
-        keys, values: per decoder layer, [1, Hkv, K, d] each.
-        position_ids: [K] RoPE positions of the cached tokens.
+        keys, values: per decoder layer, [1, Hkv, K, d] each; in a head-wise root (``head_lengths``
+            set) [n_l, d], head 0's tokens then head 1's ... (``headwise_cache``).
+        position_ids: [K] RoPE positions of the cached tokens (head-wise: of the tokens some head keeps).
         origin: [K] document token index of each cached token, -1 for prefix/suffix tokens.
         last_position: what follows the cache starts at ``last_position + 1``.
         next_token_logits: [V] logits after the last cached token (query-aware mode), else None.
         question: the question compressed into the suffix (query-aware mode), else None.
         stats: ``CompressionStats``.
+        head_lengths: [L, Hkv] tokens each layer's K/V heads keep (head-wise root), else None.
     """
 
     key: str
@@ -62,10 +65,12 @@ class CompressedDocument:
     next_token_logits: torch.Tensor | None
     question: str | None
     stats: CompressionStats
+    head_lengths: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
-        return self.keys[0].shape[2]
+        """Cached tokens a head (head-wise: on average, rounded up; what the K/V bytes are worth)."""
+        return cached_tokens(self.keys, self.head_lengths)
 
     @property
     def nbytes(self) -> int:
@@ -92,14 +97,20 @@ class CompressedDocument:
     def to_cache(self, device: torch.device | None = None) -> DynamicCache:
         """A fresh ``DynamicCache`` over the stored tensors (moved to ``device`` if given, a copy then);
         decoding grows it without touching them."""
-        if device is not None and self.keys[0].device != device:
-            return cache_from_tensors([k.to(device) for k in self.keys], [v.to(device) for v in self.values])
-        return cache_from_tensors(self.keys, self.values)
+        keys, values = self.keys, self.values
+        if device is not None and keys[0].device != device:
+            keys, values = [k.to(device) for k in keys], [v.to(device) for v in values]
+        if self.head_lengths is not None:
+            return headwise_cache(keys, values, self.head_lengths)
+        return cache_from_tensors(keys, values)
 
     def to_tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         """Tensors and string metadata for ``safetensors.torch.save_file``."""
-        tensors = {f"k.{i}": k[0].contiguous() for i, k in enumerate(self.keys)}
-        tensors |= {f"v.{i}": v[0].contiguous() for i, v in enumerate(self.values)}
+        flat = self.head_lengths is not None
+        tensors = {f"k.{i}": (k if flat else k[0]).contiguous() for i, k in enumerate(self.keys)}
+        tensors |= {f"v.{i}": (v if flat else v[0]).contiguous() for i, v in enumerate(self.values)}
+        if flat:
+            tensors["head_lengths"] = self.head_lengths.contiguous()
         tensors["position_ids"] = self.position_ids.contiguous()
         tensors["origin"] = self.origin.contiguous()
         if self.next_token_logits is not None:
@@ -124,8 +135,10 @@ class CompressedDocument:
             raise ValueError(f"compressed document format version {meta.get('version')!r} is not {SERIAL_VERSION}")
         try:
             layers = int(meta["layers"])
-            keys = tuple(tensors[f"k.{i}"][None] for i in range(layers))
-            values = tuple(tensors[f"v.{i}"][None] for i in range(layers))
+            head_lengths = tensors.get("head_lengths")
+            lift = (lambda t: t) if head_lengths is not None else (lambda t: t[None])
+            keys = tuple(lift(tensors[f"k.{i}"]) for i in range(layers))
+            values = tuple(lift(tensors[f"v.{i}"]) for i in range(layers))
             stats = CompressionStats(**json.loads(meta["stats"]))
             doc = cls(
                 key=meta["key"],
@@ -137,12 +150,11 @@ class CompressedDocument:
                 next_token_logits=tensors.get("next_token_logits"),
                 question=json.loads(meta["question"]),
                 stats=stats,
+                head_lengths=head_lengths,
             )
         except (KeyError, TypeError, json.JSONDecodeError) as exc:
             raise ValueError(f"incomplete compressed document: {exc}") from exc
-        lengths = {t.shape[2] for t in keys + values} | {doc.position_ids.numel(), doc.origin.numel()}
-        if len(lengths) != 1:
-            raise ValueError(f"inconsistent cache lengths {sorted(lengths)}")
+        check_layout(doc)
         return doc
 
 
@@ -164,15 +176,57 @@ class CacheSpec:
     vocab_size: int | None = None
 
 
+def cached_tokens(keys: tuple[torch.Tensor, ...] | list[torch.Tensor], head_lengths: torch.Tensor | None) -> int:
+    """Tokens a head holds: K of dense [1, Hkv, K, d] keys, or the mean of ``head_lengths`` rounded up."""
+    if head_lengths is None:
+        return keys[0].shape[2]
+    return -(-int(head_lengths.sum()) // max(1, head_lengths.numel()))
+
+
+def check_layout(doc: CompressedDocument) -> None:
+    """Raise ``ValueError`` unless the K/V tensors, positions and origins fit together: dense, every
+    K/V [1, Hkv, K, d] of one shape with K positions and origins; head-wise, ``head_lengths`` [L, Hkv]
+    integers >= 1 and layer l's K/V [sum(head_lengths[l]), d], one head_dim."""
+    kv = doc.keys + doc.values
+    lengths = doc.head_lengths
+    if not kv:
+        raise ValueError("the cache holds no layers")
+    if doc.position_ids.shape != doc.origin.shape or doc.position_ids.dim() != 1:
+        shapes = f"{tuple(doc.position_ids.shape)} positions, {tuple(doc.origin.shape)} origins"
+        raise ValueError(f"inconsistent cache lengths: {shapes}")
+    if lengths is None:
+        if any(t.dim() != 4 for t in kv) or len({t.shape for t in kv}) != 1:
+            raise ValueError("key/value tensors are not all [1, heads, tokens, head_dim] of one shape")
+        if kv[0].shape[2] != doc.position_ids.numel():
+            tokens, positions = kv[0].shape[2], doc.position_ids.numel()
+            raise ValueError(f"inconsistent cache lengths: {tokens} cached tokens, {positions} positions")
+        return
+    if lengths.dtype not in _INTEGER_DTYPES or lengths.dim() != 2 or lengths.shape[0] != len(doc.keys):
+        shape = tuple(lengths.shape)
+        raise ValueError(f"head lengths are {lengths.dtype} {shape}, not [{len(doc.keys)} layers, heads]")
+    if lengths.numel() == 0 or int(lengths.min()) < 1:
+        raise ValueError("a head of the head-wise cache keeps no token")
+    if any(t.dim() != 2 for t in kv) or len({t.shape[1] for t in kv}) != 1:
+        raise ValueError("head-wise key/value tensors are not all [tokens, head_dim]")
+    rows = lengths.sum(1).tolist()
+    for layer, (k, v) in enumerate(zip(doc.keys, doc.values, strict=True)):
+        if k.shape[0] != rows[layer] or v.shape[0] != rows[layer]:
+            held = f"{k.shape[0]}/{v.shape[0]}"
+            raise ValueError(f"layer {layer} holds {held} key/value rows, its heads keep {rows[layer]}")
+
+
 def check_consistent(doc: CompressedDocument) -> None:
     """Model-independent sanity of ``doc``; raises ``ValueError`` with the reason.
 
     At least one cached token; finite K/V and logits; integer position ids >= 0 with
     ``last_position == position_ids.max()``; integer origins in [-1, document_tokens).
     """
-    if not doc.keys or doc.keys[0].dim() != 4 or doc.num_tokens < 1:
+    if not doc.keys:
+        raise ValueError("the cache holds no layers")
+    check_layout(doc)
+    if doc.num_tokens < 1:
         raise ValueError("the cache holds no tokens")
-    tokens = doc.num_tokens
+    tokens = doc.position_ids.numel()
     for name, t in (("position ids", doc.position_ids), ("origins", doc.origin)):
         if t.dtype not in _INTEGER_DTYPES or t.shape != (tokens,):
             raise ValueError(f"{name} are {t.dtype} {tuple(t.shape)}, not {tokens} integers")
@@ -195,11 +249,15 @@ def validate(doc: CompressedDocument, spec: CacheSpec) -> None:
     """Raise ``ValueError`` naming the first way ``doc`` is not a document ``spec``'s model can use."""
     if len(doc.keys) != spec.num_layers or len(doc.values) != spec.num_layers:
         raise ValueError(f"{len(doc.keys)}/{len(doc.values)} key/value layers, the model has {spec.num_layers}")
-    want = (1, spec.num_kv_heads, doc.num_tokens, spec.head_dim)
-    for t in (*doc.keys, *doc.values):
+    check_consistent(doc)
+    if doc.head_lengths is not None and doc.head_lengths.shape[1] != spec.num_kv_heads:
+        raise ValueError(f"head lengths for {doc.head_lengths.shape[1]} K/V heads, the model has {spec.num_kv_heads}")
+    for i, t in enumerate((*doc.keys, *doc.values)):
+        want = (1, spec.num_kv_heads, doc.num_tokens, spec.head_dim)
+        if doc.head_lengths is not None:
+            want = (int(doc.head_lengths[i % len(doc.keys)].sum()), spec.head_dim)
         if tuple(t.shape) != want or t.dtype != spec.dtype:
             raise ValueError(f"a key/value tensor is {t.dtype} {tuple(t.shape)}, the model needs {spec.dtype} {want}")
-    check_consistent(doc)
     if doc.last_position >= spec.max_positions:
         raise ValueError(f"last_position {doc.last_position} is not below max_chunk_len {spec.max_positions}")
     if spec.max_tokens is not None and doc.num_tokens > spec.max_tokens:

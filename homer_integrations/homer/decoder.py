@@ -19,6 +19,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from homer_integrations.homer.architectures import CosSin, Family, family_for
+from homer_integrations.homer.headwise_cache import base_implementation
 
 MLP_ROWS = 1024
 """Rows the feed-forward half runs at once. It acts on each token alone, so blocks of rows give the
@@ -135,9 +136,15 @@ class DecoderStack:
             query = self.queries(layer_idx, normed, (cos_sin[0][:, -r:], cos_sin[1][:, -r:]))
         return hidden, query
 
+    @property
+    def backend(self) -> str:
+        """The model's attention implementation (``sdpa``, ``eager``, ``flash_attention_2``, ...), seen
+        through the head-wise wrapper (``headwise_cache``), which calls it for every dense cache."""
+        return base_implementation(str(self.model.config._attn_implementation))
+
     def _block_rows(self, cpu_rows: int) -> int:
         """Rows per block: ``cpu_rows`` on a CPU or with eager attention, else ``ACCELERATOR_ROWS``."""
-        eager = str(self.model.config._attn_implementation) == "eager"
+        eager = self.backend == "eager"
         return cpu_rows if self.device.type == "cpu" or eager else ACCELERATOR_ROWS
 
     def _layer_mask(self, window: int | None, past: int, rows: int) -> torch.Tensor | None:
@@ -149,7 +156,7 @@ class DecoderStack:
         attention has no causal flag and always needs the mask.
         """
         windowed = window is not None and past + rows > window
-        backend = str(self.model.config._attn_implementation)
+        backend = self.backend
         if "flash" in backend or (backend == "sdpa" and not windowed and (past == 0 or rows == 1)):
             return None
         query_at = past + torch.arange(rows, device=self.device)[:, None]

@@ -25,6 +25,7 @@ from transformers import (
 )
 
 from homer_integrations.homer.constraints import ResponseFormat, TokenMask, ll_tokenizer
+from homer_integrations.homer.headwise_cache import HeadwiseLayer, use_headwise_attention
 
 FinishReason = Literal["stop", "eos", "length"]
 
@@ -178,6 +179,8 @@ def decode(
     import time
 
     started = time.perf_counter()
+    if cache.layers and isinstance(cache.layers[0], HeadwiseLayer):
+        use_headwise_attention(model)
     device = model.device
     eos = eos_token_ids(model, tokenizer)
     warpers = _warpers(options) if options.sampling else None

@@ -97,23 +97,41 @@ def keep_per_head(
     return (*_gather(keys, values, kept), kept)
 
 
-def keep_global(
-    keys: list[torch.Tensor], values: list[torch.Tensor], scores: torch.Tensor, fixed: torch.Tensor, budget: int
-) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, torch.Tensor]:
+def survivors(scores: torch.Tensor, fixed: torch.Tensor, budget: int) -> torch.Tensor:
     """KVzip's allocation: of all (layer, head, slot) scores [L, Hkv, T], the best ``L * Hkv * (budget -
-    fixed)`` non-fixed ones survive, ``fixed`` [T] slots in every head; heads keep different counts.
-
-    Returns per layer keys and values [1, Hkv, W, d] (W: the most slots any head keeps, the others
-    padded with their worst slots), the slots [L, Hkv, W] and ``hidden`` [L, Hkv, W], True on padding
-    that attention must not see (a dense cache of one width per layer and head holds no ragged rows)."""
+    fixed)`` non-fixed ones survive, and the ``fixed`` [T] slots in every head; heads keep different
+    counts. Returns the surviving pairs [L, Hkv, T] (bool)."""
     layers, heads, _ = scores.shape
     room = budget - int(fixed.sum())
     if room < 0:
         raise ValueError(f"a budget of {budget} tokens cannot hold the {int(fixed.sum())} never-pruned ones")
-    ranked = scores.masked_fill(fixed[None, None], float("inf"))
+    if room == 0:
+        return fixed[None, None].expand_as(scores).clone()
     open_scores = scores[:, :, ~fixed].reshape(-1)
     threshold = open_scores.topk(min(layers * heads * room, open_scores.numel())).values[-1]
-    survives = (ranked >= threshold) if room else fixed[None, None].expand_as(ranked)
+    return (scores >= threshold) | fixed[None, None]
+
+
+def keep_ragged(
+    keys: list[torch.Tensor], values: list[torch.Tensor], survives: torch.Tensor
+) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """The surviving slots ``survives`` [L, Hkv, T] of a dense cache (per layer [1, Hkv, T, d]) as a
+    ragged one: per layer keys and values [n_l, d] (head 0's slots in cache order, then head 1's, ...)
+    and the lengths [L, Hkv] (``headwise_cache`` reads them)."""
+    out_keys = [k[0][alive] for k, alive in zip(keys, survives, strict=True)]
+    out_values = [v[0][alive] for v, alive in zip(values, survives, strict=True)]
+    return out_keys, out_values, survives.sum(-1)
+
+
+def keep_global(
+    keys: list[torch.Tensor], values: list[torch.Tensor], scores: torch.Tensor, fixed: torch.Tensor, budget: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """``survivors`` in a dense layout: per layer keys and values [1, Hkv, W, d] (W: the most slots any
+    head keeps, the others padded with their worst slots), the slots [L, Hkv, W] and ``hidden``
+    [L, Hkv, W], True on padding that attention must not see. Answers as ``keep_ragged`` does, in the
+    memory of the widest head (``benchmarks/headwise_probe.py`` measures with it)."""
+    survives = survivors(scores, fixed, budget)
+    ranked = scores.masked_fill(fixed[None, None], float("inf"))
     width = int(survives.sum(-1).max())
     kept = ranked.masked_fill(~survives, float("-inf")).topk(width, dim=-1).indices.sort(dim=-1).values
     hidden = ~survives.gather(2, kept)

@@ -25,7 +25,7 @@ from homer_integrations.homer.scorers import ScoreInput, Scorer
 def batchable(stack: DecoderStack, layers: range) -> bool:
     """Whether these leaf layers can run as a batch: a mask per leaf (not flash-attn) and no sliding
     window (a padded slot would count in it)."""
-    backend = str(stack.model.config._attn_implementation)
+    backend = stack.backend
     return "flash" not in backend and all(stack.window(layer) is None for layer in layers)
 
 

@@ -339,3 +339,25 @@ def test_a_disk_without_room_for_the_tier_builds_it_in_memory(tokenizer, calib, 
         assert engine.answer(text, question, max_new_tokens=6) == expected
     assert "building the leaf tier" in caplog.text and "No space left" in caplog.text
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_headwise_root_spends_the_dense_roots_bytes_per_head_and_answers_the_same_from_disk(
+    tokenizer, calib, text, tmp_path
+):
+    question = "Who is Mr. Bingley?"
+    engine = make_engine(tokenizer, calib, DocumentCache(tmp_path), shared_root="headwise", final_cache_len=64)
+    doc = engine.compress(text)
+    dense = make_engine(tokenizer, calib, shared_root="flat", final_cache_len=64).compress(text)
+    lengths = doc.head_lengths
+    assert lengths is not None and lengths.shape == (6, 2) and len(set(lengths.flatten().tolist())) > 1
+    assert int(lengths.sum()) == 6 * 2 * 64, "L x Hkv x the budget, spread as the heads need"
+    assert doc.nbytes == dense.nbytes and doc.stats.cache_tokens == doc.num_tokens == 64
+    assert doc.origin.numel() > 64, "the heads keep more distinct tokens than one dense set of the budget"
+    assert engine.tiers.keys.root("a", "b", "c") != make_engine(tokenizer, calib).tiers.keys.root("a", "b", "c")
+    first = engine.run(text, question, max_new_tokens=6)
+    expected = first.text()
+    assert first.info.cache_tokens == 64 and expected
+
+    reader = make_engine(tokenizer, calib, DocumentCache(tmp_path), shared_root="headwise", final_cache_len=64)
+    again = reader.run(text, question, max_new_tokens=6)
+    assert again.text() == expected and again.info.cache_source == "disk"

@@ -1,0 +1,131 @@
+"""A ragged cache: every K/V head of every layer keeps its own tokens (``shared_root="headwise"``).
+
+transformers' caches hold one [B, Hkv, K, d] tensor per layer, the same K tokens in every head. A
+head-wise root keeps n[l, h] tokens in head h of layer l. ``HeadwiseLayer`` stores a layer's heads
+flat ([sum_h n[l, h], d], heads in order, each a view of it) and what decoding appends as a dense tail
+[1, Hkv, t, d]; its ``update`` hands attention a ``HeadwiseKV`` in place of a tensor. The attention
+function that ``use_headwise_attention`` registers with transformers' ``AttentionInterface`` attends
+each K/V head to its own tokens and the tail, and passes every other call to the model's own attention
+function unchanged. A padded dense layout with a mask would answer the same but hold every head at the
+widest head's length (1.9x the budget on RULER): the memory the selection saves would be spent again.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+PREFIX = "homer_headwise+"
+"""Name of the registered attention function: this prefix + the implementation it wraps."""
+_switch = threading.Lock()
+
+
+@dataclass(frozen=True)
+class HeadwiseKV:
+    """One layer's keys (or values) for attention: ``stored[h]`` [n_h, d] per K/V head, then the
+    ``tail`` [1, Hkv, t, d] every head shares (the question and answer tokens so far)."""
+
+    stored: Sequence[torch.Tensor]
+    tail: torch.Tensor
+
+
+class HeadwiseLayer(DynamicLayer):
+    """A layer of a head-wise cache: ``keys``/``values`` [sum(lengths), d] flat, head h holding
+    ``lengths[h]`` rows; the stored rows are never written, so one root backs many questions."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, lengths: Sequence[int]) -> None:
+        super().__init__()
+        self.stored_keys = keys.split(list(lengths))
+        self.stored_values = values.split(list(lengths))
+        self.widest = max(lengths)
+        self.device, self.is_initialized = keys.device, True
+        self.keys = keys.new_zeros(1, len(lengths), 0, keys.shape[-1])
+        self.values = values.new_zeros(1, len(lengths), 0, values.shape[-1])
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple:
+        """Append [1, Hkv, q, d] to the tail; return the layer as two ``HeadwiseKV``."""
+        self.keys = torch.cat([self.keys, key_states], dim=-2)
+        self.values = torch.cat([self.values, value_states], dim=-2)
+        return HeadwiseKV(self.stored_keys, self.keys), HeadwiseKV(self.stored_values, self.values)
+
+    def get_seq_length(self) -> int:
+        """The widest head plus the tail: what transformers sizes its (unused here) mask by."""
+        return self.widest + self.keys.shape[-2]
+
+
+def headwise_cache(keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], lengths: torch.Tensor) -> DynamicCache:
+    """A cache of ``HeadwiseLayer`` s: layer l from ``keys[l]``/``values[l]`` [n_l, d] and ``lengths[l]`` [Hkv]."""
+    cache = DynamicCache()
+    for k, v, n in zip(keys, values, lengths.tolist(), strict=True):
+        cache.layers.append(HeadwiseLayer(k, v, n))
+    return cache
+
+
+def headwise_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: HeadwiseKV,
+    value: HeadwiseKV,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention of ``query`` [1, H, q, d] (the last q tail tokens) to each K/V head's own tokens and
+    the tail, causal within the tail. Returns [1, q, H, d], as transformers' attention functions do."""
+    heads, rows = query.shape[1], query.shape[2]
+    group = heads // len(key.stored)
+    outputs = []
+    for h, (k_h, v_h) in enumerate(zip(key.stored, value.stored, strict=True)):
+        k = torch.cat([k_h[None, None], key.tail[:, h : h + 1]], dim=2)
+        v = torch.cat([v_h[None, None], value.tail[:, h : h + 1]], dim=2)
+        total = k.shape[2]
+        # row i sees every stored token and the tail up to itself (the triangle aligned bottom-right)
+        mask = None if rows == 1 else torch.ones(rows, total, dtype=torch.bool, device=query.device).tril(total - rows)
+        q = query[:, h * group : (h + 1) * group]
+        shape = (1, group, total, k.shape[-1])
+        out = F.scaled_dot_product_attention(q, k.expand(shape), v.expand(shape), attn_mask=mask, scale=scaling)
+        outputs.append(out)
+    return torch.cat(outputs, dim=1).transpose(1, 2).contiguous(), None
+
+
+def _base_attention(module: torch.nn.Module, base: str) -> Callable[..., Any]:
+    """The function transformers would call for ``base``: registered ones by name, eager from the
+    module's own modeling file (each model has its own)."""
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    return ALL_ATTENTION_FUNCTIONS.get_interface(base, eager)
+
+
+def use_headwise_attention(model: PreTrainedModel) -> None:
+    """Make ``model`` answer from head-wise caches: its attention implementation becomes ``PREFIX +``
+    the current one, which calls the current one for everything else (masks too). Idempotent."""
+    with _switch:
+        base = str(model.config._attn_implementation)
+        if base.startswith(PREFIX):
+            return
+        name = PREFIX + base
+
+        def attention(
+            module: torch.nn.Module, query: torch.Tensor, key: Any, value: Any, attention_mask: Any, **kwargs: Any
+        ) -> tuple[torch.Tensor, Any]:
+            if isinstance(key, HeadwiseKV):
+                return headwise_attention(module, query, key, value, **kwargs)
+            return _base_attention(module, base)(module, query, key, value, attention_mask, **kwargs)
+
+        AttentionInterface.register(name, attention)
+        if base in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+            AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])
+        model.config._attn_implementation = name
+
+
+def base_implementation(name: str) -> str:
+    """The attention implementation ``name`` wraps (``name`` itself when it is not ours)."""
+    return name.removeprefix(PREFIX)
