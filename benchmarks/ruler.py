@@ -62,6 +62,7 @@ HOMER_METHODS = (
     "homer_query_aware_stmt_mean",
     "homer_query_aware_stmt_max",
     "homer_shared_probe9",
+    "homer_shared_headwise",
 )
 """``homer_shared_stmt``: the shared root with the ``reconstruction_statements`` ablation (its sentence
 bonus over statements, so a needle's key and value are ranked as one unit);
@@ -85,7 +86,9 @@ cache (each kept token its own position, 0..K-1). ``homer_shared_recompute``: th
 selection re-read by one plain prefill of the kept tokens (``shared_root="recompute"``).
 ``homer_shared_probe9``: the shared root whose reconstruction probe scores at model layer 9 and stops
 there (ablation ``reconstruction_probe_layer_9``; ``benchmarks/probe_depth.py`` chose the layer on the
-tuning split)."""
+tuning split). ``homer_shared_headwise``: the head-wise shared root (``shared_root="headwise"``: the flat
+selection of twice the budget re-read by a prefill, then each K/V head of each layer keeps its own
+tokens, KVzip's allocation, in a ragged cache of the budget's bytes)."""
 KVPRESS_METHODS = ("kvzip", "snapkv", "expected_attention", "streaming_llm", "knorm", "snapkv_question")
 METHODS = HOMER_METHODS + KVPRESS_METHODS
 ABLATION_METHODS = tuple(m for m in HOMER_METHODS if m not in ("plain", "homer_shared", "homer_query_aware"))
@@ -300,6 +303,8 @@ def _replay(method: str) -> dict[str, str]:
     """``HomerConfig`` fields a method pins: the per-question ablations replay the tree (as measured)."""
     if method == "homer_shared_recompute":
         return {"shared_root": "recompute"}
+    if method == "homer_shared_headwise":
+        return {"shared_root": "headwise"}
     if method.startswith("homer_query_aware_") and method not in RECOMPUTED:
         return {"replay": "tree"}
     return {}

@@ -46,7 +46,8 @@ def test_one_token_set_in_every_head_answers_as_the_dense_cache_of_those_tokens(
     model, keys, values = prefilled(kind)
     kept = torch.ones(30, dtype=torch.bool)
     kept[[3, 7, 8, 20]] = False
-    dense = continue_after(model, cache_from_tensors([k[:, :, kept] for k in keys], [v[:, :, kept] for v in values]), 30, rows)
+    removed = cache_from_tensors([k[:, :, kept] for k in keys], [v[:, :, kept] for v in values])
+    dense = continue_after(model, removed, 30, rows)
     survives = kept.expand(len(keys), keys[0].shape[1], -1)
     flat_keys, flat_values, lengths = keep_ragged(keys, values, survives)
     use_headwise_attention(model)
