@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import sys
 import time
 from collections.abc import Iterator
@@ -39,7 +38,8 @@ from ruler_trace import answer_after, row_head, value_and_line
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.compressor import CompressionResult
 from homer_integrations.homer.flat import TierCompressor
-from homer_integrations.homer.headwise import head_scores, keep_global, keep_per_head
+from homer_integrations.homer.headwise import keep_global, keep_per_head
+from homer_integrations.homer.headwise_root import score_candidates, select_candidates
 from homer_integrations.models import load_model
 from homer_integrations.tiers import _document
 
@@ -88,17 +88,6 @@ def hidden_slots(hidden: list[torch.Tensor] | None) -> Iterator[None]:
         ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa
 
 
-def candidates_cache(
-    compressor: TierCompressor, ids: tuple[torch.Tensor, ...], words: torch.Tensor | None, base: str, factor: float
-) -> CompressionResult:
-    s = compressor.settings
-    prefix_ids, document_ids, suffix_ids = ids
-    fixed = prefix_ids.numel() + suffix_ids.numel()
-    wide = fixed + math.ceil(factor * (s.final_cache_len - fixed))
-    wider = TierCompressor(compressor.stack, replace(s, final_cache_len=wide), compressor.bias, None)
-    return wider.compress_flat(prefix_ids, document_ids, suffix_ids, None, words, recompute=base == "prefill")
-
-
 def select(
     compressor: TierCompressor,
     built: CompressionResult,
@@ -111,15 +100,15 @@ def select(
     if selection == "none":
         heads = built.keys[0].shape[1]
         return built.keys, built.values, torch.arange(built.origin.numel()).expand(len(built.keys), heads, -1), None
-    document = built.origin >= 0
-    prompt_ids = torch.tensor(compressor.scoring.scorer.prompt_ids, dtype=torch.long)
-    repeat = document_ids[built.origin[document]]
-    scores = head_scores(
-        compressor.stack, built.keys, built.values, built.position_ids, prompt_ids, repeat, document.nonzero()[:, 0]
-    )
+    scores = score_candidates(compressor.stack, built, document_ids, prompt_ids(compressor))
+    fixed = built.origin < 0
     if selection == "global":
-        return keep_global(built.keys, built.values, scores, ~document, budget)
-    return (*keep_per_head(built.keys, built.values, scores, ~document, budget), None)
+        return keep_global(built.keys, built.values, scores, fixed, budget)
+    return (*keep_per_head(built.keys, built.values, scores, fixed, budget), None)
+
+
+def prompt_ids(compressor: TierCompressor) -> torch.Tensor:
+    return torch.tensor(compressor.scoring.scorer.prompt_ids, dtype=torch.long)
 
 
 def value_cover(
@@ -207,7 +196,9 @@ def main() -> None:
         for variant in args.variants:
             base, factor, selection = variant.split(":")
             started = time.perf_counter()
-            built = candidates_cache(compressor, ids, words, base, float(factor))
+            built = select_candidates(
+                compressor, *ids, prompt_ids(compressor), None, words, float(factor), recompute=base == "prefill"
+            )
             build_s = time.perf_counter() - started
             keys, vals, kept, hidden = select(compressor, built, ids[1], selection, budget)
             select_s = time.perf_counter() - started - build_s

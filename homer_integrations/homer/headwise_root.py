@@ -17,6 +17,7 @@ KVzip's score, is what the flat root lacked. The root is built in three steps:
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import replace
@@ -24,8 +25,11 @@ from dataclasses import replace
 import torch
 
 from homer_integrations.homer.compressor import CompressionResult, ProgressFn
+from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.flat import TierCompressor
 from homer_integrations.homer.headwise import SEGMENT_ROWS, head_scores, keep_ragged, survivors
+
+logger = logging.getLogger(__name__)
 
 CANDIDATES = 2.0
 """Candidates per budget token: HOMER's selection keeps this many times the budget's document tokens
@@ -40,43 +44,23 @@ def compress_headwise(
     prompt_ids: torch.Tensor,
     progress: ProgressFn | None = None,
     word_ids: torch.Tensor | None = None,
-    candidates: float = CANDIDATES,
 ) -> CompressionResult:
     """The head-wise root of prefix [P] + document [N] + suffix [S] in ``compressor.settings.final_cache_len``
     tokens a head on average. ``prompt_ids`` [R]: the reconstruction prompt read before the repeated
     text. Returns a result whose ``keys``/``values`` are per layer [n_l, d] with ``head_lengths``
     [L, Hkv], and whose ``position_ids``/``origin`` list the tokens some head keeps."""
     start = time.perf_counter()
-    stack, settings = compressor.stack, compressor.settings
+    stack = compressor.stack
     windowed = [layer for layer in range(stack.num_layers) if stack.window(layer) is not None]
     if windowed:
         raise ValueError(
             f"shared_root='headwise' needs full attention in every layer; layers {windowed[:4]} have a sliding "
             f"window: use shared_root='flat'"
         )
-    fixed = prefix_ids.numel() + suffix_ids.numel()
-    wide = fixed + math.ceil(candidates * (settings.final_cache_len - fixed))
-    room = _widest(stack.model.config.max_position_embeddings, prompt_ids.numel(), fixed)
-    if room < settings.final_cache_len:
-        raise ValueError(
-            f"shared_root='headwise' probes after its candidates, which leaves final_cache_len at most {room} "
-            f"positions of this model's {stack.model.config.max_position_embeddings}: lower final_cache_len or "
-            f"use shared_root='flat'"
-        )
-    wide = min(wide, room, fixed + document_ids.numel())
-    wider = TierCompressor(stack, replace(settings, final_cache_len=wide), compressor.bias, compressor.observer)
-    built = wider.compress_flat(prefix_ids, document_ids, suffix_ids, progress, word_ids, recompute=True)
-    document = built.origin >= 0
-    scores = head_scores(
-        stack,
-        built.keys,
-        built.values,
-        built.position_ids,
-        prompt_ids,
-        document_ids[built.origin[document]],
-        document.nonzero()[:, 0],
-    )
-    alive = survivors(scores, ~document, settings.final_cache_len)
+    built = select_candidates(compressor, prefix_ids, document_ids, suffix_ids, prompt_ids, progress, word_ids)
+    logger.info("head-wise root: scoring %d candidates per layer and head", built.origin.numel())
+    scores = score_candidates(stack, built, document_ids, prompt_ids)
+    alive = survivors(scores, built.origin < 0, compressor.settings.final_cache_len)
     keys, values, lengths = keep_ragged(built.keys, built.values, alive)
     some_head = alive.any(0).any(0)
     return replace(
@@ -87,6 +71,45 @@ def compress_headwise(
         origin=built.origin[some_head],
         head_lengths=lengths,
         seconds=time.perf_counter() - start,
+    )
+
+
+def select_candidates(
+    compressor: TierCompressor,
+    prefix_ids: torch.Tensor,
+    document_ids: torch.Tensor,
+    suffix_ids: torch.Tensor,
+    prompt_ids: torch.Tensor,
+    progress: ProgressFn | None = None,
+    word_ids: torch.Tensor | None = None,
+    factor: float = CANDIDATES,
+    recompute: bool = True,
+) -> CompressionResult:
+    """Step 1: HOMER's flat selection of ``factor`` x the budget's document tokens (all of them when
+    the prompt is that short), re-read by a plain prefill (``recompute``; else the shared flat root's
+    cache of them). A dense result [1, Hkv, W, d] per layer."""
+    stack, settings = compressor.stack, compressor.settings
+    fixed = prefix_ids.numel() + suffix_ids.numel()
+    room = _widest(stack.model.config.max_position_embeddings, prompt_ids.numel(), fixed)
+    if room < settings.final_cache_len:
+        raise ValueError(
+            f"shared_root='headwise' probes after its candidates, which leaves final_cache_len at most {room} "
+            f"positions of this model's {stack.model.config.max_position_embeddings}: lower final_cache_len or "
+            f"use shared_root='flat'"
+        )
+    wide = min(fixed + math.ceil(factor * (settings.final_cache_len - fixed)), room, fixed + document_ids.numel())
+    wider = TierCompressor(stack, replace(settings, final_cache_len=wide), compressor.bias, compressor.observer)
+    return wider.compress_flat(prefix_ids, document_ids, suffix_ids, progress, word_ids, recompute=recompute)
+
+
+def score_candidates(
+    stack: DecoderStack, built: CompressionResult, document_ids: torch.Tensor, prompt_ids: torch.Tensor
+) -> torch.Tensor:
+    """Step 2: reconstruction scores [L, Hkv, W] of ``built``'s tokens (prefix and suffix: -inf)."""
+    document = built.origin >= 0
+    repeat_ids = document_ids[built.origin[document]]
+    return head_scores(
+        stack, built.keys, built.values, built.position_ids, prompt_ids, repeat_ids, document.nonzero()[:, 0]
     )
 
 

@@ -361,3 +361,11 @@ def test_headwise_root_spends_the_dense_roots_bytes_per_head_and_answers_the_sam
     reader = make_engine(tokenizer, calib, DocumentCache(tmp_path), shared_root="headwise", final_cache_len=64)
     again = reader.run(text, question, max_new_tokens=6)
     assert again.text() == expected and again.info.cache_source == "disk"
+
+
+def test_headwise_root_refuses_a_model_with_sliding_windows(tokenizer, calib, text):
+    model = tiny_model("mistral", sliding_window=96)
+    cfg = HomerConfig(**{**CFG, "shared_root": "headwise", "final_cache_len": 64})
+    engine = HomerModel(model, tokenizer, cfg, calibration_dir=calib, progress=False)
+    with pytest.raises(ValueError, match="sliding window: use shared_root='flat'"):
+        engine.compress(text)
