@@ -74,16 +74,18 @@ def test_each_head_attends_only_to_its_own_tokens(rows: int) -> None:
     assert not torch.allclose(ragged, continue_after(model, cache_from_tensors(keys, values), 30, rows), atol=1e-3)
 
 
-def test_the_wrapped_attention_leaves_dense_caches_and_masks_as_they_were() -> None:
+@pytest.mark.parametrize("base", ["sdpa", "eager"])
+def test_the_wrapped_attention_leaves_dense_caches_and_masks_as_they_were(base: str) -> None:
     model, keys, values = prefilled("llama")
+    model.set_attn_implementation(base)
     before = continue_after(model, cache_from_tensors(keys, values), 30, 5)
     ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
     with torch.no_grad():
         plain = model(ids).logits
     use_headwise_attention(model)
     use_headwise_attention(model)  # idempotent: wraps once
-    assert model.config._attn_implementation == PREFIX + "sdpa"
-    assert base_implementation(model.config._attn_implementation) == "sdpa"
+    assert model.config._attn_implementation == PREFIX + base
+    assert base_implementation(model.config._attn_implementation) == base
     torch.testing.assert_close(continue_after(model, cache_from_tensors(keys, values), 30, 5), before)
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, plain)
