@@ -159,6 +159,22 @@ def test_mode_goes_with_every_question_and_the_summary_says_which_served(
         assert q2.startswith("Q2: cache hit in memory")
 
 
+def test_the_shared_root_is_chosen_on_the_command_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, passage: str, tiny_cli: list[str]
+) -> None:
+    book = tmp_path / "chapter1.txt"
+    book.write_text(passage, encoding="utf-8")
+    question = ["-q", "Who has taken Netherfield Park?", "--max-new-tokens", "2"]
+    flat = ask_json(capsys, str(book), *question, *tiny_cli)
+    headwise = ask_json(capsys, str(book), *question, *tiny_cli, "--shared-root", "headwise")
+    assert headwise["mode"] == "shared" and headwise["answers"][0]["answer"]
+    assert headwise["answers"][0]["document_tokens"] > 2 * headwise["answers"][0]["cache_tokens"], "it pruned"
+    assert headwise["answers"][0]["cache_tokens"] == flat["answers"][0]["cache_tokens"], "the same budget a head"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ask", str(book), *question, "--shared-root", "wide"])
+    assert exit_info.value.code == 2 and "'headwise'" in capsys.readouterr().err
+
+
 def test_an_unknown_mode_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "doc.txt"
     path.write_text("Some text.")
