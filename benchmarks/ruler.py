@@ -701,20 +701,30 @@ def paired_markdown(comparisons: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-PAIRED_METHODS = ("homer_query_aware", "homer_shared", "kvpress_full")
+PAIRED_METHODS = ("homer_query_aware", "homer_shared", "homer_shared_headwise", "kvpress_full")
 """The package's two tiers, and the press harness's uncompressed control (``kvpress_runner.FULL``),
 compared sample by sample with plain prefill in the report."""
 
 
-MAIN_TABLE = ("plain", "homer_shared", "homer_query_aware", *KVPRESS_METHODS, "kvpress_full")
+MAIN_TABLE = (
+    "plain",
+    "homer_shared",
+    "homer_shared_headwise",
+    "homer_query_aware",
+    *KVPRESS_METHODS,
+    "kvpress_full",
+)
 """The methods of ``ruler.md`` (the README's table); the ablations, with plain prefill, go to ``ruler_ablations.md``."""
 
 PEER_PAIRS = (
     *(("homer_shared", press) for press in ("kvzip", "snapkv", "expected_attention", "streaming_llm", "knorm")),
     ("homer_query_aware", "snapkv_question"),
+    ("homer_shared_headwise", "homer_shared"),
+    ("homer_shared_headwise", "kvzip"),
 )
 """The peers issue's comparisons at equal budget: the shared root against each question-agnostic press,
-the per-question path against kvpress's question-aware SnapKV (sample by sample, same ratio)."""
+the per-question path against kvpress's question-aware SnapKV, the head-wise root against the flat
+root and KVzip (sample by sample, same ratio)."""
 ABLATION_PAIRS = (("homer_shared_probe9", "homer_shared"),)
 """Ablations against the recipe they vary, sample by sample (``ruler_ablations.md``)."""
 
