@@ -28,6 +28,7 @@ from homer_integrations.homer.compressor import CompressionResult, ProgressFn
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.flat import TierCompressor
 from homer_integrations.homer.headwise import SEGMENT_ROWS, head_scores, keep_ragged, survivors
+from homer_integrations.homer.kv import tensors_nbytes
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +64,13 @@ def compress_headwise(
     alive = survivors(scores, built.origin < 0, compressor.settings.final_cache_len)
     keys, values, lengths = keep_ragged(built.keys, built.values, alive)
     some_head = alive.any(0).any(0)
+    # the probe's cache: the candidates, and per layer their copy grown by a segment's rows
+    candidates, rows = built.origin.numel(), prompt_ids.numel() + min(SEGMENT_ROWS, int((built.origin >= 0).sum()))
+    per_token = tensors_nbytes(built.keys + built.values) / candidates
+    probe_bytes = int(per_token * (2 * candidates + rows))
     return replace(
         built,
+        peak_kv_bytes=max(built.peak_kv_bytes, probe_bytes),
         keys=keys,
         values=values,
         position_ids=built.position_ids[some_head],
