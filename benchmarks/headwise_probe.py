@@ -159,7 +159,8 @@ def report() -> str:
             + f" | {width:.2f} |"
         )
     return "\n".join(lines) + (
-        "\n\nMean RULER score over the variant's samples (indices 0-2 of the reported split); the references "
+        "\n\nMean RULER score over the variant's samples (reported split: 4k indices 0-2, on which "
+        "`prefill:2:global` was chosen, and 8k index 0, held out); the references "
         "are `ruler.py`'s rows of the same samples (their count in brackets). Cache width / budget: the "
         "slots a head holds over the budget (``global`` pads every head to the widest head of any layer).\n"
     )
