@@ -3,9 +3,9 @@
 Both caches hold the same K/V bytes: the dense root ``budget`` tokens in every head, the head-wise root
 ``L * Hkv * budget`` (layer, head, token) triples spread over the heads log-normally, clipped to the
 candidates (2x the budget), about as a RULER sample spread them (59 to 3,643 tokens at a mean of 971).
-The K/V values are random: attention's cost does not depend on them. The same question tokens are read, then ``--tokens``
-tokens decoded greedily as ``homer.generation.decode`` does, the two caches alternating ``--repeats`` times
-in one process; reported as medians and the head-wise/dense ratio.
+The K/V values are random: attention's cost does not depend on them. The same question tokens are
+read, then ``--tokens`` tokens decoded greedily as ``homer.generation.decode`` does, the two caches
+alternating ``--repeats`` times in one process; reported as medians and the head-wise/dense ratio.
 
     .venv/bin/python benchmarks/headwise_decode.py                     # Qwen2.5-Coder-0.5B, budgets 1024, 2048
     .venv/bin/python benchmarks/headwise_decode.py --device cuda
