@@ -251,7 +251,7 @@ class DocumentTiers:
                 )
             else:
                 result = compressor.compress_flat(
-                    prefix_ids, document_ids, suffix_ids, bar.update, words, recompute=root != "flat"
+                    prefix_ids, document_ids, suffix_ids, bar.update, words, recompute=root == "recompute"
                 )
         doc = _document(key, result, prompt_len, None)
         logger.info(

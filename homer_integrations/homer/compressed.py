@@ -221,8 +221,6 @@ def check_consistent(doc: CompressedDocument) -> None:
     At least one cached token; finite K/V and logits; integer position ids >= 0 with
     ``last_position == position_ids.max()``; integer origins in [-1, document_tokens).
     """
-    if not doc.keys:
-        raise ValueError("the cache holds no layers")
     check_layout(doc)
     if doc.num_tokens < 1:
         raise ValueError("the cache holds no tokens")
