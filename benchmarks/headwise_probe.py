@@ -14,6 +14,8 @@ cuts that cache to the budget with ``homer.headwise``'s reconstruction scores pe
 the answer hides each head's padding slots from attention through a wrapped SDPA), or ``none`` (the
 candidates' cache as built, no cut). Prefix and suffix stay in every head. Reported: the answer and
 RULER's score, and in how many (layer, head) pairs all of a reference value's tokens survive.
+Indices 0-9 are ``ruler.py``'s stored samples; indices from 10 are the tuning split, generated fresh,
+and the report keeps the two apart.
 """
 
 from __future__ import annotations
@@ -107,6 +109,20 @@ def select(
     return (*keep_per_head(built.keys, built.values, scores, fixed, budget), None)
 
 
+TUNING = 10
+"""Indices from here on are the tuning split: ``ruler.py`` stores and reports 0-9; these are generated
+fresh (the generator is seeded, so the same index is always the same sample)."""
+
+
+def probe_samples(task: str, length: int, indices: list[int]) -> list[ruler_tasks.RulerSample]:
+    """The stored samples of ``indices``, and fresh ones of those past the stored ones."""
+    stored = {s.index: s for s in ruler.SAMPLES.load(task, length)}
+    if any(i not in stored for i in indices):
+        fresh = ruler_tasks.make_samples(task, length, max(indices) + 1, str(ruler.model_dir()))
+        stored = {s.index: s for s in fresh} | stored
+    return [stored[i] for i in sorted(set(indices))]
+
+
 def prompt_ids(compressor: TierCompressor) -> torch.Tensor:
     return torch.tensor(compressor.scoring.scorer.prompt_ids, dtype=torch.long)
 
@@ -126,6 +142,10 @@ def value_cover(
     return cover
 
 
+def split(row: dict) -> str:
+    return "tuning" if row["index"] >= TUNING else "reported"
+
+
 def report() -> str:
     """Markdown: per variant and task (and all its samples), its mean score and the references' on
     exactly its samples (count)."""
@@ -136,31 +156,36 @@ def report() -> str:
         if r["method"] in REFERENCES
     }
     lines = [
-        "| tokens | ratio | variant | task | samples | variant | "
+        "| split | tokens | ratio | variant | task | samples | variant | "
         + " | ".join(REFERENCES)
         + " | cache width / budget |",
-        "|---|---|---|---|---|---|" + "---|" * len(REFERENCES) + "---|",
+        "|---|---|---|---|---|---|---|" + "---|" * len(REFERENCES) + "---|",
     ]
-    groups = {(r["length"], r["ratio"], r["variant"], task) for r in rows for task in (r["task"], "all")}
-    for key in sorted(groups, key=lambda k: (k[:3], k[3] == "all", k[3])):
-        mine = [r for r in rows if (r["length"], r["ratio"], r["variant"]) == key[:3] and key[3] in (r["task"], "all")]
+    groups = {(split(r), r["length"], r["ratio"], r["variant"], task) for r in rows for task in (r["task"], "all")}
+    for key in sorted(groups, key=lambda k: (k[:4], k[4] == "all", k[4])):
+        mine = [
+            r
+            for r in rows
+            if (split(r), r["length"], r["ratio"], r["variant"]) == key[:4] and key[4] in (r["task"], "all")
+        ]
         cells = []
         for method in REFERENCES:
-            ratio = 1.0 if method == "plain" else key[1]
+            ratio = 1.0 if method == "plain" else key[2]
             found = [reference.get((r["task"], r["length"], r["index"], method, ratio)) for r in mine]
             known = [x for x in found if x is not None]
             cells.append(f"{sum(known) / len(known):.2f} ({len(known)})" if known else "-")
         width = sum(r["width"] / r["budget"] for r in mine) / len(mine)
         score = sum(r["score"] for r in mine) / len(mine)
-        task = "**all**" if key[3] == "all" else key[3].removeprefix("niah_")
+        task = "**all**" if key[4] == "all" else key[4].removeprefix("niah_")
         lines.append(
-            f"| {key[0]} | {key[1]:g}x | {key[2]} | {task} | {len(mine)} | {score:.2f} | "
+            f"| {key[0]} | {key[1]} | {key[2]:g}x | {key[3]} | {task} | {len(mine)} | {score:.2f} | "
             + " | ".join(cells)
             + f" | {width:.2f} |"
         )
     return "\n".join(lines) + (
-        "\n\nMean RULER score over the variant's samples (reported split: 4k indices 0-2, on which "
-        "`prefill:2:global` was chosen, and 8k index 0, held out); the references "
+        "\n\nMean RULER score over the variant's samples (reported: indices 0-9, `ruler.py`'s samples; 4k "
+        "indices 0-2 chose `prefill:2:global`, 8k index 0 was held out; tuning: indices from "
+        f"{TUNING}, generated fresh, which no reported number uses); the references "
         "are `ruler.py`'s rows of the same samples (their count in brackets). Cache width / budget: the "
         "slots a head holds over the budget (``global`` pads every head to the widest head of any layer).\n"
     )
@@ -181,7 +206,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, tok = load_model(ruler.MODEL)
-    samples = [s for s in ruler.SAMPLES.load(args.task, args.length) if s.index in args.indices]
+    samples = probe_samples(args.task, args.length, args.indices)
     for sample in samples:
         probe = HomerModel(model, tok, HomerConfig(), model_name=ruler.MODEL, progress=False)
         config = ruler.sample_config(probe, sample, args.ratio, mode="shared")
