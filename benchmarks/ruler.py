@@ -88,7 +88,8 @@ selection re-read by one plain prefill of the kept tokens (``shared_root="recomp
 there (ablation ``reconstruction_probe_layer_9``; ``benchmarks/probe_depth.py`` chose the layer on the
 tuning split). ``homer_shared_headwise``: the head-wise shared root (``shared_root="headwise"``: the flat
 selection of twice the budget re-read by a prefill, then each K/V head of each layer keeps its own
-tokens, KVzip's allocation, in a ragged cache of the budget's bytes)."""
+tokens, KVzip's allocation, in a ragged cache of the budget's bytes; the package's default,
+``shared_root="auto"``, since 2026-11-27). ``homer_shared``: the flat shared root (``shared_root="flat"``)."""
 KVPRESS_METHODS = ("kvzip", "snapkv", "expected_attention", "streaming_llm", "knorm", "snapkv_question")
 METHODS = HOMER_METHODS + KVPRESS_METHODS
 ABLATION_METHODS = tuple(m for m in HOMER_METHODS if m not in ("plain", "homer_shared", "homer_query_aware"))
@@ -300,7 +301,10 @@ RECOMPUTED = ("homer_query_aware_stmt_mean", "homer_query_aware_stmt_max")
 
 
 def _replay(method: str) -> dict[str, str]:
-    """``HomerConfig`` fields a method pins: the per-question ablations replay the tree (as measured)."""
+    """``HomerConfig`` fields a method pins: ``homer_shared`` the flat root (the default before 2026-11-27,
+    every row of it measured that root), the per-question ablations replay the tree (as measured)."""
+    if method == "homer_shared":
+        return {"shared_root": "flat"}
     if method == "homer_shared_recompute":
         return {"shared_root": "recompute"}
     if method == "homer_shared_headwise":

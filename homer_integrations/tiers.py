@@ -32,7 +32,7 @@ from homer_integrations.homer.config import Mode, check_mode
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_fingerprint
 from homer_integrations.homer.flat import TierCompressor
-from homer_integrations.homer.headwise_root import compress_headwise
+from homer_integrations.homer.headwise_root import compress_headwise, headwise_refusal
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.prompt import encode, markup, unit_ids
 from homer_integrations.homer.scoring import REPEAT_PROMPT, Scoring
@@ -242,7 +242,7 @@ class DocumentTiers:
         compressor = self.compressor(prunes, query_aware=False, full=full)
         with self._progress(document_ids.numel(), "HOMER compress") as bar:
             words = self.unit_ids(document, document_ids, self.scoring) if prunes else None
-            root = "tree" if full else self.config.shared_root
+            root = "tree" if full else self._shared_root(compressor, prefix_ids, suffix_ids)
             if root == "tree":
                 result = compressor.compress(prefix_ids, document_ids, suffix_ids, progress=bar.update, word_ids=words)
             elif root == "headwise" and prunes:
@@ -262,6 +262,17 @@ class DocumentTiers:
             doc.stats.tree_height,
         )
         return doc
+
+    def _shared_root(self, compressor: TierCompressor, prefix_ids: torch.Tensor, suffix_ids: torch.Tensor) -> str:
+        """``config.shared_root``, with ``auto`` resolved: ``headwise`` unless the model refuses it."""
+        if self.config.shared_root != "auto":
+            return self.config.shared_root
+        budget = compressor.settings.final_cache_len
+        refusal = headwise_refusal(self.stack, budget, self.repeat_ids.numel(), prefix_ids, suffix_ids)
+        if refusal is None:
+            return "headwise"
+        logger.info("shared_root='auto' uses the flat root: the head-wise root %s", refusal)
+        return "flat"
 
     def _check_room(self, fixed_tokens: int) -> None:
         """Raise ``PromptTooLongError`` when the prompt around the document, which is never pruned,

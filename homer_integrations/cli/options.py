@@ -71,8 +71,8 @@ def homer_options(parser: argparse.ArgumentParser, *, warmup: bool = True) -> No
         parser.add_argument(
             "--shared-root",
             choices=get_args(SharedRoot),
-            help="how the shared cache is selected (default flat; headwise: each attention head keeps its own "
-            "tokens, more facts kept for about twice the compression time)",
+            help="how the shared cache is selected (default auto: headwise, where each attention head keeps its "
+            "own tokens, unless the model has sliding-window layers, then flat)",
         )
 
 

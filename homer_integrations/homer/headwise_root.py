@@ -52,12 +52,9 @@ def compress_headwise(
     [L, Hkv], and whose ``position_ids``/``origin`` list the tokens some head keeps."""
     start = time.perf_counter()
     stack = compressor.stack
-    windowed = [layer for layer in range(stack.num_layers) if stack.window(layer) is not None]
-    if windowed:
-        raise ValueError(
-            f"shared_root='headwise' needs full attention in every layer; layers {windowed[:4]} have a sliding "
-            f"window: use shared_root='flat'"
-        )
+    refusal = headwise_refusal(stack, compressor.settings.final_cache_len, prompt_ids.numel(), prefix_ids, suffix_ids)
+    if refusal is not None:
+        raise ValueError(f"shared_root='headwise' {refusal}: use shared_root='flat'")
     built = select_candidates(compressor, prefix_ids, document_ids, suffix_ids, prompt_ids, progress, word_ids)
     logger.info("head-wise root: scoring %d candidates per layer and head", built.origin.numel())
     scores = score_candidates(stack, built, document_ids, prompt_ids)
@@ -97,15 +94,27 @@ def select_candidates(
     stack, settings = compressor.stack, compressor.settings
     fixed = prefix_ids.numel() + suffix_ids.numel()
     room = _widest(stack.model.config.max_position_embeddings, prompt_ids.numel(), fixed)
-    if room < settings.final_cache_len:
-        raise ValueError(
-            f"shared_root='headwise' probes after its candidates, which leaves final_cache_len at most {room} "
-            f"positions of this model's {stack.model.config.max_position_embeddings}: lower final_cache_len or "
-            f"use shared_root='flat'"
-        )
     wide = min(fixed + math.ceil(factor * (settings.final_cache_len - fixed)), room, fixed + document_ids.numel())
     wider = TierCompressor(stack, replace(settings, final_cache_len=wide), compressor.bias, compressor.observer)
     return wider.compress_flat(prefix_ids, document_ids, suffix_ids, progress, word_ids, recompute=recompute)
+
+
+def headwise_refusal(
+    stack: DecoderStack, budget: int, prompt_len: int, prefix_ids: torch.Tensor, suffix_ids: torch.Tensor
+) -> str | None:
+    """Why this model cannot hold a head-wise root of ``budget`` tokens (None: it can). ``prompt_len``:
+    the reconstruction prompt's tokens, read after the candidates."""
+    windowed = [layer for layer in range(stack.num_layers) if stack.window(layer) is not None]
+    if windowed:
+        return f"needs full attention in every layer; layers {windowed[:4]} have a sliding window"
+    positions = stack.model.config.max_position_embeddings
+    room = _widest(positions, prompt_len, prefix_ids.numel() + suffix_ids.numel())
+    if room < budget:
+        return (
+            f"probes after its candidates, which leaves final_cache_len at most {room} positions of this "
+            f"model's {positions}: lower final_cache_len"
+        )
+    return None
 
 
 def score_candidates(

@@ -370,3 +370,24 @@ def test_headwise_root_refuses_a_model_with_sliding_windows(tokenizer, calib, te
     engine = HomerModel(model, tokenizer, cfg, calibration_dir=calib, progress=False)
     with pytest.raises(ValueError, match="sliding window: use shared_root='flat'"):
         engine.compress(text)
+
+
+def test_auto_root_is_headwise_where_the_model_allows_and_flat_where_it_has_sliding_windows(
+    tokenizer, calib, text, caplog
+):
+    auto = make_engine(tokenizer, calib, final_cache_len=64)
+    assert auto.config.shared_root == "auto", "the default"
+    doc = auto.compress(text)
+    headwise = make_engine(tokenizer, calib, shared_root="headwise", final_cache_len=64).compress(text)
+    assert doc.head_lengths is not None and torch.equal(doc.head_lengths, headwise.head_lengths)
+    assert all(torch.equal(a, b) for a, b in zip(doc.keys, headwise.keys, strict=True))
+
+    model = tiny_model("mistral", sliding_window=96)
+    auto_cfg = HomerConfig(**{**CFG, "final_cache_len": 64})
+    windowed = HomerModel(model, tokenizer, auto_cfg, calibration_dir=calib, progress=False)
+    with caplog.at_level("INFO", logger="homer_integrations"):
+        doc = windowed.compress(text)
+    flat_cfg = HomerConfig(**{**CFG, "final_cache_len": 64, "shared_root": "flat"})
+    flat = HomerModel(model, tokenizer, flat_cfg, calibration_dir=calib, progress=False).compress(text)
+    assert doc.head_lengths is None and "uses the flat root" in caplog.text and "sliding window" in caplog.text
+    assert all(torch.equal(a, b) for a, b in zip(doc.keys, flat.keys, strict=True))
