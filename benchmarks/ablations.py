@@ -98,6 +98,8 @@ def compact_positions(stack: DecoderStack, doc: CompressedDocument) -> Compresse
     """
     if getattr(stack.family.backbone.rotary_emb, "attention_scaling", 1.0) != 1.0:
         raise ValueError("compact_positions: RoPE with attention scaling cannot be re-rotated")
+    if doc.head_lengths is not None:
+        raise ValueError("compact_positions: a dense root only (it was measured on the flat root): shared_root='flat'")
     new = torch.arange(doc.num_tokens)
     tables = stack.rotary(doc.keys[0], new - doc.position_ids.cpu())
     keys = tuple(stack.family.rotate(k, tables[stack.family.rope_kind(layer)]) for layer, k in enumerate(doc.keys))

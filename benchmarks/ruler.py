@@ -301,14 +301,15 @@ RECOMPUTED = ("homer_query_aware_stmt_mean", "homer_query_aware_stmt_max")
 
 
 def _replay(method: str) -> dict[str, str]:
-    """``HomerConfig`` fields a method pins: ``homer_shared`` the flat root (the default before 2026-11-27,
-    every row of it measured that root), the per-question ablations replay the tree (as measured)."""
-    if method == "homer_shared":
-        return {"shared_root": "flat"}
+    """``HomerConfig`` fields a method pins: ``homer_shared`` and its ablations the flat root (the default
+    before 2026-11-27, which all their rows measured), the per-question ablations replay the tree (as
+    measured)."""
     if method == "homer_shared_recompute":
         return {"shared_root": "recompute"}
     if method == "homer_shared_headwise":
         return {"shared_root": "headwise"}
+    if method.startswith("homer_shared"):
+        return {"shared_root": "flat"}
     if method.startswith("homer_query_aware_") and method not in RECOMPUTED:
         return {"replay": "tree"}
     return {}

@@ -108,17 +108,18 @@ class DocumentTiers:
         self.prune_observer: PruneObserver | None = None
         """Diagnostics: called with every node's ``PruneEvent`` during compressions computed from now on."""
         head = model.get_output_embeddings()
+        window = prompting.context_window
         self.cache_spec = CacheSpec(
             num_layers=stack.num_layers,
             num_kv_heads=stack.num_kv_heads,
             head_dim=stack.head_dim,
             dtype=stack.dtype,
-            max_positions=c.max_chunk_len,
+            # a root re-read by a prefill (recompute, headwise) numbers its tokens 0..K-1, up to the window
+            max_positions=c.max_chunk_len if c.shared_root in ("flat", "tree") else window,
             max_tokens=c.final_cache_len,
             vocab_size=getattr(head, "out_features", None),
         )
         """What compressed roots look like; disk cache entries are checked against it."""
-        window = prompting.context_window
         self.full_cache_spec = replace(self.cache_spec, max_positions=window, max_tokens=window)
         """``cache_spec`` of ``full`` entries: uncompressed, positions and length up to the model's window."""
 

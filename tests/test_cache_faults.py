@@ -139,7 +139,7 @@ FORGERIES: dict[str, tuple[Forgery, str, bool]] = {
     "inf_value": (lambda d, o: replace(d, values=(*d.values[:-1], _poke(d.values[-1], -INF))), "NaN or infinite", True),
     "last_position_1e8": (lambda d, o: replace(d, last_position=10**8), "last_position is 100000000", True),
     "last_position_not_the_max": (lambda d, o: replace(d, last_position=d.last_position - 1), "last_position", True),
-    "position_at_max_chunk_len": (lambda d, o: _positions(d, -1, 128), "128 is not below max_chunk_len 128", False),
+    "position_at_max_chunk_len": (lambda d, o: _positions(d, -1, 128), "128 is not below the position limit", False),
     "negative_position": (lambda d, o: _positions(d, 0, -1), r"positions span \[-1", True),
     "float_positions": (lambda d, o: replace(d, position_ids=d.position_ids.float()), "not <n> integers", True),
     "origin_past_the_document": (lambda d, o: _origin(d, -1, d.stats.document_tokens), "origins span", True),

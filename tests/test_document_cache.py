@@ -29,7 +29,8 @@ from homer_integrations.document_cache import (
 )
 from tests.conftest import REPO, tiny_model, uncalibrated
 
-CONFIG = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2)
+CONFIG = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2, shared_root="flat")
+"""The flat root: these tests check the cache's mechanics on dense roots (head-wise ones: tests/homer)."""
 
 
 @pytest.fixture(scope="module")

@@ -163,7 +163,8 @@ class CacheSpec:
     """What a model's compressed documents look like, to check documents read from disk against.
 
     K/V per layer: ``num_layers`` tensors [1, num_kv_heads, K, head_dim] of ``dtype``; position ids
-    in [0, max_positions) (HOMER keeps every position below ``max_chunk_len``); K <= ``max_tokens``
+    in [0, max_positions) (a tree or flat root keeps every position below ``max_chunk_len``, a root
+    re-read by a prefill below the model's window); K <= ``max_tokens``
     (the final cache length) when known; next-token logits [vocab_size] when known.
     """
 
@@ -257,7 +258,7 @@ def validate(doc: CompressedDocument, spec: CacheSpec) -> None:
         if tuple(t.shape) != want or t.dtype != spec.dtype:
             raise ValueError(f"a key/value tensor is {t.dtype} {tuple(t.shape)}, the model needs {spec.dtype} {want}")
     if doc.last_position >= spec.max_positions:
-        raise ValueError(f"last_position {doc.last_position} is not below max_chunk_len {spec.max_positions}")
+        raise ValueError(f"last_position {doc.last_position} is not below the position limit {spec.max_positions}")
     if spec.max_tokens is not None and doc.num_tokens > spec.max_tokens:
         raise ValueError(f"{doc.num_tokens} cached tokens, over the final cache length {spec.max_tokens}")
     logits = doc.next_token_logits

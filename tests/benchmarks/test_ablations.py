@@ -54,7 +54,7 @@ def test_a_document_in_one_leaf_is_left_as_it_was() -> None:
 
 def test_an_engine_answers_from_compacted_caches(tokenizer, text: str, tmp_path) -> None:
     model = conftest.tiny_model("qwen2", vocab_size=len(tokenizer))
-    config = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2)
+    config = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2, shared_root="flat")
     engine = with_compact_positions(HomerModel(model, tokenizer, config, calibration_dir=tmp_path, progress=False))
     doc = engine.compress(text)
     assert doc.position_ids.tolist() == list(range(doc.num_tokens))

@@ -391,3 +391,11 @@ def test_auto_root_is_headwise_where_the_model_allows_and_flat_where_it_has_slid
     flat = HomerModel(model, tokenizer, flat_cfg, calibration_dir=calib, progress=False).compress(text)
     assert doc.head_lengths is None and "uses the flat root" in caplog.text and "sliding window" in caplog.text
     assert all(torch.equal(a, b) for a, b in zip(doc.keys, flat.keys, strict=True))
+
+
+def test_a_headwise_root_numbered_past_the_chunk_length_is_read_back_from_disk(tokenizer, calib, text, tmp_path):
+    engine = make_engine(tokenizer, calib, DocumentCache(tmp_path), final_cache_len=100)
+    doc = engine.compress(text)
+    assert doc.head_lengths is not None and doc.last_position >= 128, "the re-read numbers its candidates 0..W-1"
+    reader = make_engine(tokenizer, calib, DocumentCache(tmp_path), final_cache_len=100)
+    assert reader.run(text, "Who is Mr. Bingley?", max_new_tokens=2).info.cache_source == "disk"
