@@ -102,6 +102,7 @@ def measure(method: str, tokens: int, model, tok, engine) -> dict:
         elif method == "homer":
             doc, *_ = engine.tiers.compress(layout.prefix, document, layout.suffix, mode="shared")
             row.update(kv_bytes=doc.stats.peak_kv_bytes, cache_tokens=doc.num_tokens)
+            row["root"] = "headwise" if doc.head_lengths is not None else engine.config.shared_root
             row["prompt_tokens"] = doc.stats.prompt_tokens
         elif method == "tier":
             tier, _ = engine.tiers.leaf_tier(layout.prefix, document)
@@ -110,6 +111,7 @@ def measure(method: str, tokens: int, model, tok, engine) -> dict:
             asked = engine.prompting.layout(QUESTION, "query_aware")
             doc, *_ = engine.tiers.compress(asked.prefix, document, asked.suffix, question=QUESTION, mode="query_aware")
             row.update(kv_bytes=doc.stats.peak_kv_bytes, cache_tokens=doc.num_tokens)
+            row["root"] = "headwise" if doc.head_lengths is not None else engine.config.shared_root
         if cuda:
             torch.cuda.synchronize()
         row["seconds"] = time.perf_counter() - start
@@ -161,7 +163,7 @@ def table(rows: list[dict], model: str, memory: str) -> list[str]:
     head = ["doc tokens"] + [f"{m} s" for m in methods]
     head += ["HOMER/plain time"] if {"plain", "homer"} <= set(methods) else []
     head += [f"{m} peak {memory} MB" for m in methods] + [f"{m} working MB" for m in methods]
-    head += ["plain K/V MB", "HOMER peak live K/V MB"]
+    head += ["plain K/V MB", "HOMER peak live K/V MB", "HOMER root"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     mb = 1 / 2**20
     peak = "peak_bytes" if memory == "GPU" else "peak_rss"
@@ -173,6 +175,7 @@ def table(rows: list[dict], model: str, memory: str) -> list[str]:
             cells.append(f"{h['seconds'] / p['seconds']:.2f}" if p and h else "-")
         cells += [cell(r[m], peak, mb) for m in methods] + [cell(r[m], "working_bytes", mb) for m in methods]
         cells += [cell(r.get("plain"), "kv_bytes", mb), cell(r.get("homer"), "kv_bytes", mb, 1)]
+        cells.append(r["homer"].get("root", "flat") if r.get("homer") else "-")  # rows before "root": flat
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
