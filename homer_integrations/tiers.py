@@ -114,12 +114,16 @@ class DocumentTiers:
             num_kv_heads=stack.num_kv_heads,
             head_dim=stack.head_dim,
             dtype=stack.dtype,
-            # a root re-read by a prefill (recompute, headwise) numbers its tokens 0..K-1, up to the window
-            max_positions=c.max_chunk_len if c.shared_root in ("flat", "tree") else window,
+            max_positions=c.max_chunk_len,
             max_tokens=c.final_cache_len,
             vocab_size=getattr(head, "out_features", None),
         )
-        """What compressed roots look like; disk cache entries are checked against it."""
+        """What HOMER's entries look like (a leaf tier's plan, a tree or flat root's positions); disk cache
+        entries are checked against it."""
+        rereads = c.shared_root not in ("flat", "tree")
+        self.root_spec = replace(self.cache_spec, max_positions=window) if rereads else self.cache_spec
+        """``cache_spec`` of shared roots: a root re-read by a prefill (recompute, headwise) numbers its
+        tokens 0..K-1, up to the model's window."""
         self.full_cache_spec = replace(self.cache_spec, max_positions=window, max_tokens=window)
         """``cache_spec`` of ``full`` entries: uncompressed, positions and length up to the model's window."""
 
@@ -181,7 +185,7 @@ class DocumentTiers:
         doc, source = self.document_cache.get_or_compute(
             key,
             lambda: self._compress_now(key, prefix, document, suffix, full=full),
-            spec=self.full_cache_spec if full else self.cache_spec,
+            spec=self.full_cache_spec if full else self.root_spec,
         )
         return Compressed(doc, source, doc.stats.seconds if source == "computed" else 0.0)
 

@@ -197,7 +197,7 @@ from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.models import SMOLLM2, load_embedded
 
 url, calib, text = sys.argv[1], sys.argv[2], open(sys.argv[3]).read()
-config = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2)
+config = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2, shared_root="flat")
 tokenizer = load_embedded(SMOLLM2)[1]
 engine = HomerModel(tiny_model("llama"), tokenizer, config, calibration_dir=calib, progress=False, store=url)
 stream = engine.run(text, "Who wrote the letter?", max_new_tokens=6)
