@@ -111,7 +111,6 @@ def measure(method: str, tokens: int, model, tok, engine) -> dict:
             asked = engine.prompting.layout(QUESTION, "query_aware")
             doc, *_ = engine.tiers.compress(asked.prefix, document, asked.suffix, question=QUESTION, mode="query_aware")
             row.update(kv_bytes=doc.stats.peak_kv_bytes, cache_tokens=doc.num_tokens)
-            row["root"] = "headwise" if doc.head_lengths is not None else engine.config.shared_root
         if cuda:
             torch.cuda.synchronize()
         row["seconds"] = time.perf_counter() - start

@@ -273,7 +273,8 @@ class DocumentTiers:
         if self.config.shared_root != "auto":
             return self.config.shared_root
         budget = compressor.settings.final_cache_len
-        refusal = headwise_refusal(self.stack, budget, self.repeat_ids.numel(), prefix_ids, suffix_ids)
+        fixed = prefix_ids.numel() + suffix_ids.numel()
+        refusal = headwise_refusal(self.stack, budget, self.repeat_ids.numel(), fixed)
         if refusal is None:
             return "headwise"
         logger.info("shared_root='auto' uses the flat root: the head-wise root %s", refusal)

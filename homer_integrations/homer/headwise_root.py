@@ -52,7 +52,8 @@ def compress_headwise(
     [L, Hkv], and whose ``position_ids``/``origin`` list the tokens some head keeps."""
     start = time.perf_counter()
     stack = compressor.stack
-    refusal = headwise_refusal(stack, compressor.settings.final_cache_len, prompt_ids.numel(), prefix_ids, suffix_ids)
+    fixed = prefix_ids.numel() + suffix_ids.numel()
+    refusal = headwise_refusal(stack, compressor.settings.final_cache_len, prompt_ids.numel(), fixed)
     if refusal is not None:
         raise ValueError(f"shared_root='headwise' {refusal}: use shared_root='flat'")
     built = select_candidates(compressor, prefix_ids, document_ids, suffix_ids, prompt_ids, progress, word_ids)
@@ -99,16 +100,14 @@ def select_candidates(
     return wider.compress_flat(prefix_ids, document_ids, suffix_ids, progress, word_ids, recompute=recompute)
 
 
-def headwise_refusal(
-    stack: DecoderStack, budget: int, prompt_len: int, prefix_ids: torch.Tensor, suffix_ids: torch.Tensor
-) -> str | None:
+def headwise_refusal(stack: DecoderStack, budget: int, prompt_len: int, fixed: int) -> str | None:
     """Why this model cannot hold a head-wise root of ``budget`` tokens (None: it can). ``prompt_len``:
-    the reconstruction prompt's tokens, read after the candidates."""
+    the reconstruction prompt's tokens, read after the candidates; ``fixed``: prefix + suffix tokens."""
     windowed = [layer for layer in range(stack.num_layers) if stack.window(layer) is not None]
     if windowed:
         return f"needs full attention in every layer; layers {windowed[:4]} have a sliding window"
     positions = stack.model.config.max_position_embeddings
-    room = _widest(positions, prompt_len, prefix_ids.numel() + suffix_ids.numel())
+    room = _widest(positions, prompt_len, fixed)
     if room < budget:
         return (
             f"probes after its candidates, which leaves final_cache_len at most {room} positions of this "
