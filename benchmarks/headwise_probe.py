@@ -8,7 +8,10 @@ Each variant is ``base:candidates:selection``. ``base`` builds a cache of ``cand
 document tokens: ``homer`` is the package's shared flat root (each leaf scores its tokens by
 reconstruction, the best survive, the upper layers run over them as one node; tokens keep their leaf
 positions), ``prefill`` re-reads that same selection by one plain prefill (positions 0..K-1, every
-layer; with candidates >= the ratio this is a plain prefill of the whole prompt). ``selection`` then
+layer; with candidates >= the ratio this is a plain prefill of the whole prompt, KVzip's own input),
+``chunks`` (``chunks:W:...``, W document tokens a piece) runs each piece through every layer alone
+after the prefix, at its document positions, and scores it by reconstruction of its own text (a
+memory-bounded whole read; it lost: ``benchmarks/ruler_notes.md``). ``selection`` then
 cuts that cache to the budget with ``homer.headwise``'s reconstruction scores per layer and head:
 ``uniform`` (the same count in every head), ``global`` (KVzip's one budget over all heads and layers;
 the answer hides each head's padding slots from attention through a wrapped SDPA), or ``none`` (the
@@ -38,10 +41,13 @@ import ruler_tasks
 from ruler_trace import answer_after, row_head, value_and_line
 
 from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.compressor import CompressionResult
+from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.flat import TierCompressor
-from homer_integrations.homer.headwise import keep_global, keep_per_head
+from homer_integrations.homer.headwise import head_scores, keep_global, keep_per_head
 from homer_integrations.homer.headwise_root import score_candidates, select_candidates
+from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.models import load_model
 from homer_integrations.tiers import _document
 
@@ -90,19 +96,83 @@ def hidden_slots(hidden: list[torch.Tensor] | None) -> Iterator[None]:
         ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa
 
 
+@torch.inference_mode()
+def _prefill(stack: DecoderStack, ids: torch.Tensor, positions: torch.Tensor) -> tuple[list, list]:
+    """Every layer over ``ids`` [T] at ``positions`` [T]: per layer keys and values [1, Hkv, T, d]."""
+    cache = cache_from_tensors([], [])
+    hidden = stack.embed(ids)
+    rope = stack.rotary(hidden, positions)
+    for layer in range(stack.num_layers):
+        hidden, _ = stack.attention(layer, hidden, rope, cache)
+        if layer != stack.num_layers - 1:
+            hidden = stack.mlp(layer, hidden)
+    return layer_tensors(cache)
+
+
+def encode_chunks(
+    compressor: TierCompressor,
+    prefix_ids: torch.Tensor,
+    document_ids: torch.Tensor,
+    suffix_ids: torch.Tensor,
+    chunk_len: int,
+) -> tuple[CompressionResult, torch.Tensor]:
+    """The ``chunks`` base: each piece of ``chunk_len`` document tokens runs through every layer alone
+    after the prefix, at its document positions (prefix [P] at 0..P-1, piece tokens at P + their
+    document index; the suffix follows the last piece), and is scored by reconstruction of its own
+    text after its own cache. Returns the whole dense cache and the scores [L, Hkv, T]."""
+    stack, start = compressor.stack, time.perf_counter()
+    P, N, S = prefix_ids.numel(), document_ids.numel(), suffix_ids.numel()
+    keys: list[list[torch.Tensor]] = [[] for _ in range(stack.num_layers)]
+    values: list[list[torch.Tensor]] = [[] for _ in range(stack.num_layers)]
+    scores = []
+    probe = prompt_ids(compressor)
+    for first in range(0, N, chunk_len):
+        piece = document_ids[first : first + chunk_len]
+        last = first + chunk_len >= N
+        tail = suffix_ids if last else suffix_ids[:0]
+        ids = torch.cat([prefix_ids, piece, tail])
+        positions = torch.cat([torch.arange(P), P + first + torch.arange(piece.numel() + tail.numel())])
+        k, v = _prefill(stack, ids, positions)
+        own = P + torch.arange(piece.numel())
+        s = head_scores(stack, k, v, positions, probe, piece, own)
+        keep = slice(0 if first == 0 else P, None)
+        for layer in range(stack.num_layers):
+            keys[layer].append(k[layer][:, :, keep])
+            values[layer].append(v[layer][:, :, keep])
+        scores.append(s[:, :, keep])
+    positions = torch.cat([torch.arange(P + N), P + N + torch.arange(S)])
+    origin = torch.cat([torch.full((P,), -1), torch.arange(N), torch.full((S,), -1)])
+    plan = ChunkPlan.build(P, N, S, compressor.settings.max_chunk_len)
+    result = CompressionResult(
+        keys=[torch.cat(k, dim=2) for k in keys],
+        values=[torch.cat(v, dim=2) for v in values],
+        position_ids=positions,
+        origin=origin,
+        next_token_logits=None,
+        plan=plan,
+        schedule=compressor._schedule(plan),
+        peak_kv_bytes=0,
+        seconds=time.perf_counter() - start,
+    )
+    return result, torch.cat(scores, dim=2)
+
+
 def select(
     compressor: TierCompressor,
     built: CompressionResult,
     document_ids: torch.Tensor,
     selection: str,
     budget: int,
+    scores: torch.Tensor | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, torch.Tensor | None]:
     """``built``'s cache cut to ``budget`` slots a head by ``selection``: keys, values, the kept slots
-    [L, Hkv, W] and the padding attention must not see [L, Hkv, W] (``global`` only)."""
+    [L, Hkv, W] and the padding attention must not see [L, Hkv, W] (``global`` only). ``scores``
+    [L, Hkv, T]: the base's own (``chunks``); else the reconstruction probe over ``built``."""
     if selection == "none":
         heads = built.keys[0].shape[1]
         return built.keys, built.values, torch.arange(built.origin.numel()).expand(len(built.keys), heads, -1), None
-    scores = score_candidates(compressor.stack, built, document_ids, prompt_ids(compressor))
+    if scores is None:
+        scores = score_candidates(compressor.stack, built, document_ids, prompt_ids(compressor))
     fixed = built.origin < 0
     if selection == "global":
         return keep_global(built.keys, built.values, scores, fixed, budget)
@@ -222,11 +292,22 @@ def main() -> None:
         for variant in args.variants:
             base, factor, selection = variant.split(":")
             started = time.perf_counter()
-            built = select_candidates(
-                compressor, *ids, prompt_ids(compressor), None, words, float(factor), recompute=base == "prefill"
-            )
+            scores = None
+            if base == "chunks":
+                built, scores = encode_chunks(compressor, *ids, int(factor))
+            else:
+                built = select_candidates(
+                    compressor,
+                    *ids,
+                    prompt_ids(compressor),
+                    None,
+                    words,
+                    float(factor),
+                    recompute=base == "prefill",
+                    read_whole=0,
+                )
             build_s = time.perf_counter() - started
-            keys, vals, kept, hidden = select(compressor, built, ids[1], selection, budget)
+            keys, vals, kept, hidden = select(compressor, built, ids[1], selection, budget, scores)
             select_s = time.perf_counter() - started - build_s
             cover = value_cover(built.origin, kept, hidden, values)
             first = kept[0, 0]

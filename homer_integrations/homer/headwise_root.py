@@ -1,14 +1,18 @@
-"""The head-wise shared root (``shared_root="headwise"``): HOMER picks the candidates, each head keeps its own.
+"""The head-wise shared root (``shared_root="headwise"``): each K/V head keeps its own tokens.
 
 RULER's needles are about half of their context, so no 4x cache that keeps one token set for every
 head holds all of them; KVzip (Kim et al. 2025), which lets each K/V head of each layer keep its own
 tokens under one budget, holds them. ``benchmarks/headwise_probe.py`` found that this allocation, not
-KVzip's score, is what the flat root lacked. The root is built in three steps:
+KVzip's score, is what the flat root lacked, and that the probe should see the whole document where it
+can: HOMER's selection of candidates loses lines the probe would have kept. The root is built in three
+steps:
 
-1. HOMER's flat selection keeps ``CANDIDATES`` x the budget's document tokens (each leaf scores its
-   piece by reconstruction, the best of the whole document survive) and one plain prefill re-reads
-   them (``compress_flat(recompute=True)``); a prompt that fits that many tokens is prefilled whole, and
-   the candidates stay inside the model's window with the probe after them.
+1. The candidates: a document of at most ``READ_WHOLE`` tokens is prefilled whole (every layer, one
+   pass); a longer one is cut to ``max(CANDIDATES x budget, READ_WHOLE)`` tokens by HOMER's flat
+   selection (each leaf scores its piece by reconstruction, the best of the whole document survive),
+   re-read by one plain prefill (``compress_flat(recompute=True)``). Either way the candidates stay
+   inside the model's window with the probe after them, and compression memory stops growing with
+   the document past ``READ_WHOLE`` tokens.
 2. ``headwise.head_scores`` scores every candidate per layer and head by reconstruction.
 3. ``headwise.survivors`` keeps the best ``L * Hkv * budget`` (layer, head, token) triples, prefix and
    suffix in every head, stored ragged (``headwise_cache``): as many K/V bytes as a dense root of
@@ -24,17 +28,25 @@ from dataclasses import replace
 
 import torch
 
+from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.compressor import CompressionResult, ProgressFn
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.flat import TierCompressor
 from homer_integrations.homer.headwise import SEGMENT_ROWS, head_scores, keep_ragged, survivors
 from homer_integrations.homer.kv import tensors_nbytes
+from homer_integrations.homer.recompute import prefill_kept
 
 logger = logging.getLogger(__name__)
 
 CANDIDATES = 2.0
-"""Candidates per budget token: HOMER's selection keeps this many times the budget's document tokens
-(chosen on indices 0-2 of RULER 4k, 4x: ``benchmarks/ruler_notes.md``)."""
+"""Candidates per budget token, at least: HOMER's selection keeps this many times the budget's document
+tokens (chosen on indices 0-2 of RULER 4k, 4x: ``benchmarks/ruler_notes.md``)."""
+
+READ_WHOLE = 8192
+"""Document tokens the probe reads whole, without HOMER's selection (where the window has room), and
+the fewest candidates HOMER selects from a longer document. Reading the whole 4k document answered
+3 of 4 multikey_2 tuning samples where HOMER's candidates (2x or 3x the budget) answered 2
+(``benchmarks/ruler_notes.md``); 8,192 bounds the probe's memory at a plain 8k prefill's."""
 
 
 def compress_headwise(
@@ -88,14 +100,26 @@ def select_candidates(
     word_ids: torch.Tensor | None = None,
     factor: float = CANDIDATES,
     recompute: bool = True,
+    read_whole: int | None = None,
 ) -> CompressionResult:
-    """Step 1: HOMER's flat selection of ``factor`` x the budget's document tokens (all of them when
-    the prompt is that short), re-read by a plain prefill (``recompute``; else the shared flat root's
-    cache of them). A dense result [1, Hkv, W, d] per layer."""
+    """Step 1: the candidates, a dense result [1, Hkv, W, d] per layer. The whole document where it
+    has at most ``read_whole`` (None: ``READ_WHOLE``) tokens and fits the probe's room (one plain
+    prefill of the prompt); else HOMER's flat selection of ``max(factor x the budget's document tokens,
+    read_whole)``, re-read by a plain prefill (``recompute``; else the shared flat root's cache of them)."""
     stack, settings = compressor.stack, compressor.settings
-    fixed = prefix_ids.numel() + suffix_ids.numel()
-    room = _widest(stack.model.config.max_position_embeddings, prompt_ids.numel(), fixed)
-    wide = min(fixed + math.ceil(factor * (settings.final_cache_len - fixed)), room, fixed + document_ids.numel())
+    fixed, length = prefix_ids.numel() + suffix_ids.numel(), document_ids.numel()
+    room = _widest(stack.model.config.max_position_embeddings, prompt_ids.numel(), fixed) - fixed
+    wanted = max(
+        math.ceil(factor * (settings.final_cache_len - fixed)), READ_WHOLE if read_whole is None else read_whole
+    )
+    if recompute and length <= min(wanted, room):
+        start = time.perf_counter()
+        whole = prefill_kept(stack, settings, prefix_ids, document_ids, torch.arange(length), suffix_ids)
+        if progress is not None:
+            progress(length)
+        plan = ChunkPlan.build(prefix_ids.numel(), length, suffix_ids.numel(), settings.max_chunk_len)
+        return replace(whole, plan=plan, seconds=time.perf_counter() - start)
+    wide = fixed + min(wanted, room, length)
     wider = TierCompressor(stack, replace(settings, final_cache_len=wide), compressor.bias, compressor.observer)
     return wider.compress_flat(prefix_ids, document_ids, suffix_ids, progress, word_ids, recompute=recompute)
 
