@@ -20,7 +20,8 @@ from homer_integrations.homer.scorers import ScoreInput, log_max_attention
 
 SEGMENT_ROWS = 2048
 """Repeated tokens per probe segment (KVzip's chunk): each segment (the prompt, then up to this many
-cached tokens' ids) runs alone after the cache, so the probe's K/V and attention stay one segment's size."""
+cached tokens' ids) runs alone after the cache, so the probe's K/V and attention stay one segment's size
+(and one layer's copy of the cache and segment, which ``head_scores`` frees before the next layer)."""
 
 
 @torch.inference_mode()
@@ -66,6 +67,9 @@ def head_scores(
             x = ScoreInput(query, cache.layers[layer].keys, positions, reducible, layer, stack.scaling, None)
             scores = log_max_attention(x, length, per_head=True, outside=outside).cpu()
             best[layer] = torch.maximum(best[layer], scores.masked_fill(others, float("-inf")))
+            # this layer's copy (the cache and the segment's rows) is read no more: free it now, so
+            # the probe holds one layer's copy at a time, not every layer's
+            cache.layers[layer].keys = cache.layers[layer].values = None
             if layer != stack.num_layers - 1:
                 hidden = stack.mlp(layer, hidden)
         del cache

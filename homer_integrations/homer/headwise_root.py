@@ -74,10 +74,10 @@ def compress_headwise(
     alive = survivors(scores, built.origin < 0, compressor.settings.final_cache_len)
     keys, values, lengths = keep_ragged(built.keys, built.values, alive)
     some_head = alive.any(0).any(0)
-    # the probe's cache: the candidates, and per layer their copy grown by a segment's rows
+    # the probe's cache: the candidates, and one layer's copy of them grown by a segment's rows
     candidates, rows = built.origin.numel(), prompt_ids.numel() + min(SEGMENT_ROWS, int((built.origin >= 0).sum()))
     per_token = tensors_nbytes(built.keys + built.values) / candidates
-    probe_bytes = int(per_token * (2 * candidates + rows))
+    probe_bytes = int(per_token * (candidates + (candidates + rows) / stack.num_layers))
     return replace(
         built,
         peak_kv_bytes=max(built.peak_kv_bytes, probe_bytes),
