@@ -304,7 +304,6 @@ def main() -> None:
                     words,
                     float(factor),
                     recompute=base == "prefill",
-                    read_whole=0,
                 )
             build_s = time.perf_counter() - started
             keys, vals, kept, hidden = select(compressor, built, ids[1], selection, budget, scores)

@@ -63,7 +63,7 @@ HOMER_METHODS = (
     "homer_query_aware_stmt_max",
     "homer_shared_probe9",
     "homer_shared_headwise",
-    "homer_shared_headwise_selected",
+    "homer_shared_headwise_whole",
 )
 """``homer_shared_stmt``: the shared root with the ``reconstruction_statements`` ablation (its sentence
 bonus over statements, so a needle's key and value are ranked as one unit);
@@ -87,13 +87,13 @@ cache (each kept token its own position, 0..K-1). ``homer_shared_recompute``: th
 selection re-read by one plain prefill of the kept tokens (``shared_root="recompute"``).
 ``homer_shared_probe9``: the shared root whose reconstruction probe scores at model layer 9 and stops
 there (ablation ``reconstruction_probe_layer_9``; ``benchmarks/probe_depth.py`` chose the layer on the
-tuning split). ``homer_shared_headwise``: the head-wise shared root (``shared_root="headwise"``: a
-document of up to ``headwise_root.READ_WHOLE`` tokens prefilled whole, a longer one cut to candidates
-by HOMER's flat selection and re-read by a prefill, then each K/V head of each layer keeps its own
+tuning split). ``homer_shared_headwise``: the head-wise shared root (``shared_root="headwise"``: the flat
+selection of twice the budget re-read by a prefill, then each K/V head of each layer keeps its own
 tokens, KVzip's allocation, in a ragged cache of the budget's bytes; the package's default,
-``shared_root="auto"``, since 2026-11-27; its candidates read whole since 2026-11-27, 23:30).
-``homer_shared_headwise_selected``: the head-wise root of before, always on HOMER's selection of twice
-the budget (``READ_WHOLE = 0``); its rows were run as ``homer_shared_headwise`` and renamed.
+``shared_root="auto"``, since 2026-11-27). ``homer_shared_headwise_whole``: the same with the whole
+document as candidates (one plain prefill of it where the window has room: KVzip's own input;
+``headwise_root.CANDIDATES`` raised past the ratio); the package's recipe for an hour on 2026-11-27,
+it lost at 8k, 4x held out, and its rows were renamed from ``homer_shared_headwise``.
 ``homer_shared``: the flat shared root (``shared_root="flat"``)."""
 KVPRESS_METHODS = ("kvzip", "snapkv", "expected_attention", "streaming_llm", "knorm", "snapkv_question")
 METHODS = HOMER_METHODS + KVPRESS_METHODS
@@ -256,10 +256,10 @@ def homer_rows(args: argparse.Namespace) -> None:
             mode = "shared" if args.method.startswith("homer_shared") else "query_aware"
             config = HomerConfig(max_chunk_len=mcl, final_cache_len=budget, mode=mode, **_replay(args.method))
             engine = HomerModel(model, tok, config, model_name=MODEL, progress=False)
-            if args.method == "homer_shared_headwise_selected":
+            if args.method == "homer_shared_headwise_whole":
                 from homer_integrations.homer import headwise_root
 
-                headwise_root.READ_WHOLE = 0  # candidates always from HOMER's selection
+                headwise_root.CANDIDATES = 1e6  # every document token a candidate, where the window has room
             scoring = _scoring(args, engine.tiers.scoring, config)
             if scoring is not None:
                 engine = HomerModel(model, tok, config, model_name=MODEL, progress=False, scoring=scoring)
@@ -741,7 +741,7 @@ the per-question path against kvpress's question-aware SnapKV, the head-wise roo
 root and KVzip (sample by sample, same ratio)."""
 ABLATION_PAIRS = (
     ("homer_shared_probe9", "homer_shared"),
-    ("homer_shared_headwise_selected", "homer_shared_headwise"),
+    ("homer_shared_headwise_whole", "homer_shared_headwise"),
 )
 """Ablations against the recipe they vary, sample by sample (``ruler_ablations.md``)."""
 

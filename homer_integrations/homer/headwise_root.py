@@ -1,18 +1,14 @@
-"""The head-wise shared root (``shared_root="headwise"``): each K/V head keeps its own tokens.
+"""The head-wise shared root (``shared_root="headwise"``): HOMER picks the candidates, each head keeps its own.
 
 RULER's needles are about half of their context, so no 4x cache that keeps one token set for every
 head holds all of them; KVzip (Kim et al. 2025), which lets each K/V head of each layer keep its own
 tokens under one budget, holds them. ``benchmarks/headwise_probe.py`` found that this allocation, not
-KVzip's score, is what the flat root lacked, and that the probe should see the whole document where it
-can: HOMER's selection of candidates loses lines the probe would have kept. The root is built in three
-steps:
+KVzip's score, is what the flat root lacked. The root is built in three steps:
 
-1. The candidates: a document of at most ``READ_WHOLE`` tokens is prefilled whole (every layer, one
-   pass); a longer one is cut to ``max(CANDIDATES x budget, READ_WHOLE)`` tokens by HOMER's flat
-   selection (each leaf scores its piece by reconstruction, the best of the whole document survive),
-   re-read by one plain prefill (``compress_flat(recompute=True)``). Either way the candidates stay
-   inside the model's window with the probe after them, and compression memory stops growing with
-   the document past ``READ_WHOLE`` tokens.
+1. HOMER's flat selection keeps ``CANDIDATES`` x the budget's document tokens (each leaf scores its
+   piece by reconstruction, the best of the whole document survive) and one plain prefill re-reads
+   them (``compress_flat(recompute=True)``); a document that short is prefilled whole, and the
+   candidates stay inside the model's window with the probe after them.
 2. ``headwise.head_scores`` scores every candidate per layer and head by reconstruction.
 3. ``headwise.survivors`` keeps the best ``L * Hkv * budget`` (layer, head, token) triples, prefix and
    suffix in every head, stored ragged (``headwise_cache``): as many K/V bytes as a dense root of
@@ -39,14 +35,10 @@ from homer_integrations.homer.recompute import prefill_kept
 logger = logging.getLogger(__name__)
 
 CANDIDATES = 2.0
-"""Candidates per budget token, at least: HOMER's selection keeps this many times the budget's document
-tokens (chosen on indices 0-2 of RULER 4k, 4x: ``benchmarks/ruler_notes.md``)."""
-
-READ_WHOLE = 8192
-"""Document tokens the probe reads whole, without HOMER's selection (where the window has room), and
-the fewest candidates HOMER selects from a longer document. Reading the whole 4k document answered
-3 of 4 multikey_2 tuning samples where HOMER's candidates (2x or 3x the budget) answered 2
-(``benchmarks/ruler_notes.md``); 8,192 bounds the probe's memory at a plain 8k prefill's."""
+"""Candidates per budget token: HOMER's selection keeps this many times the budget's document tokens
+(chosen on indices 0-2 of RULER 4k, 4x: ``benchmarks/ruler_notes.md``). More did not pay: 3x answered
+as 2x on the multikey_2 tuning split, and the whole document (KVzip's input; the ablation
+``homer_shared_headwise_whole``) lost to 2x at 8k, 4x, held out, for 1.45x the compression."""
 
 
 def compress_headwise(
@@ -68,7 +60,9 @@ def compress_headwise(
     refusal = headwise_refusal(stack, compressor.settings.final_cache_len, prompt_ids.numel(), fixed)
     if refusal is not None:
         raise ValueError(f"shared_root='headwise' {refusal}: use shared_root='flat'")
-    built = select_candidates(compressor, prefix_ids, document_ids, suffix_ids, prompt_ids, progress, word_ids)
+    built = select_candidates(
+        compressor, prefix_ids, document_ids, suffix_ids, prompt_ids, progress, word_ids, factor=CANDIDATES
+    )
     logger.info("head-wise root: scoring %d candidates per layer and head", built.origin.numel())
     scores = score_candidates(stack, built, document_ids, prompt_ids)
     alive = survivors(scores, built.origin < 0, compressor.settings.final_cache_len)
@@ -100,18 +94,15 @@ def select_candidates(
     word_ids: torch.Tensor | None = None,
     factor: float = CANDIDATES,
     recompute: bool = True,
-    read_whole: int | None = None,
 ) -> CompressionResult:
-    """Step 1: the candidates, a dense result [1, Hkv, W, d] per layer. The whole document where it
-    has at most ``read_whole`` (None: ``READ_WHOLE``) tokens and fits the probe's room (one plain
-    prefill of the prompt); else HOMER's flat selection of ``max(factor x the budget's document tokens,
-    read_whole)``, re-read by a plain prefill (``recompute``; else the shared flat root's cache of them)."""
+    """Step 1: HOMER's flat selection of ``factor`` x the budget's document tokens, re-read by a plain
+    prefill (``recompute``; else the shared flat root's cache of them); a document that short (and
+    inside the probe's room) is prefilled whole, without the selection. A dense result [1, Hkv, W, d]
+    per layer."""
     stack, settings = compressor.stack, compressor.settings
     fixed, length = prefix_ids.numel() + suffix_ids.numel(), document_ids.numel()
     room = _widest(stack.model.config.max_position_embeddings, prompt_ids.numel(), fixed) - fixed
-    wanted = max(
-        math.ceil(factor * (settings.final_cache_len - fixed)), READ_WHOLE if read_whole is None else read_whole
-    )
+    wanted = math.ceil(factor * (settings.final_cache_len - fixed))
     if recompute and length <= min(wanted, room):
         start = time.perf_counter()
         whole = prefill_kept(stack, settings, prefix_ids, document_ids, torch.arange(length), suffix_ids)

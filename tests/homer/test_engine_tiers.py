@@ -353,7 +353,7 @@ def test_headwise_root_spends_the_dense_roots_bytes_per_head_and_answers_the_sam
     assert int(lengths.sum()) == 6 * 2 * 64, "L x Hkv x the budget, spread as the heads need"
     assert doc.nbytes == dense.nbytes and doc.stats.cache_tokens == doc.num_tokens == 64
     assert doc.origin.numel() > 64, "the heads keep more distinct tokens than one dense set of the budget"
-    assert doc.stats.peak_kv_bytes > 2 * doc.nbytes, "the probe held its candidates (more than twice the budget)"
+    assert doc.stats.peak_kv_bytes > 1.5 * doc.nbytes, "the probe held its candidates (twice the budget's document)"
     assert engine.tiers.keys.root("a", "b", "c") != make_engine(tokenizer, calib).tiers.keys.root("a", "b", "c")
     first = engine.run(text, question, max_new_tokens=6)
     expected = first.text()

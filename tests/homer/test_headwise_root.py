@@ -1,10 +1,10 @@
-"""The head-wise root's candidates: the whole document where it fits, HOMER's selection past that."""
+"""The head-wise root's candidates: HOMER's selection of twice the budget, or a short document whole."""
 
 import pytest
 import torch
 
 from homer_integrations import HomerConfig, HomerModel
-from homer_integrations.homer.headwise_root import READ_WHOLE, select_candidates
+from homer_integrations.homer.headwise_root import select_candidates
 from tests.conftest import tiny_model
 
 
@@ -22,9 +22,9 @@ def candidates(engine: HomerModel, text: str, **kw):
     return ids, built
 
 
-def test_a_document_that_fits_is_read_whole_by_one_plain_prefill(engine, novel):
-    (prefix, document, suffix), built = candidates(engine, novel[:2000])
-    assert document.numel() < READ_WHOLE and document.numel() > 4 * 64, "a document the budget would prune"
+def test_candidates_as_many_as_the_document_are_one_plain_prefill_of_it(engine, novel):
+    (prefix, document, suffix), built = candidates(engine, novel[:2000], factor=100.0)
+    assert document.numel() > 4 * 64, "a document the budget would prune"
     P, N, S = prefix.numel(), document.numel(), suffix.numel()
     assert torch.equal(built.origin, torch.cat([torch.full((P,), -1), torch.arange(N), torch.full((S,), -1)]))
     assert torch.equal(built.position_ids, torch.arange(P + N + S))
@@ -37,8 +37,8 @@ def test_a_document_that_fits_is_read_whole_by_one_plain_prefill(engine, novel):
         torch.testing.assert_close(v, cache.layers[layer].values, atol=1e-4, rtol=1e-4)
 
 
-def test_past_read_whole_homer_selects_twice_the_budget(engine, novel):
-    (prefix, document, suffix), built = candidates(engine, novel[:2000], read_whole=0)
+def test_homer_selects_twice_the_budget(engine, novel):
+    (prefix, document, suffix), built = candidates(engine, novel[:2000])
     fixed = prefix.numel() + suffix.numel()
     assert built.origin.numel() == fixed + 2 * (64 - fixed), "CANDIDATES x the budget's document tokens"
     kept = built.origin[built.origin >= 0]
@@ -47,7 +47,7 @@ def test_past_read_whole_homer_selects_twice_the_budget(engine, novel):
 
 
 def test_a_document_past_the_probes_room_is_selected_to_fit_it(engine, novel):
-    (prefix, document, suffix), built = candidates(engine, novel[:9000])
+    (prefix, document, suffix), built = candidates(engine, novel[:9000], factor=100.0)
     window = engine.model.config.max_position_embeddings
     assert document.numel() + prefix.numel() + suffix.numel() > window // 2
     assert built.origin.numel() < document.numel(), "HOMER cut it"
