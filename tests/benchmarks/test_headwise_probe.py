@@ -1,4 +1,4 @@
-"""The head-wise probe's masked answering: hidden cache slots are as good as removed ones."""
+"""The head-wise probe: hidden cache slots are as good as removed ones; the chunks base reads pieces alone."""
 
 from __future__ import annotations
 
@@ -42,3 +42,27 @@ def test_hidden_slots_answer_as_if_they_were_removed(rows: int) -> None:
     one = [torch.zeros(k.shape[1], 30, dtype=torch.bool) for k in keys]
     one[2][1, 0] = True
     assert not torch.allclose(logits(keys, values, one), logits(keys, values), atol=1e-6)
+
+
+def test_chunks_run_alone_at_their_document_positions(tokenizer, novel, tmp_path) -> None:
+    from headwise_probe import encode_chunks
+
+    from homer_integrations import HomerConfig, HomerModel
+
+    config = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2, final_cache_len=64)
+    engine = HomerModel(tiny_model("llama"), tokenizer, config, calibration_dir=tmp_path, progress=False)
+    prefix, document, suffix = engine.tiers.prompting.encode_span("Context:\n", novel[:1200], "\nEnd.")
+    compressor = engine.tiers.compressor(True, query_aware=False)
+    P, N, S = prefix.numel(), document.numel(), suffix.numel()
+    whole, _ = encode_chunks(compressor, prefix, document, suffix, N)
+    halves, scores = encode_chunks(compressor, prefix, document, suffix, N // 2 + 1)
+    assert scores.shape == (6, 2, P + N + S) and torch.isfinite(scores[:, :, P : P + N]).all()
+    assert torch.equal(halves.position_ids, torch.arange(P + N + S)) and halves.origin.numel() == P + N + S
+    with torch.no_grad():
+        cache = engine.model(torch.cat([prefix, document, suffix])[None], use_cache=True).cache
+    first = P + N // 2 + 1  # causal: the first piece sees exactly what a plain prefill shows it
+    for layer in (0, 5):
+        torch.testing.assert_close(whole.keys[layer], cache.layers[layer].keys, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(halves.keys[layer][:, :, :first], cache.layers[layer].keys[:, :, :first])
+    later = halves.values[5][:, :, first:]  # layer 0's values are the embeddings' alone, the same either way
+    assert not torch.allclose(later, cache.layers[5].values[:, :, first:], atol=1e-3), "the second piece read alone"
