@@ -778,7 +778,9 @@ def main() -> None:
         p.add_argument("--tasks", nargs="+", default=list(TASKS))
         p.add_argument("--lengths", type=int, nargs="+", default=[4096])
         p.add_argument("--samples", type=int, default=10, help="samples per task and length (indices 0..n-1)")
-    r.add_argument("--first", type=int, default=0, help="first sample index to run (default 0)")
+    r.add_argument(
+        "--first", type=int, default=0, help="first sample index to run: run does indices first..samples-1 (default 0)"
+    )
     r.add_argument("--methods", nargs="+", choices=METHODS, default=[m for m in METHODS if m not in ABLATION_METHODS])
     r.add_argument("--ratios", type=float, nargs="+", default=[4.0, 8.0])
     r.add_argument("--share-prefill", action="store_true", help="score-based presses share one prefill")
