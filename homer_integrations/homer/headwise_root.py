@@ -60,6 +60,7 @@ def compress_headwise(
     refusal = headwise_refusal(stack, compressor.settings.final_cache_len, prompt_ids.numel(), fixed)
     if refusal is not None:
         raise ValueError(f"shared_root='headwise' {refusal}: use shared_root='flat'")
+    # CANDIDATES read at call time, not bound as a default: benchmarks' whole-document ablation raises it
     built = select_candidates(
         compressor, prefix_ids, document_ids, suffix_ids, prompt_ids, progress, word_ids, factor=CANDIDATES
     )
