@@ -9,14 +9,17 @@ document tokens: ``homer`` is the package's shared flat root (each leaf scores i
 reconstruction, the best survive, the upper layers run over them as one node; tokens keep their leaf
 positions), ``prefill`` re-reads that same selection by one plain prefill (positions 0..K-1, every
 layer; with candidates >= the ratio this is a plain prefill of the whole prompt, KVzip's own input),
+``prefillword`` re-reads every word that selection touched, whole (no number loses digits),
 ``chunks`` (``chunks:W:...``, W document tokens a piece) runs each piece through every layer alone
 after the prefix, at its document positions, and scores it by reconstruction of its own text (a
 memory-bounded whole read; it lost: ``benchmarks/ruler_notes.md``). ``selection`` then
 cuts that cache to the budget with ``homer.headwise``'s reconstruction scores per layer and head:
 ``uniform`` (the same count in every head), ``global`` (KVzip's one budget over all heads and layers;
-the answer hides each head's padding slots from attention through a wrapped SDPA), or ``none`` (the
+the answer hides each head's padding slots from attention through a wrapped SDPA), ``globalword``
+(``global`` over scores pooled per word: each head keeps a word whole or not at all), or ``none`` (the
 candidates' cache as built, no cut). Prefix and suffix stay in every head. Reported: the answer and
-RULER's score, and in how many (layer, head) pairs all of a reference value's tokens survive.
+RULER's score, and in how many (layer, head) pairs all of a reference value's tokens survive
+(``value_cover``) and what share of them are candidates (``value_candidates``).
 Indices 0-9 are ``ruler.py``'s stored samples; indices from 10 are the tuning split, generated fresh,
 and the report keeps the two apart.
 """
@@ -164,17 +167,20 @@ def select(
     selection: str,
     budget: int,
     scores: torch.Tensor | None = None,
+    words: torch.Tensor | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, torch.Tensor | None]:
     """``built``'s cache cut to ``budget`` slots a head by ``selection``: keys, values, the kept slots
     [L, Hkv, W] and the padding attention must not see [L, Hkv, W] (``global`` only). ``scores``
-    [L, Hkv, T]: the base's own (``chunks``); else the reconstruction probe over ``built``."""
+    [L, Hkv, T]: the base's own (``chunks``) or the reconstruction probe's over ``built``.
+    ``globalword`` pools them over ``words`` [T] (the word of each slot, negative on prefix and
+    suffix) first, so in each head a word survives or goes whole."""
     if selection == "none":
         heads = built.keys[0].shape[1]
         return built.keys, built.values, torch.arange(built.origin.numel()).expand(len(built.keys), heads, -1), None
-    if scores is None:
-        scores = score_candidates(compressor.stack, built, document_ids, prompt_ids(compressor))
     fixed = built.origin < 0
-    if selection == "global":
+    if selection == "globalword":
+        scores = pool_heads(scores, words)
+    if selection in ("global", "globalword"):
         return keep_global(built.keys, built.values, scores, fixed, budget)
     return (*keep_per_head(built.keys, built.values, scores, fixed, budget), None)
 
@@ -182,6 +188,20 @@ def select(
 TUNING = 10
 """Indices from here on are the tuning split: ``ruler.py`` stores and reports 0-9; these are generated
 fresh (the generator is seeded, so the same index is always the same sample)."""
+
+
+def pool_heads(scores: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    """Each slot's word's best score [L, Hkv, T] in its layer and head; ``words`` [T] is negative on
+    slots that keep their own (prefix, suffix)."""
+    doc = words >= 0
+    _, inverse = torch.unique(words[doc], return_inverse=True)
+    own = scores[:, :, doc]
+    index = inverse.expand_as(own)
+    best = torch.full((*own.shape[:2], int(inverse.max()) + 1), float("-inf"))
+    best = best.scatter_reduce(2, index, own, reduce="amax")
+    pooled = scores.clone()
+    pooled[:, :, doc] = best.gather(2, index)
+    return pooled
 
 
 def probe_samples(task: str, length: int, indices: list[int]) -> list[ruler_tasks.RulerSample]:
@@ -287,28 +307,39 @@ def main() -> None:
         tiers = engine.tiers
         ids = tiers.prompting.encode_span(prompt.prefix, sample.document, prompt.suffix)
         compressor = tiers.compressor(True, query_aware=False)
-        words = tiers.unit_ids(sample.document, ids[1], tiers.scoring)
+        words = tiers.unit_ids(sample.document, ids[1], tiers.scoring.unit)
+        word_units = tiers.unit_ids(sample.document, ids[1], "word")
         budget = compressor.settings.final_cache_len
+        builds: dict[str, tuple[CompressionResult, torch.Tensor, float]] = {}
         for variant in args.variants:
             base, factor, selection = variant.split(":")
+            if f"{base}:{factor}" not in builds:  # variants of one base share its build and scores
+                builds.clear()
+                started = time.perf_counter()
+                if base == "chunks":
+                    built, scores = encode_chunks(compressor, *ids, int(factor))
+                else:
+                    built = select_candidates(
+                        compressor,
+                        *ids,
+                        prompt_ids(compressor),
+                        None,
+                        words,
+                        float(factor),
+                        recompute=base != "homer",
+                        whole=word_units if base == "prefillword" else None,
+                    )
+                    scores = score_candidates(compressor.stack, built, ids[1], prompt_ids(compressor))
+                builds[f"{base}:{factor}"] = (built, scores, time.perf_counter() - started)
+            built, scores, build_s = builds[f"{base}:{factor}"]
             started = time.perf_counter()
-            scores = None
-            if base == "chunks":
-                built, scores = encode_chunks(compressor, *ids, int(factor))
-            else:
-                built = select_candidates(
-                    compressor,
-                    *ids,
-                    prompt_ids(compressor),
-                    None,
-                    words,
-                    float(factor),
-                    recompute=base == "prefill",
-                )
-            build_s = time.perf_counter() - started
-            keys, vals, kept, hidden = select(compressor, built, ids[1], selection, budget, scores)
-            select_s = time.perf_counter() - started - build_s
+            slot_words = torch.where(built.origin >= 0, word_units[built.origin.clamp(min=0)], -1)
+            keys, vals, kept, hidden = select(compressor, built, ids[1], selection, budget, scores, slot_words)
+            select_s = time.perf_counter() - started
             cover = value_cover(built.origin, kept, hidden, values)
+            candidate_share = [
+                round(float(torch.isin(torch.tensor(v), built.origin).float().mean()), 3) if v else 0.0 for v in values
+            ]
             first = kept[0, 0]
             result = replace(
                 built, keys=keys, values=vals, position_ids=built.position_ids[first], origin=built.origin[first]
@@ -321,6 +352,7 @@ def main() -> None:
                 "candidates": built.origin.numel(),
                 "width": keys[0].shape[2],
                 "value_cover": cover,
+                "value_candidates": candidate_share,
                 "answer": answer,
                 "expected": sample.outputs,
                 "score": ruler_tasks.score(sample, answer),

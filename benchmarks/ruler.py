@@ -64,6 +64,7 @@ HOMER_METHODS = (
     "homer_shared_probe9",
     "homer_shared_headwise",
     "homer_shared_headwise_whole",
+    "homer_shared_headwise_cut",
 )
 """``homer_shared_stmt``: the shared root with the ``reconstruction_statements`` ablation (its sentence
 bonus over statements, so a needle's key and value are ranked as one unit);
@@ -94,6 +95,9 @@ tokens, KVzip's allocation, in a ragged cache of the budget's bytes; the package
 document as candidates (one plain prefill of it where the window has room: KVzip's own input;
 ``headwise_root.CANDIDATES`` raised past the ratio); the package's recipe for an hour on 2026-11-27,
 it lost at 8k, 4x held out, and its rows were renamed from ``homer_shared_headwise``.
+``homer_shared_headwise_cut``: the head-wise root whose candidates are re-read as the selection kept
+them, words cut (``headwise_root.WHOLE_WORDS = False``); the recipe until 2026-11-28, whose rows were
+renamed from ``homer_shared_headwise``.
 ``homer_shared``: the flat shared root (``shared_root="flat"``)."""
 KVPRESS_METHODS = ("kvzip", "snapkv", "expected_attention", "streaming_llm", "knorm", "snapkv_question")
 METHODS = HOMER_METHODS + KVPRESS_METHODS
@@ -260,6 +264,10 @@ def homer_rows(args: argparse.Namespace) -> None:
                 from homer_integrations.homer import headwise_root
 
                 headwise_root.CANDIDATES = 1e6  # every document token a candidate, where the window has room
+            if args.method == "homer_shared_headwise_cut":
+                from homer_integrations.homer import headwise_root
+
+                headwise_root.WHOLE_WORDS = False  # the candidates as the selection kept them
             scoring = _scoring(args, engine.tiers.scoring, config)
             if scoring is not None:
                 engine = HomerModel(model, tok, config, model_name=MODEL, progress=False, scoring=scoring)
@@ -742,6 +750,7 @@ root and KVzip (sample by sample, same ratio)."""
 ABLATION_PAIRS = (
     ("homer_shared_probe9", "homer_shared"),
     ("homer_shared_headwise_whole", "homer_shared_headwise"),
+    ("homer_shared_headwise_cut", "homer_shared_headwise"),
 )
 """Ablations against the recipe they vary, sample by sample (``ruler_ablations.md``)."""
 

@@ -225,9 +225,9 @@ class DocumentTiers:
             self.prune_observer,
         )
 
-    def unit_ids(self, document: str, document_ids: torch.Tensor, scoring: Scoring) -> torch.Tensor | None:
-        """Unit index ``[N]`` of every document token for ``scoring``'s units (None: score single tokens)."""
-        words = unit_ids(self.prompting.tokenizer, document, scoring.unit)
+    def unit_ids(self, document: str, document_ids: torch.Tensor, unit: str) -> torch.Tensor | None:
+        """Unit index ``[N]`` of every document token for ``unit`` (a ``Scoring.unit``; None: single tokens)."""
+        words = unit_ids(self.prompting.tokenizer, document, unit)
         if words is not None and words.numel() != document_ids.numel():
             return None  # tokenizer without offsets that line up: fall back to token scores
         return words
@@ -246,13 +246,14 @@ class DocumentTiers:
             self._check_room(prefix_ids.numel() + suffix_ids.numel())
         compressor = self.compressor(prunes, query_aware=False, full=full)
         with self._progress(document_ids.numel(), "HOMER compress") as bar:
-            words = self.unit_ids(document, document_ids, self.scoring) if prunes else None
+            words = self.unit_ids(document, document_ids, self.scoring.unit) if prunes else None
             root = "tree" if full else self._shared_root(compressor, prefix_ids, suffix_ids)
             if root == "tree":
                 result = compressor.compress(prefix_ids, document_ids, suffix_ids, progress=bar.update, word_ids=words)
             elif root == "headwise" and prunes:
+                whole = self.unit_ids(document, document_ids, "word")
                 result = compress_headwise(
-                    compressor, prefix_ids, document_ids, suffix_ids, self.repeat_ids, bar.update, words
+                    compressor, prefix_ids, document_ids, suffix_ids, self.repeat_ids, bar.update, words, whole
                 )
             else:
                 result = compressor.compress_flat(
@@ -309,7 +310,7 @@ class DocumentTiers:
             tier = compressor.build_leaf_tier(
                 prefix_ids,
                 document_ids,
-                self.unit_ids(document, document_ids, self.question_scoring),
+                self.unit_ids(document, document_ids, self.question_scoring.unit),
                 key=key,
                 progress=bar.update,
                 allocate=self.document_cache.allocator(key) if self.stack.device.type == "cpu" else None,

@@ -24,7 +24,7 @@ from homer_integrations.homer.leaf_batch import batchable, leaf_positions, leaf_
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.merging import merge_siblings
 from homer_integrations.homer.pruning import keep_mask, standardise
-from homer_integrations.homer.recompute import prefill_kept
+from homer_integrations.homer.recompute import prefill_kept, whole_units
 from homer_integrations.homer.replay import FlatLeafFn, LeafTierCompressor
 from homer_integrations.homer.schedule import LayerSchedule
 from homer_integrations.homer.score_units import ScoreMemory
@@ -79,12 +79,14 @@ class TierCompressor(LeafTierCompressor):
         progress: ProgressFn | None = None,
         word_ids: torch.Tensor | None = None,
         recompute: bool = False,
+        whole: torch.Tensor | None = None,
     ) -> CompressionResult:
         """``_flat`` from the document's tokens: each leaf runs prefix [P] + piece, is scored (by its
         scorer's probe rows, or by the suffix [S] run after it), pruned and dropped before the next;
         no tier is held, so peak memory stays that of one leaf plus the kept tokens. ``recompute``: the
         selection is re-read by one plain prefill of the kept tokens (``recompute.prefill_kept``) instead
-        of running the upper layers over it."""
+        of running the upper layers over it, and with ``whole`` [N] (each document token's unit) it re-reads
+        every unit the selection touched whole (``recompute.whole_units``)."""
         start = time.perf_counter()
         s = self.settings
         plan = ChunkPlan.build(prefix_ids.numel(), document_ids.numel(), suffix_ids.numel(), s.max_chunk_len)
@@ -108,7 +110,7 @@ class TierCompressor(LeafTierCompressor):
 
         if recompute and plan.height > 0:
             selected = self._select_flat(leaf, plan, schedule, progress, scores_only=True)
-            return self._recomputed(selected, prefix_ids, document_ids, suffix_ids, plan, start)
+            return self._recomputed(selected, prefix_ids, document_ids, suffix_ids, plan, start, whole)
         return self._result(self._flat(leaf, plan, schedule, progress), plan, schedule, start)
 
     def _scored_leaves(self, tier: LeafTier, suffix_ids: torch.Tensor, plan: ChunkPlan, layers: range) -> FlatLeafFn:
@@ -141,11 +143,14 @@ class TierCompressor(LeafTierCompressor):
         suffix_ids: torch.Tensor,
         plan: ChunkPlan,
         start: float,
+        whole: torch.Tensor | None = None,
     ) -> CompressionResult:
-        """The plain prefill of ``selected``'s document tokens between prefix and suffix, reported with
-        the split that selected them."""
+        """The plain prefill of ``selected``'s document tokens (with ``whole`` [N], of every unit they
+        touch) between prefix and suffix, reported with the split that selected them."""
         kept = selected.origin[selected.origin >= 0].sort().values
         del selected
+        if whole is not None:
+            kept = whole_units(kept, whole)
         result = prefill_kept(self.stack, self.settings, prefix_ids, document_ids, kept, suffix_ids)
         return replace(
             result, plan=plan, peak_kv_bytes=max(self._peak, result.peak_kv_bytes), seconds=time.perf_counter() - start

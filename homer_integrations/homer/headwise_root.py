@@ -7,8 +7,9 @@ KVzip's score, is what the flat root lacked. The root is built in three steps:
 
 1. HOMER's flat selection keeps ``CANDIDATES`` x the budget's document tokens (each leaf scores its
    piece by reconstruction, the best of the whole document survive) and one plain prefill re-reads
-   them (``compress_flat(recompute=True)``); a document that short is prefilled whole, and the
-   candidates stay inside the model's window with the probe after them.
+   them, every word they touch whole (``compress_flat(recompute=True, whole=...)``); a document that
+   short is prefilled whole, and the candidates stay inside the model's window with the probe after
+   them.
 2. ``headwise.head_scores`` scores every candidate per layer and head by reconstruction.
 3. ``headwise.survivors`` keeps the best ``L * Hkv * budget`` (layer, head, token) triples, prefix and
    suffix in every head, stored ragged (``headwise_cache``): as many K/V bytes as a dense root of
@@ -30,7 +31,7 @@ from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.flat import TierCompressor
 from homer_integrations.homer.headwise import SEGMENT_ROWS, head_scores, keep_ragged, survivors
 from homer_integrations.homer.kv import tensors_nbytes
-from homer_integrations.homer.recompute import prefill_kept
+from homer_integrations.homer.recompute import WHOLE_GROWTH, prefill_kept
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,13 @@ as 2x on the multikey_2 tuning split, and the whole document (KVzip's input; the
 ``homer_shared_headwise_whole``) lost to 2x at 8k, 4x, held out, for 1.45x the compression."""
 
 
+WHOLE_WORDS = True
+"""The candidates' re-read takes every word the selection touched whole (``recompute.whole_units``): at
+16k, 8x the selection of a quarter of the document kept 1 of 7 digits of a needle's value, and the
+answer was a cut number (``benchmarks/ruler_notes.md``). False: the ablation
+``homer_shared_headwise_cut``."""
+
+
 def compress_headwise(
     compressor: TierCompressor,
     prefix_ids: torch.Tensor,
@@ -49,11 +57,14 @@ def compress_headwise(
     prompt_ids: torch.Tensor,
     progress: ProgressFn | None = None,
     word_ids: torch.Tensor | None = None,
+    whole_words: torch.Tensor | None = None,
 ) -> CompressionResult:
     """The head-wise root of prefix [P] + document [N] + suffix [S] in ``compressor.settings.final_cache_len``
     tokens a head on average. ``prompt_ids`` [R]: the reconstruction prompt read before the repeated
-    text. Returns a result whose ``keys``/``values`` are per layer [n_l, d] with ``head_lengths``
-    [L, Hkv], and whose ``position_ids``/``origin`` list the tokens some head keeps."""
+    text. ``word_ids`` [N]: the selection's units; ``whole_words`` [N]: each token's word, which the
+    candidates keep whole where the selection touched it (with ``WHOLE_WORDS``). Returns a result whose
+    ``keys``/``values`` are per layer [n_l, d] with ``head_lengths`` [L, Hkv], and whose
+    ``position_ids``/``origin`` list the tokens some head keeps."""
     start = time.perf_counter()
     stack = compressor.stack
     fixed = prefix_ids.numel() + suffix_ids.numel()
@@ -62,7 +73,15 @@ def compress_headwise(
         raise ValueError(f"shared_root='headwise' {refusal}: use shared_root='flat'")
     # CANDIDATES read at call time, not bound as a default: benchmarks' whole-document ablation raises it
     built = select_candidates(
-        compressor, prefix_ids, document_ids, suffix_ids, prompt_ids, progress, word_ids, factor=CANDIDATES
+        compressor,
+        prefix_ids,
+        document_ids,
+        suffix_ids,
+        prompt_ids,
+        progress,
+        word_ids,
+        factor=CANDIDATES,
+        whole=whole_words if WHOLE_WORDS else None,
     )
     logger.info("head-wise root: scoring %d candidates per layer and head", built.origin.numel())
     scores = score_candidates(stack, built, document_ids, prompt_ids)
@@ -95,25 +114,29 @@ def select_candidates(
     word_ids: torch.Tensor | None = None,
     factor: float = CANDIDATES,
     recompute: bool = True,
+    whole: torch.Tensor | None = None,
 ) -> CompressionResult:
     """Step 1: HOMER's flat selection of ``factor`` x the budget's document tokens, re-read by a plain
     prefill (``recompute``; else the shared flat root's cache of them); a document that short (and
-    inside the probe's room) is prefilled whole, without the selection. A dense result [1, Hkv, W, d]
-    per layer."""
+    inside the probe's room) is prefilled whole, without the selection. ``whole`` [N] (each document
+    token's unit): the re-read takes every unit the selection touched whole. A dense result
+    [1, Hkv, W, d] per layer."""
     stack, settings = compressor.stack, compressor.settings
     fixed, length = prefix_ids.numel() + suffix_ids.numel(), document_ids.numel()
     room = _widest(stack.model.config.max_position_embeddings, prompt_ids.numel(), fixed) - fixed
     wanted = math.ceil(factor * (settings.final_cache_len - fixed))
     if recompute and length <= min(wanted, room):
         start = time.perf_counter()
-        whole = prefill_kept(stack, settings, prefix_ids, document_ids, torch.arange(length), suffix_ids)
+        everything = prefill_kept(stack, settings, prefix_ids, document_ids, torch.arange(length), suffix_ids)
         if progress is not None:
             progress(length)
         plan = ChunkPlan.build(prefix_ids.numel(), length, suffix_ids.numel(), settings.max_chunk_len)
-        return replace(whole, plan=plan, seconds=time.perf_counter() - start)
+        return replace(everything, plan=plan, seconds=time.perf_counter() - start)
     wide = fixed + min(wanted, room, length)
+    if whole is not None and WHOLE_GROWTH * (wide - fixed) > room:
+        whole = None  # the closure could leave the probe's window
     wider = TierCompressor(stack, replace(settings, final_cache_len=wide), compressor.bias, compressor.observer)
-    return wider.compress_flat(prefix_ids, document_ids, suffix_ids, progress, word_ids, recompute=recompute)
+    return wider.compress_flat(prefix_ids, document_ids, suffix_ids, progress, word_ids, recompute, whole)
 
 
 def headwise_refusal(stack: DecoderStack, budget: int, prompt_len: int, fixed: int) -> str | None:

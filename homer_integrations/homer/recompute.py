@@ -19,6 +19,24 @@ from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.compressor import CompressionResult, CompressorSettings, HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
 
+WHOLE_GROWTH = 1.5
+"""``whole_units`` never grows a selection past this many times its tokens."""
+
+
+def whole_units(
+    kept: torch.Tensor, units: torch.Tensor, longest: int = 16, growth: float = WHOLE_GROWTH
+) -> torch.Tensor:
+    """Every document token [K'] (ascending) of a unit of at most ``longest`` tokens that ``kept`` [K]
+    (ascending) touches, and the other kept tokens; ``units`` [N] holds each document token's unit
+    index. A selection keeps single tokens, and a number or name whose digits or pieces it split is
+    re-read as a different one. Longer units (minified code, a data line) are left as kept, and a
+    closure past ``growth`` x K returns ``kept`` itself, so the re-read stays near its budget."""
+    sizes = torch.bincount(units - units.min())[units - units.min()]
+    touched = torch.isin(units, units[kept]) & (sizes <= longest)
+    touched[kept] = True
+    closed = touched.nonzero()[:, 0]
+    return closed if closed.numel() <= growth * kept.numel() else kept
+
 
 def prefill_kept(
     stack: DecoderStack,

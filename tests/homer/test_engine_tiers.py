@@ -87,7 +87,7 @@ def test_replayed_compression_equals_a_query_aware_compression_from_scratch(toke
         prefix_ids,
         document_ids,
         suffix_ids,
-        word_ids=engine.tiers.unit_ids(text[:4000], document_ids, engine.tiers.question_scoring),
+        word_ids=engine.tiers.unit_ids(text[:4000], document_ids, engine.tiers.question_scoring.unit),
         plan=tier.plan.with_suffix(suffix_ids.numel()),
     )
     assert scratch.plan.height >= 3

@@ -5,6 +5,7 @@ import torch
 
 from homer_integrations.homer.kv import cache_from_tensors
 from homer_integrations.homer.pruning import standardise
+from homer_integrations.homer.recompute import whole_units
 from tests.conftest import tiny_model, uncalibrated
 from tests.homer.tier_helpers import ATOL, KINDS, RESERVE, assert_same_compression, compressor, ids
 
@@ -138,3 +139,31 @@ def test_recompute_shared_root_is_the_plain_prefill_of_the_flat_roots_tokens(kin
     torch.testing.assert_close(result.next_token_logits, out.logits[0, -1], atol=ATOL, rtol=0)
     for k, layer in zip(result.keys, out.cache.layers, strict=True):
         torch.testing.assert_close(k, layer.keys, atol=1e-5, rtol=0)
+
+
+def test_recompute_with_whole_units_rereads_every_unit_the_selection_touched():
+    model = tiny_model("llama", vocab_size=256)
+    prefix, doc, suffix = ids(model, 5, 1), ids(model, 800, 2), ids(model, RESERVE, 3)
+    comp = compressor(model, final_cache_len=96, scoring=uncalibrated().with_reconstruction(ids(model, 6, 4)))
+    flat = comp.compress_flat(prefix, doc, suffix, recompute=True)
+    kept = flat.origin[flat.origin >= 0]
+    units = torch.arange(800) * 10  # single tokens, but for five 7-token units (7-digit numbers) it cut
+    numbers = [int(k) for k in kept if int(k) + 7 <= 800 and int(k) + 1 not in kept][:5]
+    for first in numbers:
+        units[first : first + 7] = units[first]
+    whole = comp.compress_flat(prefix, doc, suffix, recompute=True, whole=units)
+    reread = whole.origin[whole.origin >= 0]
+    assert torch.equal(reread, whole_units(kept, units))
+    assert all(set(range(first, first + 7)) <= set(reread.tolist()) for first in numbers)
+    assert reread.numel() > kept.numel()
+    with torch.no_grad():
+        out = model(torch.cat([prefix, doc[reread], suffix])[None], use_cache=True)
+    torch.testing.assert_close(whole.next_token_logits, out.logits[0, -1], atol=ATOL, rtol=0)
+
+
+def test_whole_units_closes_short_units_and_stops_at_its_growth():
+    units = torch.tensor([0, 1, 1, 1, 2, 3, 3, 3, 3, 3, 4])  # unit 3 is five tokens long
+    kept = torch.tensor([2, 5, 10])
+    assert whole_units(kept, units, growth=3.0).tolist() == [1, 2, 3, 5, 6, 7, 8, 9, 10]
+    assert whole_units(kept, units, longest=3, growth=3.0).tolist() == [1, 2, 3, 5, 10]  # unit 3 is too long to close
+    assert whole_units(kept, units, growth=2.0).tolist() == [2, 5, 10]  # 9 tokens is past 2 x 3: as kept

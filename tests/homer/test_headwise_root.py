@@ -54,3 +54,15 @@ def test_a_document_past_the_probes_room_is_selected_to_fit_it(engine, novel):
     assert built.origin.numel() + engine.tiers.repeat_ids.numel() + (built.origin >= 0).sum() <= window, (
         "the candidates, the prompt and one segment of their repeat stay inside the window"
     )
+
+
+def test_candidates_keep_every_word_they_touch_whole(engine, novel):
+    text = novel[:2000]
+    words = engine.tiers.unit_ids(text, engine.tiers.prompting.encode_span("", text, "")[1], "word")
+    _, cut = candidates(engine, text)
+    _, whole = candidates(engine, text, whole=words)
+    touched = words[cut.origin[cut.origin >= 0]].unique()
+    kept = whole.origin[whole.origin >= 0]
+    assert torch.equal(kept, torch.isin(words, touched).nonzero()[:, 0]), "the same selection, its words whole"
+    assert kept.numel() > (cut.origin >= 0).sum(), "the selection had cut words"
+    assert torch.equal(whole.position_ids, torch.arange(whole.origin.numel())), "re-read by one prefill"
