@@ -723,15 +723,23 @@ def paired_markdown(comparisons: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-PAIRED_METHODS = ("homer_query_aware", "homer_shared", "homer_shared_headwise", "kvpress_full")
-"""The package's two tiers, and the press harness's uncompressed control (``kvpress_runner.FULL``),
-compared sample by sample with plain prefill in the report."""
+PAIRED_METHODS = (
+    "homer_query_aware",
+    "homer_shared",
+    "homer_shared_headwise",
+    "homer_shared_headwise_cut",
+    "kvpress_full",
+)
+"""The package's two tiers (and the head-wise recipe before 2026-11-28, which holds most of its rows),
+and the press harness's uncompressed control (``kvpress_runner.FULL``), compared sample by sample with
+plain prefill in the report."""
 
 
 MAIN_TABLE = (
     "plain",
     "homer_shared",
     "homer_shared_headwise",
+    "homer_shared_headwise_cut",
     "homer_query_aware",
     *KVPRESS_METHODS,
     "kvpress_full",
@@ -743,10 +751,12 @@ PEER_PAIRS = (
     ("homer_query_aware", "snapkv_question"),
     ("homer_shared_headwise", "homer_shared"),
     ("homer_shared_headwise", "kvzip"),
+    ("homer_shared_headwise_cut", "homer_shared"),
+    ("homer_shared_headwise_cut", "kvzip"),
 )
 """The peers issue's comparisons at equal budget: the shared root against each question-agnostic press,
-the per-question path against kvpress's question-aware SnapKV, the head-wise root against the flat
-root and KVzip (sample by sample, same ratio)."""
+the per-question path against kvpress's question-aware SnapKV, the head-wise root (and its recipe
+before 2026-11-28, ``_cut``) against the flat root and KVzip (sample by sample, same ratio)."""
 ABLATION_PAIRS = (
     ("homer_shared_probe9", "homer_shared"),
     ("homer_shared_headwise_whole", "homer_shared_headwise"),
