@@ -51,6 +51,7 @@ from homer_integrations.homer.flat import TierCompressor
 from homer_integrations.homer.headwise import head_scores, keep_global, keep_per_head
 from homer_integrations.homer.headwise_root import score_candidates, select_candidates
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
+from homer_integrations.homer.score_units import pool_words
 from homer_integrations.models import load_model
 from homer_integrations.tiers import _document
 
@@ -179,7 +180,7 @@ def select(
         return built.keys, built.values, torch.arange(built.origin.numel()).expand(len(built.keys), heads, -1), None
     fixed = built.origin < 0
     if selection == "globalword":
-        scores = pool_heads(scores, words)
+        scores = pool_words(scores, words >= 0, words)
     if selection in ("global", "globalword"):
         return keep_global(built.keys, built.values, scores, fixed, budget)
     return (*keep_per_head(built.keys, built.values, scores, fixed, budget), None)
@@ -188,20 +189,6 @@ def select(
 TUNING = 10
 """Indices from here on are the tuning split: ``ruler.py`` stores and reports 0-9; these are generated
 fresh (the generator is seeded, so the same index is always the same sample)."""
-
-
-def pool_heads(scores: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
-    """Each slot's word's best score [L, Hkv, T] in its layer and head; ``words`` [T] is negative on
-    slots that keep their own (prefix, suffix)."""
-    doc = words >= 0
-    _, inverse = torch.unique(words[doc], return_inverse=True)
-    own = scores[:, :, doc]
-    index = inverse.expand_as(own)
-    best = torch.full((*own.shape[:2], int(inverse.max()) + 1), float("-inf"))
-    best = best.scatter_reduce(2, index, own, reduce="amax")
-    pooled = scores.clone()
-    pooled[:, :, doc] = best.gather(2, index)
-    return pooled
 
 
 def probe_samples(task: str, length: int, indices: list[int]) -> list[ruler_tasks.RulerSample]:
@@ -329,7 +316,9 @@ def main() -> None:
                         recompute=base != "homer",
                         whole=word_units if base == "prefillword" else None,
                     )
-                    scores = score_candidates(compressor.stack, built, ids[1], prompt_ids(compressor))
+                    scores = None  # a base whose every variant keeps all candidates needs no scores
+                    if any(v.startswith(f"{base}:{factor}:") and not v.endswith(":none") for v in args.variants):
+                        scores = score_candidates(compressor.stack, built, ids[1], prompt_ids(compressor))
                 builds[f"{base}:{factor}"] = (built, scores, time.perf_counter() - started)
             built, scores, build_s = builds[f"{base}:{factor}"]
             started = time.perf_counter()

@@ -87,6 +87,8 @@ class TierCompressor(LeafTierCompressor):
         selection is re-read by one plain prefill of the kept tokens (``recompute.prefill_kept``) instead
         of running the upper layers over it, and with ``whole`` [N] (each document token's unit) it re-reads
         every unit the selection touched whole (``recompute.whole_units``)."""
+        if whole is not None and not recompute:
+            raise ValueError("compress_flat(whole=...) needs recompute=True: only the re-read keeps units whole")
         start = time.perf_counter()
         s = self.settings
         plan = ChunkPlan.build(prefix_ids.numel(), document_ids.numel(), suffix_ids.numel(), s.max_chunk_len)

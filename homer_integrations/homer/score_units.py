@@ -115,14 +115,17 @@ class ScoreMemory(ScoreUnit):
 def pool_words(
     scores: torch.Tensor, reducible: torch.Tensor, words: torch.Tensor, reduce: str = "amax"
 ) -> torch.Tensor:
-    """Each document token's unit's best (``reduce="amax"``) or mean (``"mean"``) score [T]; ``words`` [T]
-    is negative on prefix/suffix tokens, which keep their own scores."""
+    """Each document token's unit's best (``reduce="amax"``) or mean (``"mean"``) score [..., T], pooled
+    along the last axis within each row (one row per layer and head when batched); ``words`` [T] is
+    negative on prefix/suffix tokens, which keep their own scores."""
     doc = reducible.to(scores.device) & (words >= 0).to(scores.device)
     if not bool(doc.any()):
         return scores
     _, inverse = torch.unique(words.to(scores.device)[doc], return_inverse=True)
-    pooled_units = torch.zeros(int(inverse.max()) + 1, device=scores.device)
-    pooled_units = pooled_units.scatter_reduce(0, inverse, scores[doc].float(), reduce=reduce, include_self=False)
+    own = scores[..., doc].float()
+    index = inverse.expand_as(own)
+    units = torch.zeros((*own.shape[:-1], int(inverse.max()) + 1), device=scores.device)
+    units = units.scatter_reduce(-1, index, own, reduce=reduce, include_self=False)
     pooled = scores.clone().float()
-    pooled[doc] = pooled_units[inverse]
+    pooled[..., doc] = units.gather(-1, index)
     return pooled

@@ -12,7 +12,7 @@ from homer_integrations.homer.kv import cache_from_tensors
 from tests.conftest import tiny_model
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-from headwise_probe import hidden_slots, pool_heads
+from headwise_probe import hidden_slots
 
 
 @pytest.mark.parametrize("rows", [1, 5])
@@ -66,11 +66,3 @@ def test_chunks_run_alone_at_their_document_positions(tokenizer, novel, tmp_path
         torch.testing.assert_close(halves.keys[layer][:, :, :first], cache.layers[layer].keys[:, :, :first])
     later = halves.values[5][:, :, first:]  # layer 0's values are the embeddings' alone, the same either way
     assert not torch.allclose(later, cache.layers[5].values[:, :, first:], atol=1e-3), "the second piece read alone"
-
-
-def test_pool_heads_gives_each_slot_its_words_best_score_in_each_head() -> None:
-    scores = torch.tensor([[[5.0, 1.0, 2.0, 9.0, 0.0], [1.0, 7.0, 3.0, 4.0, 6.0]]])  # [L=1, Hkv=2, T=5]
-    words = torch.tensor([-1, 4, 4, 9, -1])  # prefix, a two-slot word, a one-slot word, suffix
-    pooled = pool_heads(scores, words)
-    assert pooled.tolist() == [[[5.0, 2.0, 2.0, 9.0, 0.0], [1.0, 7.0, 7.0, 4.0, 6.0]]]
-    assert scores[0, 0, 1] == 1.0  # the input is not modified

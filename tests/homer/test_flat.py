@@ -159,6 +159,8 @@ def test_recompute_with_whole_units_rereads_every_unit_the_selection_touched():
     with torch.no_grad():
         out = model(torch.cat([prefix, doc[reread], suffix])[None], use_cache=True)
     torch.testing.assert_close(whole.next_token_logits, out.logits[0, -1], atol=ATOL, rtol=0)
+    with pytest.raises(ValueError, match="recompute=True"):
+        comp.compress_flat(prefix, doc, suffix, whole=units)  # only the re-read can keep units whole
 
 
 def test_whole_units_closes_short_units_and_stops_at_its_growth():

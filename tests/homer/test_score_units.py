@@ -76,6 +76,15 @@ def test_word_units_give_each_token_its_units_best_score():
     assert torch.equal(WordUnits()(scores, node, None), scores), "no unit ids: single tokens"
 
 
+def test_word_units_pool_each_row_of_batched_scores_on_its_own():
+    scores = torch.tensor([[[5.0, 1.0, 2.0, 9.0, 0.0], [1.0, 7.0, 3.0, 4.0, 6.0]]])  # [L=1, Hkv=2, T=5]
+    words = torch.tensor([-1, 4, 4, 9, -1])  # prefix, a two-token word, a one-token word, suffix
+    pooled = pool_words(scores, words >= 0, words)
+    assert pooled.tolist() == [[[5.0, 2.0, 2.0, 9.0, 0.0], [1.0, 7.0, 7.0, 4.0, 6.0]]]
+    assert pool_words(scores, words >= 0, words, reduce="mean")[0, 1].tolist() == [1.0, 5.0, 5.0, 4.0, 6.0]
+    assert scores[0, 0, 1] == 1.0, "the input is not modified"
+
+
 def test_max_pool_keeps_neighbours_of_salient_tokens_and_ignores_affixes():
     scores = torch.tensor([100.0, 0.0, 0.0, 9.0, 0.0, 0.0, 0.0])
     pooled = MaxPool(3)(scores, chunk([False] + [True] * 6), None)
