@@ -16,10 +16,13 @@ memory-bounded whole read; it lost: ``benchmarks/ruler_notes.md``). ``selection`
 cuts that cache to the budget with ``homer.headwise``'s reconstruction scores per layer and head:
 ``uniform`` (the same count in every head), ``global`` (KVzip's one budget over all heads and layers;
 the answer hides each head's padding slots from attention through a wrapped SDPA), ``globalword``
-(``global`` over scores pooled per word: each head keeps a word whole or not at all), or ``none`` (the
+(``global`` over scores pooled per word: each head keeps a word whole or not at all),
+``globalstatement`` (the same per statement: a key line whole or not at all), or ``none`` (the
 candidates' cache as built, no cut). Prefix and suffix stay in every head. Reported: the answer and
 RULER's score, and in how many (layer, head) pairs all of a reference value's tokens survive
-(``value_cover``) and what share of them are candidates (``value_candidates``).
+(``value_cover``) and what share of them are candidates (``value_candidates``; of its line:
+``line_candidates``). ``--root-unit statement`` gives the candidates' selection the sentence bonus
+over statements; ``word``: each token its word's best score, no bonus.
 Indices 0-9 are ``ruler.py``'s stored samples; indices from 10 are the tuning split, generated fresh,
 and the report keeps the two apart.
 """
@@ -51,7 +54,7 @@ from homer_integrations.homer.flat import TierCompressor
 from homer_integrations.homer.headwise import head_scores, keep_global, keep_per_head
 from homer_integrations.homer.headwise_root import score_candidates, select_candidates
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
-from homer_integrations.homer.score_units import pool_words
+from homer_integrations.homer.score_units import ScoreMemory, WordUnits, pool_words
 from homer_integrations.models import load_model
 from homer_integrations.tiers import _document
 
@@ -174,16 +177,22 @@ def select(
     [L, Hkv, W] and the padding attention must not see [L, Hkv, W] (``global`` only). ``scores``
     [L, Hkv, T]: the base's own (``chunks``) or the reconstruction probe's over ``built``.
     ``globalword`` pools them over ``words`` [T] (the word of each slot, negative on prefix and
-    suffix) first, so in each head a word survives or goes whole."""
+    suffix) first, so in each head a word survives or goes whole; ``globalstatement`` over the
+    statement of each slot, so a key stays in the heads that keep its value."""
     if selection == "none":
         heads = built.keys[0].shape[1]
         return built.keys, built.values, torch.arange(built.origin.numel()).expand(len(built.keys), heads, -1), None
     fixed = built.origin < 0
-    if selection == "globalword":
+    if selection in ("globalword", "globalstatement"):
         scores = pool_words(scores, words >= 0, words)
-    if selection in ("global", "globalword"):
+    if selection in ("global", "globalword", "globalstatement"):
         return keep_global(built.keys, built.values, scores, fixed, budget)
     return (*keep_per_head(built.keys, built.values, scores, fixed, budget), None)
+
+
+def share(tokens: list[int], candidates: torch.Tensor) -> float:
+    """The share of ``tokens`` (document positions) that are among ``candidates`` [W]."""
+    return round(float(torch.isin(torch.tensor(tokens), candidates).float().mean()), 3) if tokens else 0.0
 
 
 TUNING = 10
@@ -280,22 +289,35 @@ def main() -> None:
     parser.add_argument("--indices", type=int, nargs="+", default=[0])
     parser.add_argument("--variants", nargs="+", default=["homer:4:global", "prefill:4:global"])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--root-unit",
+        default="sentence",
+        choices=["sentence", "statement", "word"],
+        help="the unit the candidates' selection ranks (the recipe: sentence); rows of another are named VARIANT@UNIT",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, tok = load_model(ruler.MODEL)
     samples = probe_samples(args.task, args.length, args.indices)
+    suffix = "" if args.root_unit == "sentence" else f"@{args.root_unit}"
     for sample in samples:
         probe = HomerModel(model, tok, HomerConfig(), model_name=ruler.MODEL, progress=False)
         config = ruler.sample_config(probe, sample, args.ratio, mode="shared")
         engine = HomerModel(model, tok, config, model_name=ruler.MODEL, progress=False)
         prompt = ruler.homer_prompt(engine, sample, "shared")
         offsets = tok(sample.document, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-        values = [value_and_line(sample.document, offsets, v)[0] for v in sample.outputs]
+        values, lines = zip(*(value_and_line(sample.document, offsets, v) for v in sample.outputs), strict=True)
         tiers = engine.tiers
+        if args.root_unit == "word":  # each token by its word's best score, no sentence bonus
+            tiers.scoring = replace(tiers.scoring, units=(WordUnits(), ScoreMemory()))
+        elif args.root_unit != tiers.scoring.unit:  # the sentence bonus over these units instead
+            units = tuple(replace(u, unit=args.root_unit) if hasattr(u, "unit") else u for u in tiers.scoring.units)
+            tiers.scoring = replace(tiers.scoring, units=units)
         ids = tiers.prompting.encode_span(prompt.prefix, sample.document, prompt.suffix)
         compressor = tiers.compressor(True, query_aware=False)
         words = tiers.unit_ids(sample.document, ids[1], tiers.scoring.unit)
         word_units = tiers.unit_ids(sample.document, ids[1], "word")
+        statements = tiers.unit_ids(sample.document, ids[1], "statement")
         budget = compressor.settings.final_cache_len
         builds: dict[str, tuple[CompressionResult, torch.Tensor, float]] = {}
         for variant in args.variants:
@@ -322,13 +344,12 @@ def main() -> None:
                 builds[f"{base}:{factor}"] = (built, scores, time.perf_counter() - started)
             built, scores, build_s = builds[f"{base}:{factor}"]
             started = time.perf_counter()
-            slot_words = torch.where(built.origin >= 0, word_units[built.origin.clamp(min=0)], -1)
+            pooled = statements if selection == "globalstatement" else word_units
+            slot_words = torch.where(built.origin >= 0, pooled[built.origin.clamp(min=0)], -1)
             keys, vals, kept, hidden = select(compressor, built, ids[1], selection, budget, scores, slot_words)
             select_s = time.perf_counter() - started
             cover = value_cover(built.origin, kept, hidden, values)
-            candidate_share = [
-                round(float(torch.isin(torch.tensor(v), built.origin).float().mean()), 3) if v else 0.0 for v in values
-            ]
+            candidate_share = [share(v, built.origin) for v in values]
             first = kept[0, 0]
             result = replace(
                 built, keys=keys, values=vals, position_ids=built.position_ids[first], origin=built.origin[first]
@@ -337,11 +358,12 @@ def main() -> None:
             with hidden_slots(None if hidden is None else list(hidden)):
                 answer = answer_after(engine, doc, prompt, sample)
             row = {
-                **row_head(args, sample, variant, budget),
+                **row_head(args, sample, variant + suffix, budget),
                 "candidates": built.origin.numel(),
                 "width": keys[0].shape[2],
                 "value_cover": cover,
                 "value_candidates": candidate_share,
+                "line_candidates": [share(line, built.origin) for line in lines],
                 "answer": answer,
                 "expected": sample.outputs,
                 "score": ruler_tasks.score(sample, answer),
