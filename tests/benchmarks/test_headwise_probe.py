@@ -12,7 +12,7 @@ from homer_integrations.homer.kv import cache_from_tensors
 from tests.conftest import tiny_model
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-from headwise_probe import hidden_slots
+from headwise_probe import hidden_slots, share
 
 
 @pytest.mark.parametrize("rows", [1, 5])
@@ -66,3 +66,9 @@ def test_chunks_run_alone_at_their_document_positions(tokenizer, novel, tmp_path
         torch.testing.assert_close(halves.keys[layer][:, :, :first], cache.layers[layer].keys[:, :, :first])
     later = halves.values[5][:, :, first:]  # layer 0's values are the embeddings' alone, the same either way
     assert not torch.allclose(later, cache.layers[5].values[:, :, first:], atol=1e-3), "the second piece read alone"
+
+
+def test_share_counts_the_tokens_among_the_candidates() -> None:
+    candidates = torch.tensor([-1, 3, 4, 9, -2])  # prefix and suffix slots are negative
+    assert share([3, 4, 5, 6], candidates) == 0.5
+    assert share([], candidates) == 0.0, "a value not found in the text: nothing to count"
