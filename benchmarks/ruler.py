@@ -189,8 +189,8 @@ def load_rows(path: Path = RESULTS_FILE) -> list[dict]:
 
 
 def _other_live_run(pending: Path) -> bool:
-    """Whether ``rows-<pid>-<ns>.jsonl`` belongs to another ``ruler.py`` that is still running (its worker
-    may still be appending to it)."""
+    """Whether ``rows-<pid>-<ns>.jsonl`` (or ``jobs-...``) belongs to another ``ruler.py`` that is still
+    running (its worker may still be appending to it, or not have read it yet)."""
     with contextlib.suppress(IndexError, ValueError):
         pid = int(pending.name.split("-")[1])
         if pid != os.getpid():
@@ -467,8 +467,15 @@ def run(args: argparse.Namespace) -> None:
                 if shared:
                     command.append("--share-prefill")
                 _launch(command, args)
+    drop_jobs()
+
+
+def drop_jobs() -> None:
+    """Delete the job lists of this run and of runs that ended; another live run's worker may not have
+    read its own yet (two runs side by side lost a row so)."""
     for stale in WORK.glob("jobs-*.jsonl"):
-        stale.unlink()
+        if not _other_live_run(stale):
+            stale.unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------------- report

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -160,3 +161,14 @@ def test_summary_times_each_point_on_one_device() -> None:
     table = ruler.markdown(ruler.summarize(rows))
     assert "| cpu |" in table and "| 0.75 (2) |" in table  # the average says over how many tasks
     assert "| 16384 | plain |" not in ruler.markdown(ruler.summarize(rows), lambda m: m != "plain")
+
+
+def test_a_run_leaves_another_live_runs_job_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ruler, "WORK", tmp_path)
+    mine = tmp_path / f"jobs-{os.getpid()}-1.jsonl"
+    other = tmp_path / f"jobs-{os.getppid()}-2.jsonl"  # the parent is alive: another run's worker list
+    ended = tmp_path / "jobs-999999999-3.jsonl"  # no such process: a run that ended
+    for path in (mine, other, ended):
+        path.write_text('["vt", 4096, 0]\n')
+    ruler.drop_jobs()
+    assert other.exists() and not mine.exists() and not ended.exists()
