@@ -44,6 +44,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 sys.path.insert(0, str(Path(__file__).parent))
 import ruler
 import ruler_tasks
+from ablations import RECONSTRUCTION_ABLATIONS
 from ruler_trace import answer_after, row_head, value_and_line
 
 from homer_integrations import HomerConfig, HomerModel
@@ -310,9 +311,8 @@ def main() -> None:
         tiers = engine.tiers
         if args.root_unit == "word":  # each token by its word's best score, no sentence bonus
             tiers.scoring = replace(tiers.scoring, units=(WordUnits(), ScoreMemory()))
-        elif args.root_unit != tiers.scoring.unit:  # the sentence bonus over these units instead
-            units = tuple(replace(u, unit=args.root_unit) if hasattr(u, "unit") else u for u in tiers.scoring.units)
-            tiers.scoring = replace(tiers.scoring, units=units)
+        elif args.root_unit == "statement":  # the sentence bonus over statements
+            tiers.scoring = RECONSTRUCTION_ABLATIONS["reconstruction_statements"](tiers.scoring)
         ids = tiers.prompting.encode_span(prompt.prefix, sample.document, prompt.suffix)
         compressor = tiers.compressor(True, query_aware=False)
         words = tiers.unit_ids(sample.document, ids[1], tiers.scoring.unit)
