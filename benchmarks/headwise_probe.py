@@ -22,7 +22,9 @@ candidates' cache as built, no cut). Prefix and suffix stay in every head. Repor
 RULER's score, and in how many (layer, head) pairs all of a reference value's tokens survive
 (``value_cover``) and what share of them are candidates (``value_candidates``; of its line:
 ``line_candidates``). ``--root-unit statement`` gives the candidates' selection the sentence bonus
-over statements; ``word``: each token its word's best score, no bonus.
+over statements; ``word``: each token its word's best score, no bonus; ``common`` (``--common-weight``):
+the sentence bonus, then each token lowered by its word's standardised log count in the document
+(``CommonWords``; lost: ``benchmarks/ruler_notes.md``).
 Indices 0-9 are ``ruler.py``'s stored samples; indices from 10 are the tuning split, generated fresh,
 and the report keeps the two apart.
 """
@@ -35,7 +37,7 @@ import json
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -48,6 +50,7 @@ from ablations import RECONSTRUCTION_ABLATIONS
 from ruler_trace import answer_after, row_head, value_and_line
 
 from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.compressor import CompressionResult
 from homer_integrations.homer.decoder import DecoderStack
@@ -55,7 +58,8 @@ from homer_integrations.homer.flat import TierCompressor
 from homer_integrations.homer.headwise import head_scores, keep_global, keep_per_head
 from homer_integrations.homer.headwise_root import score_candidates, select_candidates
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
-from homer_integrations.homer.score_units import ScoreMemory, WordUnits, pool_words
+from homer_integrations.homer.pruning import standardise
+from homer_integrations.homer.score_units import ScoreMemory, ScoreUnit, WordUnits, pool_words
 from homer_integrations.models import load_model
 from homer_integrations.tiers import _document
 
@@ -191,6 +195,33 @@ def select(
     return (*keep_per_head(built.keys, built.values, scores, fixed, budget), None)
 
 
+@dataclass(frozen=True, eq=False)
+class CommonWords(ScoreUnit):
+    """Lower each document token's score by ``weight`` x its word's standardised log count in the document
+    (``penalty`` [N]), so the words every line shares ("One of the special magic numbers for") rank below
+    the key and value they frame."""
+
+    penalty: torch.Tensor
+    weight: float
+
+    def __call__(self, scores: torch.Tensor, chunk: Chunk, words: torch.Tensor | None) -> torch.Tensor:
+        doc = chunk.reducible & (chunk.origin >= 0)
+        lowered = scores.cpu().float().clone()
+        lowered[doc] -= self.weight * self.penalty[chunk.origin[doc]]
+        return lowered
+
+
+def word_counts(document_ids: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    """How often each document token's word (its token ids) occurs in the document [N]."""
+    spelled: dict[int, tuple[int, ...]] = {}
+    for token, word in zip(document_ids.tolist(), words.tolist(), strict=True):
+        spelled[word] = (*spelled.get(word, ()), token)
+    counts: dict[tuple[int, ...], int] = {}
+    for spelling in spelled.values():
+        counts[spelling] = counts.get(spelling, 0) + 1
+    return torch.tensor([counts[spelled[w]] for w in words.tolist()], dtype=torch.float)
+
+
 def share(tokens: list[int], candidates: torch.Tensor) -> float:
     """The share of ``tokens`` (document positions) that are among ``candidates`` [W]."""
     return round(float(torch.isin(torch.tensor(tokens), candidates).float().mean()), 3) if tokens else 0.0
@@ -290,10 +321,11 @@ def main() -> None:
     parser.add_argument("--indices", type=int, nargs="+", default=[0])
     parser.add_argument("--variants", nargs="+", default=["homer:4:global", "prefill:4:global"])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--common-weight", type=float, default=4.0, help="--root-unit common: the penalty's weight")
     parser.add_argument(
         "--root-unit",
         default="sentence",
-        choices=["sentence", "statement", "word"],
+        choices=["sentence", "statement", "word", "common"],
         help="the unit the candidates' selection ranks (the recipe: sentence); rows of another are named VARIANT@UNIT",
     )
     args = parser.parse_args()
@@ -301,6 +333,8 @@ def main() -> None:
     model, tok = load_model(ruler.MODEL)
     samples = probe_samples(args.task, args.length, args.indices)
     suffix = "" if args.root_unit == "sentence" else f"@{args.root_unit}"
+    if args.root_unit == "common":
+        suffix += f"{args.common_weight:g}"
     for sample in samples:
         probe = HomerModel(model, tok, HomerConfig(), model_name=ruler.MODEL, progress=False)
         config = ruler.sample_config(probe, sample, args.ratio, mode="shared")
@@ -314,9 +348,14 @@ def main() -> None:
         elif args.root_unit == "statement":  # the sentence bonus over statements
             tiers.scoring = RECONSTRUCTION_ABLATIONS["reconstruction_statements"](tiers.scoring)
         ids = tiers.prompting.encode_span(prompt.prefix, sample.document, prompt.suffix)
+        word_units = tiers.unit_ids(sample.document, ids[1], "word")
+        if args.root_unit == "common":  # the sentence bonus, then words shared across the document lowered
+            doc = torch.ones(ids[1].numel(), dtype=torch.bool)
+            penalty = standardise(word_counts(ids[1], word_units).log(), doc)
+            units = (*tiers.scoring.units[:-1], CommonWords(penalty, args.common_weight), tiers.scoring.units[-1])
+            tiers.scoring = replace(tiers.scoring, units=units)
         compressor = tiers.compressor(True, query_aware=False)
         words = tiers.unit_ids(sample.document, ids[1], tiers.scoring.unit)
-        word_units = tiers.unit_ids(sample.document, ids[1], "word")
         statements = tiers.unit_ids(sample.document, ids[1], "statement")
         budget = compressor.settings.final_cache_len
         builds: dict[str, tuple[CompressionResult, torch.Tensor, float]] = {}

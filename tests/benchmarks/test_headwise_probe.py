@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.kv import cache_from_tensors
 from tests.conftest import tiny_model
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-from headwise_probe import hidden_slots, share
+from headwise_probe import CommonWords, hidden_slots, share, word_counts
 
 
 @pytest.mark.parametrize("rows", [1, 5])
@@ -72,3 +73,24 @@ def test_share_counts_the_tokens_among_the_candidates() -> None:
     candidates = torch.tensor([-1, 3, 4, 9, -2])  # prefix and suffix slots are negative
     assert share([3, 4, 5, 6], candidates) == 0.5
     assert share([], candidates) == 0.0, "a value not found in the text: nothing to count"
+
+
+def test_common_words_rank_below_the_words_they_frame() -> None:
+    # words: "magic" (tokens 5, 6) twice, "is" (7) twice, the keys 8 and 9 once each
+    document = torch.tensor([5, 6, 8, 7, 5, 6, 9, 7])
+    words = torch.tensor([0, 0, 1, 2, 3, 3, 4, 5])
+    counts = word_counts(document, words)
+    assert counts.tolist() == [2, 2, 1, 2, 2, 2, 1, 2], "a word is its token ids: 'magic' counts as one word, twice"
+    penalty = counts.log() - counts.log().mean()
+    chunk = Chunk(
+        hidden=torch.zeros(1, 6, 0),
+        position_ids=torch.arange(6),
+        reducible=torch.tensor([False, True, True, True, True, False]),
+        origin=torch.tensor([-1, 1, 2, 3, 6, -1]),  # a prefix slot, four document tokens, a suffix slot
+        memory=torch.zeros(6),
+        prefix_len=1,
+        suffix_len=1,
+    )
+    lowered = CommonWords(penalty, weight=2.0)(torch.ones(6), chunk, None)
+    assert lowered[0] == lowered[5] == 1.0, "prefix and suffix keep their scores"
+    assert lowered[2] > lowered[1] and lowered[4] > lowered[3], "the keys outrank the shared words"
