@@ -24,7 +24,8 @@ RULER's score, and in how many (layer, head) pairs all of a reference value's to
 ``line_candidates``). ``--root-unit statement`` gives the candidates' selection the sentence bonus
 over statements; ``word``: each token its word's best score, no bonus; ``common`` (``--common-weight``):
 the sentence bonus, then each token lowered by its word's standardised log count in the document
-(``CommonWords``; lost: ``benchmarks/ruler_notes.md``).
+(``CommonWords``; lost: ``benchmarks/ruler_notes.md``); ``best``: each sentence ranked whole by its best
+token plus 4x its mean (``UnitBestAndMean``, the question recipe's ranking, over sentences).
 Indices 0-9 are ``ruler.py``'s stored samples; indices from 10 are the tuning split, generated fresh,
 and the report keeps the two apart.
 """
@@ -59,7 +60,7 @@ from homer_integrations.homer.headwise import head_scores, keep_global, keep_per
 from homer_integrations.homer.headwise_root import score_candidates, select_candidates
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.pruning import standardise
-from homer_integrations.homer.score_units import ScoreMemory, ScoreUnit, WordUnits, pool_words
+from homer_integrations.homer.score_units import ScoreMemory, ScoreUnit, UnitBestAndMean, WordUnits, pool_words
 from homer_integrations.models import load_model
 from homer_integrations.tiers import _document
 
@@ -325,7 +326,7 @@ def main() -> None:
     parser.add_argument(
         "--root-unit",
         default="sentence",
-        choices=["sentence", "statement", "word", "common"],
+        choices=["sentence", "statement", "word", "common", "best"],
         help="the unit the candidates' selection ranks (the recipe: sentence); rows of another are named VARIANT@UNIT",
     )
     args = parser.parse_args()
@@ -345,6 +346,8 @@ def main() -> None:
         tiers = engine.tiers
         if args.root_unit == "word":  # each token by its word's best score, no sentence bonus
             tiers.scoring = replace(tiers.scoring, units=(WordUnits(), ScoreMemory()))
+        elif args.root_unit == "best":  # a sentence ranked whole, by its best token plus 4x its mean
+            tiers.scoring = replace(tiers.scoring, units=(UnitBestAndMean(unit="sentence"), ScoreMemory()))
         elif args.root_unit == "statement":  # the sentence bonus over statements
             tiers.scoring = RECONSTRUCTION_ABLATIONS["reconstruction_statements"](tiers.scoring)
         ids = tiers.prompting.encode_span(prompt.prefix, sample.document, prompt.suffix)
