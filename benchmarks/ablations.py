@@ -74,6 +74,12 @@ RECONSTRUCTION_ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
     "reconstruction_statements": lambda s: _swap_units(s, "statement"),
     # the probe scores at model layer 9 (of Qwen2.5-0.5B's 24) and stops there, not at the leaves' last
     "reconstruction_probe_layer_9": lambda s: replace(s, scorer=replace(s.scorer, probe_layer=9)),
+    # each token its word's best reconstruction score, no sentence bonus
+    "reconstruction_word_best": lambda s: replace(s, units=(WordUnits(), ScoreMemory())),
+    # each sentence ranked whole by its best token plus 4x its mean (the question recipe's ranking)
+    "reconstruction_sentence_best_and_mean": lambda s: replace(
+        s, units=(UnitBestAndMean(unit="sentence"), ScoreMemory())
+    ),
 }
 """Ablations of the reconstruction-scored shared root (a ``Scoring`` whose scorer probes)."""
 

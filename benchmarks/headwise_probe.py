@@ -37,6 +37,7 @@ import contextlib
 import json
 import sys
 import time
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -60,7 +61,7 @@ from homer_integrations.homer.headwise import head_scores, keep_global, keep_per
 from homer_integrations.homer.headwise_root import score_candidates, select_candidates
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.pruning import standardise
-from homer_integrations.homer.score_units import ScoreMemory, ScoreUnit, UnitBestAndMean, WordUnits, pool_words
+from homer_integrations.homer.score_units import ScoreUnit, pool_words
 from homer_integrations.models import load_model
 from homer_integrations.tiers import _document
 
@@ -214,13 +215,19 @@ class CommonWords(ScoreUnit):
 
 def word_counts(document_ids: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
     """How often each document token's word (its token ids) occurs in the document [N]."""
-    spelled: dict[int, tuple[int, ...]] = {}
+    spelled: dict[int, list[int]] = defaultdict(list)
     for token, word in zip(document_ids.tolist(), words.tolist(), strict=True):
-        spelled[word] = (*spelled.get(word, ()), token)
-    counts: dict[tuple[int, ...], int] = {}
-    for spelling in spelled.values():
-        counts[spelling] = counts.get(spelling, 0) + 1
-    return torch.tensor([counts[spelled[w]] for w in words.tolist()], dtype=torch.float)
+        spelled[word].append(token)
+    counts = Counter(tuple(spelling) for spelling in spelled.values())
+    return torch.tensor([counts[tuple(spelled[w])] for w in words.tolist()], dtype=torch.float)
+
+
+ROOT_ABLATIONS = {
+    "statement": "reconstruction_statements",
+    "word": "reconstruction_word_best",
+    "best": "reconstruction_sentence_best_and_mean",
+}
+"""``--root-unit``: the ablation of the candidates' selection each value names."""
 
 
 def share(tokens: list[int], candidates: torch.Tensor) -> float:
@@ -344,12 +351,8 @@ def main() -> None:
         offsets = tok(sample.document, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
         values, lines = zip(*(value_and_line(sample.document, offsets, v) for v in sample.outputs), strict=True)
         tiers = engine.tiers
-        if args.root_unit == "word":  # each token by its word's best score, no sentence bonus
-            tiers.scoring = replace(tiers.scoring, units=(WordUnits(), ScoreMemory()))
-        elif args.root_unit == "best":  # a sentence ranked whole, by its best token plus 4x its mean
-            tiers.scoring = replace(tiers.scoring, units=(UnitBestAndMean(unit="sentence"), ScoreMemory()))
-        elif args.root_unit == "statement":  # the sentence bonus over statements
-            tiers.scoring = RECONSTRUCTION_ABLATIONS["reconstruction_statements"](tiers.scoring)
+        if args.root_unit in ROOT_ABLATIONS:
+            tiers.scoring = RECONSTRUCTION_ABLATIONS[ROOT_ABLATIONS[args.root_unit]](tiers.scoring)
         ids = tiers.prompting.encode_span(prompt.prefix, sample.document, prompt.suffix)
         word_units = tiers.unit_ids(sample.document, ids[1], "word")
         if args.root_unit == "common":  # the sentence bonus, then words shared across the document lowered
