@@ -10,6 +10,9 @@ reconstruction, the best survive, the upper layers run over them as one node; to
 positions), ``prefill`` re-reads that same selection by one plain prefill (positions 0..K-1, every
 layer; with candidates >= the ratio this is a plain prefill of the whole prompt, KVzip's own input),
 ``prefillword`` re-reads every word that selection touched, whole (no number loses digits),
+``prefillclose`` as ``prefillword`` and every statement of at most ``--close-longest`` tokens that holds
+one of the ``--close-top`` share of best-scored kept tokens, whole (``close_statements``; lost:
+``benchmarks/ruler_notes.md``),
 ``chunks`` (``chunks:W:...``, W document tokens a piece) runs each piece through every layer alone
 after the prefix, at its document positions, and scores it by reconstruction of its own text (a
 memory-bounded whole read; it lost: ``benchmarks/ruler_notes.md``). ``selection`` then
@@ -61,6 +64,7 @@ from homer_integrations.homer.headwise import head_scores, keep_global, keep_per
 from homer_integrations.homer.headwise_root import score_candidates, select_candidates
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.pruning import standardise
+from homer_integrations.homer.recompute import prefill_kept, whole_units
 from homer_integrations.homer.score_units import ScoreUnit, pool_words
 from homer_integrations.models import load_model
 from homer_integrations.tiers import _document
@@ -213,6 +217,61 @@ class CommonWords(ScoreUnit):
         return lowered
 
 
+def close_statements(
+    kept: torch.Tensor, memory: torch.Tensor, statements: torch.Tensor, top: float, longest: int
+) -> torch.Tensor:
+    """``kept`` [K] (ascending document indices) and the whole of every statement of at most ``longest``
+    tokens holding one of the ``top`` share of kept tokens by selection score ``memory`` [K]; ``statements``
+    [N]: each document token's statement. A fact's value ranks high, the words that name it do not."""
+    cut = torch.quantile(memory[memory.isfinite()].float(), 1.0 - top)
+    units = statements - statements.min()
+    sizes = torch.bincount(units)
+    closed = torch.zeros(sizes.numel(), dtype=torch.bool)
+    closed[units[kept[memory >= cut]]] = True
+    mask = (closed & (sizes <= longest))[units]
+    mask[kept] = True
+    return mask.nonzero()[:, 0]
+
+
+@contextlib.contextmanager
+def statement_closure(statements: torch.Tensor | None, top: float, longest: int) -> Iterator[dict]:
+    """While inside, the flat selection's re-read (``TierCompressor._recomputed``) also takes whole the
+    short statements of its best-scored tokens (``close_statements``); the dict counts the tokens added."""
+    added = {"tokens": 0}
+    if statements is None:
+        yield added
+        return
+    original = TierCompressor._recomputed
+
+    def recomputed(
+        self: TierCompressor,
+        selected: Chunk,
+        prefix_ids: torch.Tensor,
+        document_ids: torch.Tensor,
+        suffix_ids: torch.Tensor,
+        plan: ChunkPlan,
+        start: float,
+        whole: torch.Tensor | None = None,
+    ) -> CompressionResult:
+        doc = selected.origin >= 0
+        order = selected.origin[doc].argsort()
+        kept, memory = selected.origin[doc][order], selected.memory[doc][order]
+        if whole is not None:
+            kept = whole_units(kept, whole)
+            memory = torch.full((kept.numel(),), float("-inf"))
+            memory[torch.isin(kept, selected.origin[doc][order])] = selected.memory[doc][order]
+        closed = close_statements(kept, memory, statements, top, longest)
+        added["tokens"] += closed.numel() - kept.numel()
+        result = prefill_kept(self.stack, self.settings, prefix_ids, document_ids, closed, suffix_ids)
+        return replace(result, plan=plan, seconds=time.perf_counter() - start)
+
+    TierCompressor._recomputed = recomputed
+    try:
+        yield added
+    finally:
+        TierCompressor._recomputed = original
+
+
 def word_counts(document_ids: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
     """How often each document token's word (its token ids) occurs in the document [N]."""
     spelled: dict[int, list[int]] = defaultdict(list)
@@ -329,6 +388,8 @@ def main() -> None:
     parser.add_argument("--indices", type=int, nargs="+", default=[0])
     parser.add_argument("--variants", nargs="+", default=["homer:4:global", "prefill:4:global"])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--close-top", type=float, default=0.02, help="prefillclose: the share of best tokens")
+    parser.add_argument("--close-longest", type=int, default=48, help="prefillclose: the longest statement closed")
     parser.add_argument("--common-weight", type=float, default=4.0, help="--root-unit common: the penalty's weight")
     parser.add_argument(
         "--root-unit",
@@ -373,22 +434,25 @@ def main() -> None:
                 if base == "chunks":
                     built, scores = encode_chunks(compressor, *ids, int(factor))
                 else:
-                    built = select_candidates(
-                        compressor,
-                        *ids,
-                        prompt_ids(compressor),
-                        None,
-                        words,
-                        float(factor),
-                        recompute=base != "homer",
-                        whole=word_units if base == "prefillword" else None,
-                    )
+                    closing = statements if base == "prefillclose" else None
+                    with statement_closure(closing, args.close_top, args.close_longest) as added:
+                        built = select_candidates(
+                            compressor,
+                            *ids,
+                            prompt_ids(compressor),
+                            None,
+                            words,
+                            float(factor),
+                            recompute=base != "homer",
+                            whole=word_units if base in ("prefillword", "prefillclose") else None,
+                        )
                     scores = None  # a base whose every variant keeps all candidates needs no scores
                     if any(v.startswith(f"{base}:{factor}:") and not v.endswith(":none") for v in args.variants):
                         scores = score_candidates(compressor.stack, built, ids[1], prompt_ids(compressor))
-                builds[f"{base}:{factor}"] = (built, scores, time.perf_counter() - started)
-            built, scores, build_s = builds[f"{base}:{factor}"]
+                builds[f"{base}:{factor}"] = (built, scores, time.perf_counter() - started, added["tokens"])
+            built, scores, build_s, closure = builds[f"{base}:{factor}"]
             started = time.perf_counter()
+            closed = f"/{args.close_top:g}/{args.close_longest}" if base == "prefillclose" else ""
             pooled = statements if selection == "globalstatement" else word_units
             slot_words = torch.where(built.origin >= 0, pooled[built.origin.clamp(min=0)], -1)
             keys, vals, kept, hidden = select(compressor, built, ids[1], selection, budget, scores, slot_words)
@@ -403,7 +467,8 @@ def main() -> None:
             with hidden_slots(None if hidden is None else list(hidden)):
                 answer = answer_after(engine, doc, prompt, sample)
             row = {
-                **row_head(args, sample, variant + suffix, budget),
+                **row_head(args, sample, variant + closed + suffix, budget),
+                "closure_added": closure,
                 "candidates": built.origin.numel(),
                 "width": keys[0].shape[2],
                 "value_cover": cover,

@@ -13,7 +13,7 @@ from homer_integrations.homer.kv import cache_from_tensors
 from tests.conftest import tiny_model
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-from headwise_probe import CommonWords, hidden_slots, share, word_counts
+from headwise_probe import CommonWords, close_statements, hidden_slots, share, word_counts
 
 
 @pytest.mark.parametrize("rows", [1, 5])
@@ -94,3 +94,12 @@ def test_common_words_rank_below_the_words_they_frame() -> None:
     lowered = CommonWords(penalty, weight=2.0)(torch.ones(6), chunk, None)
     assert lowered[0] == lowered[5] == 1.0, "prefix and suffix keep their scores"
     assert lowered[2] > lowered[1] and lowered[4] > lowered[3], "the keys outrank the shared words"
+
+
+def test_close_statements_takes_whole_the_short_statements_of_the_best_tokens() -> None:
+    statements = torch.tensor([0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2])  # sizes 3, 4, 9
+    kept = torch.tensor([1, 4, 8, 9, 10])
+    memory = torch.tensor([0.1, 5.0, 4.0, -1.0, float("-inf")])  # 4 and 8 are the best two
+    closed = close_statements(kept, memory, statements, top=0.5, longest=8)
+    assert closed.tolist() == [1, 3, 4, 5, 6, 8, 9, 10]  # statement 1 whole; 2 is past longest; 0's best is low
+    assert close_statements(kept, memory, statements, top=0.5, longest=9).tolist() == [1, *range(3, 16)]
