@@ -28,7 +28,7 @@ from homer_integrations.document_cache import CacheSource, DocumentCache
 from homer_integrations.homer.calibration import Calibration, CalibrationStore
 from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, CompressionStats, cached_tokens
 from homer_integrations.homer.compressor import CompressionResult, CompressorSettings, PruneObserver
-from homer_integrations.homer.config import Mode, check_mode
+from homer_integrations.homer.config import HomerConfig, Mode, check_mode
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_fingerprint
 from homer_integrations.homer.flat import TierCompressor
@@ -103,53 +103,16 @@ class DocumentTiers:
             store, stack, c.max_chunk_len, c.calibration_segments, tokenizer, needed=self.scoring.needs_calibration
         )
         """The pruning bias table for this model and settings (``bias()``: computed once, then cached on disk)."""
-        self.keys = self._keys(model, tokenizer)
+        self.keys = entry_keys(
+            model, tokenizer, stack, c, self.scoring, self.question_scoring.unit, self.calibration.id
+        )
         """Document-cache keys of these entries (``root``, ``full``, ``tier``)."""
         self.prune_observer: PruneObserver | None = None
         """Diagnostics: called with every node's ``PruneEvent`` during compressions computed from now on."""
-        head = model.get_output_embeddings()
-        window = prompting.context_window
-        self.cache_spec = CacheSpec(
-            num_layers=stack.num_layers,
-            num_kv_heads=stack.num_kv_heads,
-            head_dim=stack.head_dim,
-            dtype=stack.dtype,
-            max_positions=c.max_chunk_len,
-            max_tokens=c.final_cache_len,
-            vocab_size=getattr(head, "out_features", None),
+        self.cache_spec, self.root_spec, self.full_cache_spec = entry_specs(
+            stack, c, prompting.context_window, getattr(model.get_output_embeddings(), "out_features", None)
         )
-        """What HOMER's entries look like (a leaf tier's plan, a tree or flat root's positions); disk cache
-        entries are checked against it."""
-        rereads = c.shared_root not in ("flat", "tree")
-        self.root_spec = replace(self.cache_spec, max_positions=window) if rereads else self.cache_spec
-        """``cache_spec`` of shared roots: a root re-read by a prefill (recompute, headwise) numbers its
-        tokens 0..K-1, up to the model's window."""
-        self.full_cache_spec = replace(self.cache_spec, max_positions=window, max_tokens=window)
-        """``cache_spec`` of ``full`` entries: uncompressed, positions and length up to the model's window."""
-
-    def _keys(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> DocumentKeys:
-        c = self.config
-        identity = {
-            "algorithm": ALGORITHM_VERSION,
-            "model": weights_fingerprint(model),
-            "tokenizer": tokenizer_fingerprint(tokenizer),
-            "dtype": str(self.stack.dtype),
-        }
-        root = {
-            "settings": c.model_dump(mode="json", exclude={"mode", "reask_question", "replay"}),
-            "scoring": repr(self.scoring),
-            "calibration": self.calibration.id,
-        }
-        tier = {
-            "settings": {
-                "kind": "leaf_tier",
-                "max_chunk_len": c.max_chunk_len,
-                "warmup_layers": c.warmup_layers,
-                "document_suffix": c.document_suffix,  # the split is planned for the shared suffix's length
-                "unit": self.question_scoring.unit,
-            }
-        }
-        return DocumentKeys(identity, root, tier)
+        """What each kind of entry looks like (``entry_specs``); disk cache entries are checked against it."""
 
     def with_cache(self, document_cache: DocumentCache) -> DocumentTiers:
         """These tiers (same keys and settings) over another document cache."""
@@ -243,7 +206,7 @@ class DocumentTiers:
         prompt_len = prefix_ids.numel() + document_ids.numel() + suffix_ids.numel()
         prunes = not full and prompt_len > self.config.final_cache_len
         if prunes:
-            self._check_room(prefix_ids.numel() + suffix_ids.numel())
+            check_room(prefix_ids.numel() + suffix_ids.numel(), self.config.final_cache_len)
         compressor = self.compressor(prunes, query_aware=False, full=full)
         with self._progress(document_ids.numel(), "HOMER compress") as bar:
             words = self.unit_ids(document, document_ids, self.scoring.unit) if prunes else None
@@ -281,28 +244,6 @@ class DocumentTiers:
         logger.info("shared_root='auto' uses the flat root: the head-wise root %s", refusal)
         return "flat"
 
-    def _check_room(self, fixed_tokens: int) -> None:
-        """Raise ``PromptTooLongError`` when the prompt around the document, which is never pruned,
-        leaves the compressed cache no room for the document (``final_cache_len``); warn when it
-        leaves the document less than half of it."""
-        budget = self.config.final_cache_len
-        if fixed_tokens >= budget:
-            raise PromptTooLongError(
-                f"the prompt around the document (system prompt, instructions, question, template) is "
-                f"{fixed_tokens} tokens and is never pruned, which leaves no room for the document in "
-                f"final_cache_len={budget}: shorten that text, move it into the document, or raise final_cache_len"
-            )
-        if 2 * fixed_tokens > budget:
-            # RULER's vt at 4k, 8x: a 412-token few-shot example left the document 41 of 481 tokens
-            logger.warning(
-                "the prompt around the document is %d tokens and is never pruned: the document keeps only "
-                "%d of final_cache_len=%d tokens; shorten that text, move it into the document, or raise "
-                "final_cache_len",
-                fixed_tokens,
-                budget - fixed_tokens,
-                budget,
-            )
-
     def _build_tier(self, key: str, prefix: str, document: str) -> LeafTier:
         prefix_ids, document_ids, _ = self.prompting.encode_span(prefix, document, "")
         compressor = self.compressor(False, query_aware=True)
@@ -331,7 +272,7 @@ class DocumentTiers:
         suffix_ids = encode(self.prompting.tokenizer, suffix, formatted=True)
         prompt_len = tier.num_tokens + suffix_ids.numel()
         if prompt_len > self.config.final_cache_len:
-            self._check_room(tier.num_tokens - tier.document_tokens + suffix_ids.numel())
+            check_room(tier.num_tokens - tier.document_tokens + suffix_ids.numel(), self.config.final_cache_len)
         compressor = self.compressor(prompt_len > self.config.final_cache_len, query_aware=True)
         tier = tier.to(self.stack.device)
         if self.config.replay == "recompute":
@@ -342,6 +283,90 @@ class DocumentTiers:
             result = replay(tier, suffix_ids)
         key = hashlib.sha256(f"{tier.key}\0{json.dumps(markup(suffix).segments)}".encode()).hexdigest()
         return _document(key, result, prompt_len, question)
+
+
+class EntrySpecs(NamedTuple):
+    """What each kind of document-cache entry looks like; disk entries are checked against it."""
+
+    tier: CacheSpec
+    """HOMER's entries: a leaf tier's plan, a tree or flat root's positions."""
+    root: CacheSpec
+    """Shared roots: a root re-read by a prefill (recompute, headwise) numbers its tokens 0..K-1, up to
+    the model's window."""
+    full: CacheSpec
+    """``full`` entries: uncompressed, positions and length up to the model's window."""
+
+
+def entry_specs(stack: DecoderStack, config: HomerConfig, window: int, vocab_size: int | None) -> EntrySpecs:
+    """The ``EntrySpecs`` of ``config``'s entries on ``stack`` (``window``: the model's context window)."""
+    tier = CacheSpec(
+        num_layers=stack.num_layers,
+        num_kv_heads=stack.num_kv_heads,
+        head_dim=stack.head_dim,
+        dtype=stack.dtype,
+        max_positions=config.max_chunk_len,
+        max_tokens=config.final_cache_len,
+        vocab_size=vocab_size,
+    )
+    rereads = config.shared_root not in ("flat", "tree")
+    root = replace(tier, max_positions=window) if rereads else tier
+    return EntrySpecs(tier, root, replace(tier, max_positions=window, max_tokens=window))
+
+
+def entry_keys(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    stack: DecoderStack,
+    config: HomerConfig,
+    scoring: Scoring,
+    tier_unit: str,
+    calibration_id: str,
+) -> DocumentKeys:
+    """Document-cache keys of ``config``'s entries: the model, tokenizer and algorithm they come from, and
+    what shapes a root (settings, ``scoring``, calibration) or a leaf tier (its plan, ``tier_unit``)."""
+    identity = {
+        "algorithm": ALGORITHM_VERSION,
+        "model": weights_fingerprint(model),
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "dtype": str(stack.dtype),
+    }
+    root = {
+        "settings": config.model_dump(mode="json", exclude={"mode", "reask_question", "replay"}),
+        "scoring": repr(scoring),
+        "calibration": calibration_id,
+    }
+    tier = {
+        "settings": {
+            "kind": "leaf_tier",
+            "max_chunk_len": config.max_chunk_len,
+            "warmup_layers": config.warmup_layers,
+            "document_suffix": config.document_suffix,  # the split is planned for the shared suffix's length
+            "unit": tier_unit,
+        }
+    }
+    return DocumentKeys(identity, root, tier)
+
+
+def check_room(fixed_tokens: int, budget: int) -> None:
+    """Raise ``PromptTooLongError`` when the prompt around the document, which is never pruned,
+    leaves the compressed cache no room for the document (``budget``: ``final_cache_len``); warn when it
+    leaves the document less than half of it."""
+    if fixed_tokens >= budget:
+        raise PromptTooLongError(
+            f"the prompt around the document (system prompt, instructions, question, template) is "
+            f"{fixed_tokens} tokens and is never pruned, which leaves no room for the document in "
+            f"final_cache_len={budget}: shorten that text, move it into the document, or raise final_cache_len"
+        )
+    if 2 * fixed_tokens > budget:
+        # RULER's vt at 4k, 8x: a 412-token few-shot example left the document 41 of 481 tokens
+        logger.warning(
+            "the prompt around the document is %d tokens and is never pruned: the document keeps only "
+            "%d of final_cache_len=%d tokens; shorten that text, move it into the document, or raise "
+            "final_cache_len",
+            fixed_tokens,
+            budget - fixed_tokens,
+            budget,
+        )
 
 
 def _document(key: str, result: CompressionResult, prompt_len: int, question: str | None) -> CompressedDocument:
