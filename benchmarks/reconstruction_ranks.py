@@ -23,6 +23,7 @@ from two_tier import engine_for, make_sample, value_tokens
 
 from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.kv import cache_from_tensors
+from homer_integrations.homer.probing import probe_scores
 from homer_integrations.homer.prompt import encode
 from homer_integrations.homer.pruning import standardise
 from homer_integrations.homer.scorers import ReconstructionScorer, ScoreInput
@@ -93,7 +94,14 @@ def main() -> None:
         )
         comp.scoring = Scoring(probe, engine.tiers.scoring.units)
         part = comp._leaf_part(prefix, doc_ids[span], span.start, layers)
-        comp._probe(cache_from_tensors(part.keys, part.values), part.position_ids, doc_ids[span], layers)
+        probe_scores(
+            comp.stack,
+            comp.scoring.scorer,
+            cache_from_tensors(part.keys, part.values),
+            part.position_ids,
+            doc_ids[span],
+            layers,
+        )
         rows, red = torch.tensor(need) - span.start + P, part.origin >= 0
 
         def pct(score: torch.Tensor, rows: torch.Tensor = rows, red: torch.Tensor = red) -> float:

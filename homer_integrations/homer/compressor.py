@@ -15,8 +15,9 @@ from homer_integrations.homer.chunking import ChunkPlan, LeafInput, make_leaves
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.merging import merge_siblings
+from homer_integrations.homer.probing import probe_scores
 from homer_integrations.homer.pruning import keep_mask
-from homer_integrations.homer.schedule import LayerSchedule
+from homer_integrations.homer.schedule import LayerSchedule, fit_schedule
 from homer_integrations.homer.scorers import ScoreInput
 from homer_integrations.homer.scoring import Scoring
 
@@ -166,24 +167,8 @@ class HomerCompressor:
 
     # ----------------------------------------------------------------------------- the tree
     def _schedule(self, plan: ChunkPlan) -> LayerSchedule:
-        """The layer schedule for ``plan``'s tree; warm-up is lowered (with a warning) where it must be."""
-        s = self.settings
-        if plan.height + 1 > self.stack.num_layers:
-            raise ValueError(
-                f"the document needs a merge tree of height {plan.height} ({plan.num_leaves} chunks), but the "
-                f"model has only {self.stack.num_layers} layers for its {plan.height + 1} levels; raise max_chunk_len"
-            )
-        warmup = min(s.warmup_layers, self.stack.num_layers - plan.height - 1)
-        if warmup < s.warmup_layers:
-            logger.warning(
-                "a tree of height %d needs %d merging layers: warm-up lowered from %d to %d layers for "
-                "this document (raise max_chunk_len to keep it)",
-                plan.height,
-                plan.height + 1,
-                s.warmup_layers,
-                warmup,
-            )
-        return LayerSchedule.build(self.stack.num_layers, warmup, plan.height)
+        """The layer schedule for ``plan``'s tree (``fit_schedule``)."""
+        return fit_schedule(self.stack.num_layers, self.settings.warmup_layers, plan.height)
 
     def _tree(self, leaf: LeafFn, plan: ChunkPlan, schedule: LayerSchedule, progress: ProgressFn | None) -> Chunk:
         self._alive, self._peak = [], 0
@@ -255,37 +240,11 @@ class HomerCompressor:
         keys, values = layer_tensors(chunk.cache)
         probe_cache = cache_from_tensors([k[:, :, :kept] for k in keys], [v[:, :, :kept] for v in values])
         piece_ids = leaf.input_ids[chunk.document]
-        scores = self._probe(probe_cache, chunk.position_ids[:kept], piece_ids, layers)
+        scores = probe_scores(
+            self.stack, self.scoring.scorer, probe_cache, chunk.position_ids[:kept], piece_ids, layers
+        )
         self._prune(chunk, layers[-1], torch.cat([scores, torch.zeros(chunk.suffix_len)]), target_len)
         return chunk
-
-    def _probe(
-        self, cache: DynamicCache, positions: torch.Tensor, piece_ids: torch.Tensor, layers: range
-    ) -> torch.Tensor:
-        """Scores [T] of a leaf's T cached tokens at ``positions`` [T] from its scorer's probe rows (at the
-        next positions), run through ``layers`` against ``cache`` and then dropped from it."""
-        stack, scorer, length = self.stack, self.scoring.scorer, positions.numel()
-        probe_ids = scorer.probe_ids(piece_ids)
-        rows = probe_ids.numel()
-        start = int(positions.max()) + 1
-        hidden = stack.embed(probe_ids)
-        rope = stack.rotary(hidden, torch.arange(start, start + rows))
-        reducible = torch.ones(length, dtype=torch.bool)
-        evidence: list[torch.Tensor] = []
-        last = max(layer for layer in layers if scorer.probe_scores_at(layer, layers))  # the probe stops there
-        for layer_idx in range(layers.start, last + 1):
-            score_here = scorer.probe_scores_at(layer_idx, layers)
-            hidden, query = stack.attention(layer_idx, hidden, rope, cache, query_rows=rows if score_here else 0)
-            if score_here:
-                x = ScoreInput(
-                    query, cache.layers[layer_idx].keys, positions, reducible, layer_idx, stack.scaling, None
-                )
-                evidence.append(scorer.probe_scores(x, length))
-            if layer_idx != last:
-                hidden = stack.mlp(layer_idx, hidden)
-        for layer in cache.layers:
-            layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
-        return scorer.probe_combine(evidence)
 
     def _extend(
         self,

@@ -23,6 +23,7 @@ from homer_integrations.homer.kv import cache_from_tensors
 from homer_integrations.homer.leaf_batch import batchable, leaf_positions, leaf_reducible, score_leaves
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.merging import merge_siblings
+from homer_integrations.homer.probing import probe_scores
 from homer_integrations.homer.pruning import keep_mask, standardise
 from homer_integrations.homer.recompute import prefill_kept, whole_units
 from homer_integrations.homer.replay import FlatLeafFn, LeafTierCompressor
@@ -103,7 +104,9 @@ class TierCompressor(LeafTierCompressor):
             probed = None
             if self.scoring.scorer.probes and part.hidden.shape[1] + plan.suffix_len > target_len:
                 cache = cache_from_tensors(part.keys, part.values)
-                probed = self._probe(cache, part.position_ids, document_ids[span], layers)
+                probed = probe_scores(
+                    self.stack, self.scoring.scorer, cache, part.position_ids, document_ids[span], layers
+                )
                 target_len = 1 << 62  # the suffix's own scores are not needed
             chunk, scores = self._replayed_leaf(part, suffix_ids, plan, layers, target_len)
             if probed is not None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -49,3 +52,24 @@ class LayerSchedule:
     def layers_at(self, height: int) -> range:
         """Layer indices run by a node at ``height`` (0 = leaf)."""
         return self.levels[height]
+
+
+def fit_schedule(num_layers: int, warmup_layers: int, height: int) -> LayerSchedule:
+    """The schedule of a tree of ``height`` on ``num_layers`` layers; warm-up is lowered (with a warning)
+    where the tree's levels need its layers."""
+    if height + 1 > num_layers:
+        raise ValueError(
+            f"the document needs a merge tree of height {height} (up to {2**height} chunks), but the model has "
+            f"only {num_layers} layers for its {height + 1} levels; raise max_chunk_len"
+        )
+    warmup = min(warmup_layers, num_layers - height - 1)
+    if warmup < warmup_layers:
+        logger.warning(
+            "a tree of height %d needs %d merging layers: warm-up lowered from %d to %d layers for "
+            "this document (raise max_chunk_len to keep it)",
+            height,
+            height + 1,
+            warmup_layers,
+            warmup,
+        )
+    return LayerSchedule.build(num_layers, warmup, height)

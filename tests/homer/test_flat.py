@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from homer_integrations.homer.kv import cache_from_tensors
+from homer_integrations.homer.probing import probe_scores
 from homer_integrations.homer.pruning import standardise
 from homer_integrations.homer.recompute import whole_units
 from tests.conftest import tiny_model, uncalibrated
@@ -75,7 +76,9 @@ def test_flat_reconstruction_root_prunes_each_leaf_once_by_its_probe_scores(kind
     # leaf 0 (longer than the target alone) was pruned by its standardised probe scores
     part = tier.leaf(0)
     cache = cache_from_tensors(part.keys, part.values)
-    scores = comp._probe(cache, part.position_ids, doc[tier.plan.piece(0)], range(tier.leaf_layers))
+    scores = probe_scores(
+        comp.stack, comp.scoring.scorer, cache, part.position_ids, doc[tier.plan.piece(0)], range(tier.leaf_layers)
+    )
     reducible = part.origin >= 0
     first = events[0]
     assert torch.equal(first.origin[first.reducible], part.origin[reducible])
