@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Generator, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -18,13 +18,10 @@ from llama_index.core.base.llms.types import (
     MessageRole,
     TextBlock,
 )
-from llama_index.core.bridge.pydantic import BaseModel, Field, PrivateAttr
-from llama_index.core.instrumentation import get_dispatcher
-from llama_index.core.instrumentation.events.llm import LLMStructuredPredictEndEvent, LLMStructuredPredictStartEvent
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.llms.llm import default_completion_to_prompt
-from llama_index.core.prompts import BasePromptTemplate
 
 from homer_integrations.aio import iterate_in_thread
 from homer_integrations.engine import AnswerStream, HomerModel
@@ -33,7 +30,7 @@ from homer_integrations.homer.compressed import CompressionStats
 from homer_integrations.homer.config import Mode
 from homer_integrations.homer.generation import GenerationOptions
 from homer_integrations.llama_index.info import answer_info_dict
-from homer_integrations.llama_index.structured import HomerProgram
+from homer_integrations.llama_index.structured import StructuredOutput
 from homer_integrations.prompt_split import (
     PromptSplit,
     Renderer,
@@ -44,9 +41,6 @@ from homer_integrations.prompt_split import (
     split_prompt,
     start_answer,
 )
-
-Model = TypeVar("Model", bound=BaseModel)
-dispatcher = get_dispatcher(__name__)
 
 
 def message_text(message: ChatMessage, index: int = 0) -> str:
@@ -65,7 +59,7 @@ def message_text(message: ChatMessage, index: int = 0) -> str:
     return message.content or ""
 
 
-class HomerLLM(CustomLLM):
+class HomerLLM(StructuredOutput, CustomLLM):
     """A local Hugging Face model behind HOMER, usable wherever LlamaIndex accepts an LLM.
 
     Build it over an engine (``HomerLLM(engine=...)``), from a local path, hub id or embedded
@@ -309,48 +303,3 @@ class HomerLLM(CustomLLM):
                 yield response
 
         return gen()
-
-    # ----------------------------------------------------------------------------- structured output
-    # Every structured path (structured_predict, as_structured_llm, the streaming and async forms) runs a
-    # HomerProgram: the answer is decoded under output_cls's JSON schema and validated, never re-prompted.
-    def structured_predict(
-        self,
-        output_cls: type[Model],
-        prompt: BasePromptTemplate,
-        llm_kwargs: dict[str, Any] | None = None,
-        **prompt_args: Any,
-    ) -> Model:
-        """A validated ``output_cls`` answering ``prompt`` (``llm_kwargs``: generation options, ``document=``)."""
-        dispatcher.event(
-            LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args)
-        )
-        result = HomerProgram(self, output_cls, prompt)(llm_kwargs=llm_kwargs, **prompt_args)
-        dispatcher.event(LLMStructuredPredictEndEvent(output=result))
-        return result
-
-    async def astructured_predict(
-        self,
-        output_cls: type[Model],
-        prompt: BasePromptTemplate,
-        llm_kwargs: dict[str, Any] | None = None,
-        **prompt_args: Any,
-    ) -> Model:
-        return await asyncio.to_thread(self.structured_predict, output_cls, prompt, llm_kwargs, **prompt_args)
-
-    def _structured_stream_call(
-        self,
-        output_cls: type[Model],
-        prompt: BasePromptTemplate,
-        llm_kwargs: dict[str, Any] | None = None,
-        **prompt_args: Any,
-    ) -> Generator[Model, None, None]:
-        return HomerProgram(self, output_cls, prompt).stream_call(llm_kwargs=llm_kwargs, **prompt_args)
-
-    async def _structured_astream_call(
-        self,
-        output_cls: type[Model],
-        prompt: BasePromptTemplate,
-        llm_kwargs: dict[str, Any] | None = None,
-        **prompt_args: Any,
-    ) -> AsyncGenerator[Model, None]:
-        return await HomerProgram(self, output_cls, prompt).astream_call(llm_kwargs=llm_kwargs, **prompt_args)

@@ -8,6 +8,8 @@ from collections.abc import AsyncGenerator, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from llama_index.core.base.llms.types import ChatMessage
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.events.llm import LLMStructuredPredictEndEvent, LLMStructuredPredictStartEvent
 from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.types import BasePydanticProgram
 from pydantic import BaseModel, ValidationError
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
     from homer_integrations.llama_index.llm import HomerLLM
 
 Model = TypeVar("Model", bound=BaseModel)
+dispatcher = get_dispatcher(__name__)
 
 
 def with_note(messages: list[ChatMessage], note: str) -> list[ChatMessage]:
@@ -89,3 +92,51 @@ class HomerProgram(BasePydanticProgram[Model], Generic[Model]):
             return self._output_cls.model_validate(from_json(text, allow_partial=True))
         except (ValueError, ValidationError):
             return None
+
+
+class StructuredOutput:
+    """``HomerLLM``'s structured output: every structured path (``structured_predict``,
+    ``as_structured_llm``, the streaming and async forms) runs a ``HomerProgram``, so the answer is
+    decoded under ``output_cls``'s JSON schema and validated, never re-prompted."""
+
+    def structured_predict(
+        self,
+        output_cls: type[Model],
+        prompt: BasePromptTemplate,
+        llm_kwargs: dict[str, Any] | None = None,
+        **prompt_args: Any,
+    ) -> Model:
+        """A validated ``output_cls`` answering ``prompt`` (``llm_kwargs``: generation options, ``document=``)."""
+        dispatcher.event(
+            LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args)
+        )
+        result = HomerProgram(self, output_cls, prompt)(llm_kwargs=llm_kwargs, **prompt_args)
+        dispatcher.event(LLMStructuredPredictEndEvent(output=result))
+        return result
+
+    async def astructured_predict(
+        self,
+        output_cls: type[Model],
+        prompt: BasePromptTemplate,
+        llm_kwargs: dict[str, Any] | None = None,
+        **prompt_args: Any,
+    ) -> Model:
+        return await asyncio.to_thread(self.structured_predict, output_cls, prompt, llm_kwargs, **prompt_args)
+
+    def _structured_stream_call(
+        self,
+        output_cls: type[Model],
+        prompt: BasePromptTemplate,
+        llm_kwargs: dict[str, Any] | None = None,
+        **prompt_args: Any,
+    ) -> Generator[Model, None, None]:
+        return HomerProgram(self, output_cls, prompt).stream_call(llm_kwargs=llm_kwargs, **prompt_args)
+
+    async def _structured_astream_call(
+        self,
+        output_cls: type[Model],
+        prompt: BasePromptTemplate,
+        llm_kwargs: dict[str, Any] | None = None,
+        **prompt_args: Any,
+    ) -> AsyncGenerator[Model, None]:
+        return await HomerProgram(self, output_cls, prompt).astream_call(llm_kwargs=llm_kwargs, **prompt_args)
