@@ -38,7 +38,6 @@ from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.kv import cache_from_tensors
 from homer_integrations.homer.probing import probe_scores
 from homer_integrations.homer.scorers import ReconstructionScorer, ScoreInput
-from homer_integrations.homer.scoring import Scoring
 from homer_integrations.models import load_model
 
 
@@ -66,16 +65,9 @@ def layer_scores(engine: HomerModel, prompt: ruler.Prompt) -> tuple[torch.Tensor
     for leaf in range(plan.num_leaves):
         span = plan.piece(leaf)
         probe = LayerProbe(engine.tiers.scoring.scorer.prompt_ids, every_layer=True)
-        comp.scoring = Scoring(probe, engine.tiers.scoring.units)
         part = comp._leaf_part(prefix, doc_ids[span], span.start, layers)
-        probe_scores(
-            comp.stack,
-            comp.scoring.scorer,
-            cache_from_tensors(part.keys, part.values),
-            part.position_ids,
-            doc_ids[span],
-            layers,
-        )
+        cache = cache_from_tensors(part.keys, part.values)
+        probe_scores(comp.stack, probe, cache, part.position_ids, doc_ids[span], layers)
         per_leaf.append(torch.stack(probe.records)[:, P:])
     return torch.cat(per_leaf, dim=1), layers.start, P + suffix_ids.numel()
 

@@ -27,7 +27,6 @@ from homer_integrations.homer.probing import probe_scores
 from homer_integrations.homer.prompt import encode
 from homer_integrations.homer.pruning import standardise
 from homer_integrations.homer.scorers import ReconstructionScorer, ScoreInput
-from homer_integrations.homer.scoring import Scoring
 from homer_integrations.models import load_model
 
 MODEL = "qwen2.5-coder-0.5b-instruct"
@@ -92,16 +91,9 @@ def main() -> None:
         probe = RecordingProbe(
             engine.tiers.scoring.scorer.prompt_ids, every_layer=True, piece_len=span.stop - span.start
         )
-        comp.scoring = Scoring(probe, engine.tiers.scoring.units)
         part = comp._leaf_part(prefix, doc_ids[span], span.start, layers)
-        probe_scores(
-            comp.stack,
-            comp.scoring.scorer,
-            cache_from_tensors(part.keys, part.values),
-            part.position_ids,
-            doc_ids[span],
-            layers,
-        )
+        cache = cache_from_tensors(part.keys, part.values)
+        probe_scores(comp.stack, probe, cache, part.position_ids, doc_ids[span], layers)
         rows, red = torch.tensor(need) - span.start + P, part.origin >= 0
 
         def pct(score: torch.Tensor, rows: torch.Tensor = rows, red: torch.Tensor = red) -> float:
