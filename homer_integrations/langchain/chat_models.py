@@ -5,24 +5,20 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from operator import itemgetter
 from typing import Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
-from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticToolsParser
-from langchain_core.output_parsers.pydantic import PydanticOutputParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
-from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
-from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import BaseModel
+from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from homer_integrations.aio import iterate_in_thread
 from homer_integrations.homer.constraints import ResponseFormat
 from homer_integrations.langchain.base import HomerCall, HomerSettings
+from homer_integrations.langchain.structured import structured_runnable
 from homer_integrations.tool_calls import ToolCall, ToolCallFormat, render_call
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "tool"}
@@ -293,34 +289,4 @@ class ChatHomer(HomerSettings, BaseChatModel):
         """
         if kwargs:
             raise ValueError(f"unsupported arguments: {sorted(kwargs)}")
-        if schema is None and method != "json_mode":
-            raise ValueError(f"method={method!r} needs a schema")
-        is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
-        traced = {"kwargs": {"method": method}, "schema": schema}
-        parser: Runnable
-        if method == "function_calling":
-            name = convert_to_openai_tool(schema)["function"]["name"]
-            llm = self.bind_tools([schema], tool_choice=name, ls_structured_output_format=traced)
-            parser = (
-                PydanticToolsParser(tools=[schema], first_tool_only=True)
-                if is_pydantic
-                else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
-            )
-        elif method in ("json_schema", "json_mode"):
-            # pydantic 2 classes compile directly; TypedDicts (LangChain's annotations) and pydantic 1 via LangChain;
-            # json_mode without a schema: any JSON object
-            if schema is None:
-                target: Any = {"type": "object"}
-            elif isinstance(schema, type) and issubclass(schema, BaseModel):
-                target = schema
-            else:
-                target = convert_to_json_schema(schema)
-            llm = self.bind(response_format=ResponseFormat.of(target), ls_structured_output_format=traced)
-            parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()
-        else:
-            raise ValueError(f"unknown method {method!r}: use json_schema, function_calling or json_mode")
-        if not include_raw:
-            return llm | parser
-        parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
-        fallback = RunnablePassthrough.assign(parsed=lambda _: None)
-        return RunnableMap(raw=llm) | parsed.with_fallbacks([fallback], exception_key="parsing_error")
+        return structured_runnable(self, schema, method, include_raw)

@@ -1,0 +1,61 @@
+"""Structured output for ``ChatHomer``: ``with_structured_output``'s runnable, whose answer is decoded under
+the schema (``homer_integrations.homer.constraints``) and parsed, so it fits even from a small model."""
+
+from __future__ import annotations
+
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, Literal
+
+from langchain_core.language_models import LanguageModelInput
+from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticToolsParser
+from langchain_core.output_parsers.pydantic import PydanticOutputParser
+from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from langchain_core.utils.pydantic import is_basemodel_subclass
+from pydantic import BaseModel
+
+from homer_integrations.homer.constraints import ResponseFormat
+
+if TYPE_CHECKING:
+    from homer_integrations.langchain.chat_models import ChatHomer
+
+
+def structured_runnable(
+    chat: ChatHomer,
+    schema: dict[str, Any] | type | None,
+    method: Literal["json_schema", "function_calling", "json_mode"],
+    include_raw: bool,
+) -> Runnable[LanguageModelInput, dict[str, Any] | Any]:
+    """``chat.with_structured_output(schema, method=method, include_raw=include_raw)``: ``chat`` bound to
+    decode under ``schema`` (or to call a tool named after it), piped into the matching parser."""
+    if schema is None and method != "json_mode":
+        raise ValueError(f"method={method!r} needs a schema")
+    is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+    traced = {"kwargs": {"method": method}, "schema": schema}
+    parser: Runnable
+    if method == "function_calling":
+        name = convert_to_openai_tool(schema)["function"]["name"]
+        llm = chat.bind_tools([schema], tool_choice=name, ls_structured_output_format=traced)
+        parser = (
+            PydanticToolsParser(tools=[schema], first_tool_only=True)
+            if is_pydantic
+            else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
+        )
+    elif method in ("json_schema", "json_mode"):
+        # pydantic 2 classes compile directly; TypedDicts (LangChain's annotations) and pydantic 1 via LangChain;
+        # json_mode without a schema: any JSON object
+        if schema is None:
+            target: Any = {"type": "object"}
+        elif isinstance(schema, type) and issubclass(schema, BaseModel):
+            target = schema
+        else:
+            target = convert_to_json_schema(schema)
+        llm = chat.bind(response_format=ResponseFormat.of(target), ls_structured_output_format=traced)
+        parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()
+    else:
+        raise ValueError(f"unknown method {method!r}: use json_schema, function_calling or json_mode")
+    if not include_raw:
+        return llm | parser
+    parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
+    fallback = RunnablePassthrough.assign(parsed=lambda _: None)
+    return RunnableMap(raw=llm) | parsed.with_fallbacks([fallback], exception_key="parsing_error")
