@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,8 +95,6 @@ class PruneEvent:
 
 
 PruneObserver = Callable[[PruneEvent], None]
-
-logger = logging.getLogger(__name__)
 
 
 class HomerCompressor:
