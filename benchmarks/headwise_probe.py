@@ -222,7 +222,8 @@ def close_statements(
 ) -> torch.Tensor:
     """``kept`` [K] (ascending document indices) and the whole of every statement of at most ``longest``
     tokens holding one of the ``top`` share of kept tokens by selection score ``memory`` [K]; ``statements``
-    [N]: each document token's statement. A fact's value ranks high, the words that name it do not."""
+    [N]: each document token's statement. The idea: a fact's value ranks high and the words naming it do
+    not; on RULER the values were not among the best-scored (``benchmarks/ruler_notes.md``)."""
     cut = torch.quantile(memory[memory.isfinite()].float(), 1.0 - top)
     units = statements - statements.min()
     sizes = torch.bincount(units)
@@ -431,6 +432,7 @@ def main() -> None:
             if f"{base}:{factor}" not in builds:  # variants of one base share its build and scores
                 builds.clear()
                 started = time.perf_counter()
+                added = {"tokens": 0}  # what a prefillclose base's closure adds
                 if base == "chunks":
                     built, scores = encode_chunks(compressor, *ids, int(factor))
                 else:
