@@ -649,8 +649,12 @@ def plots(summary: dict[str, list[dict]], ratio_length: int) -> None:
     plt.close(fig)
 
 
-def paired(rows: list[dict], method: str, reference: str = "plain", draws: int = 2000) -> list[dict]:
-    """``method`` against ``reference`` on exactly the samples both answered, per (length, ratio).
+def paired(
+    rows: list[dict], method: str, reference: str = "plain", draws: int = 2000, pooled: bool = False
+) -> list[dict]:
+    """``method`` against ``reference`` on exactly the samples both answered, per (length, ratio), or
+    ``pooled`` over every length and ratio both ran (one entry, length and ratio ``"all"``: the peers
+    issue's target averages over the tasks at 4x and 8x).
 
     The difference is the macro mean over tasks of (method - reference) per sample; its 90% interval
     comes from a bootstrap that redraws each task's samples (pairs kept together), so it says how far
@@ -665,15 +669,13 @@ def paired(rows: list[dict], method: str, reference: str = "plain", draws: int =
         if r["method"] in (method, reference):
             ratio = float(r["ratio"]) if r["method"] == method or same_ratio else None
             scores[(r["length"], ratio, r["task"], r["index"])][r["method"]] = r["score"]
+    groups: dict[tuple, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
+    for (length, ratio, task, index), s in scores.items():
+        ref = scores.get((length, ratio if same_ratio else None, task, index), {}).get(reference)
+        if ratio is not None and method in s and ref is not None:
+            groups[("all", "all") if pooled else (length, ratio)][task].append((s[method], ref))
     out = []
-    for length, ratio in sorted({(k[0], k[1]) for k in scores if k[1] is not None}):
-        by_task: dict[str, list[tuple[float, float]]] = defaultdict(list)
-        for (n, r, task, index), s in scores.items():
-            ref = scores.get((n, ratio if same_ratio else None, task, index), {}).get(reference)
-            if n == length and r == ratio and method in s and ref is not None:
-                by_task[task].append((s[method], ref))
-        if not by_task:
-            continue
+    for (length, ratio), by_task in sorted(groups.items()):
         rng = random.Random(0)
         tasks = sorted(by_task)
 
@@ -701,6 +703,10 @@ def paired(rows: list[dict], method: str, reference: str = "plain", draws: int =
     return out
 
 
+def _ratio(ratio: float | str) -> str:
+    return ratio if isinstance(ratio, str) else f"{ratio:g}x"
+
+
 def paired_markdown(comparisons: list[dict]) -> str:
     """README-ready table of ``paired`` comparisons: one reference names a column; several get a
     ``versus`` column and a ``reference`` accuracy column."""
@@ -716,7 +722,7 @@ def paired_markdown(comparisons: list[dict]) -> str:
         low, high = c["interval_90"]
         versus = "" if one else f" {c['reference']} |"
         lines.append(
-            f"| {c['length']} | {c['method']} | {c['ratio']:g}x |{versus} {len(c['pairs'])} "
+            f"| {c['length']} | {c['method']} | {_ratio(c['ratio'])} |{versus} {len(c['pairs'])} "
             f"({sum(c['pairs'].values())}) | {c['accuracy']:.2f} | {c['reference_accuracy']:.2f} | "
             f"{c['difference']:+.3f} | [{low:+.3f}, {high:+.3f}] |"
         )
@@ -764,6 +770,9 @@ PEER_PAIRS = (
 """The peers issue's comparisons at equal budget: the shared root against each question-agnostic press,
 the per-question path against kvpress's question-aware SnapKV, the head-wise root (and its recipe
 before 2026-11-28, ``_cut``) against the flat root and KVzip (sample by sample, same ratio)."""
+POOLED_PAIRS = (("homer_shared_headwise", "kvzip"), ("homer_shared", "kvzip"), ("homer_query_aware", "snapkv_question"))
+"""The peers issue's targets as it states them, over every length and ratio both ran (``paired(pooled=True)``):
+the shared root against the best question-agnostic press, the per-question path against question-aware SnapKV."""
 ABLATION_PAIRS = (
     ("homer_shared_probe9", "homer_shared"),
     ("homer_shared_headwise_whole", "homer_shared_headwise"),
@@ -780,6 +789,7 @@ def report(args: argparse.Namespace) -> None:
     summary: dict[str, Any] = summarize(rows)
     summary["paired"] = [c for m in PAIRED_METHODS for c in paired(rows, m)]
     summary["peers"] = [c for m, press in PEER_PAIRS for c in paired(rows, m, press)]
+    summary["peers"] += [c for m, press in POOLED_PAIRS for c in paired(rows, m, press, pooled=True)]
     table = markdown(summary, lambda m: m in MAIN_TABLE) + "\n" + paired_markdown(summary["paired"])
     if summary["peers"]:
         table += "\n" + paired_markdown(summary["peers"])

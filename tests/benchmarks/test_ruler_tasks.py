@@ -144,6 +144,25 @@ def test_a_press_is_compared_at_the_same_ratio() -> None:
     assert "| versus |" in table and "| 4096 | homer_shared | 8x | snapkv | 1 (1) | 0.00 | 1.00 | -1.000 |" in table
 
 
+def test_pooled_pairs_every_budget_both_ran_within_its_own_ratio() -> None:
+    def row(method: str, length: int, ratio: float, task: str, score: float) -> dict:
+        return {"method": method, "task": task, "index": 0, "length": length, "score": score, "ratio": ratio}
+
+    rows = [
+        row("homer_shared", 4096, 4.0, "vt", 1.0),
+        row("kvzip", 4096, 4.0, "vt", 0.0),
+        row("homer_shared", 8192, 8.0, "vt", 0.0),
+        row("kvzip", 8192, 8.0, "vt", 0.0),
+        row("kvzip", 8192, 4.0, "vt", 1.0),  # the root has no 8k, 4x row: not paired with its 8x one
+        row("homer_shared", 8192, 8.0, "qa_1", 0.0),
+        row("kvzip", 8192, 8.0, "qa_1", 1.0),
+    ]
+    (c,) = ruler.paired(rows, "homer_shared", "kvzip", draws=50, pooled=True)
+    assert (c["length"], c["ratio"], c["pairs"]) == ("all", "all", {"qa_1": 1, "vt": 2})
+    assert c["difference"] == pytest.approx(((0.0 - 1.0) + (1.0 - 0.0) / 2) / 2)
+    assert "| all | homer_shared | all | 2 (3) |" in ruler.paired_markdown([c])
+
+
 def test_summary_times_each_point_on_one_device() -> None:
     def row(task: str, index: int, device: str, seconds: float, score: float) -> dict:
         return {"method": "plain", "task": task, "index": index, "length": 16384, "ratio": 1.0, "score": score,
