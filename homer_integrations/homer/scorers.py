@@ -100,13 +100,10 @@ BLOCK_FLOATS = 1 << 23
 so a reconstruction probe of a 4k leaf (8k keys) scores in blocks of ~70 rows, not one 8k x 8k map."""
 
 
-def log_max_attention(
-    x: ScoreInput, length: int, block: int = 256, per_head: bool = False, outside: torch.Tensor | None = None
-) -> torch.Tensor:
+def log_max_attention(x: ScoreInput, length: int, block: int = 256, per_head: bool = False) -> torch.Tensor:
     """Log of the most attention (softmax probability, max over rows and heads) each of the first
     ``length`` keys receives from the R query rows, which sit at the end of the keys (causal) -> [length];
-    ``per_head``: max over rows and each K/V head's query group only -> [Hkv, length]. ``outside`` [K]
-    (True: left out of the softmax) restricts which keys the rows' attention is normalised over."""
+    ``per_head``: max over rows and each K/V head's query group only -> [Hkv, length]."""
     rows, keys = x.queries.shape[2], x.keys.shape[2]
     heads, kv_heads = x.queries.shape[1], x.keys.shape[1]
     block = max(1, min(block, BLOCK_FLOATS // (heads * keys)))
@@ -119,8 +116,6 @@ def log_max_attention(
         logits = torch.einsum("hgrd,hkd->hgrk", q, k).mul_(x.scaling)  # [Hkv, G, b, K]
         row_pos = torch.arange(keys - rows + start, keys - rows + stop, device=k.device)
         unseen = torch.arange(keys, device=k.device)[None, :] > row_pos[:, None]  # [b, K]
-        if outside is not None:
-            unseen = unseen | outside.to(k.device)[None, :]
         probs = logits.masked_fill_(unseen, float("-inf")).softmax(-1)[..., :length]
         best = torch.maximum(best, probs.amax(dim=reduce))
         del logits, probs
