@@ -65,6 +65,7 @@ HOMER_METHODS = (
     "homer_shared_headwise",
     "homer_shared_headwise_whole",
     "homer_shared_headwise_cut",
+    "homer_shared_headwise_probe9",
 )
 """``homer_shared_stmt``: the shared root with the ``reconstruction_statements`` ablation (its sentence
 bonus over statements, so a needle's key and value are ranked as one unit);
@@ -98,6 +99,8 @@ it lost at 8k, 4x held out, and its rows were renamed from ``homer_shared_headwi
 ``homer_shared_headwise_cut``: the head-wise root whose candidates are re-read as the selection kept
 them, words cut (``headwise_root.WHOLE_WORDS = False``); the recipe until 2026-11-28, whose rows were
 renamed from ``homer_shared_headwise``.
+``homer_shared_headwise_probe9``: the head-wise root whose candidates' reconstruction probe scores at
+model layer 9, so its leaves run only layers 0-9 (ablation ``reconstruction_probe_layer_9``).
 ``homer_shared``: the flat shared root (``shared_root="flat"``)."""
 KVPRESS_METHODS = ("kvzip", "snapkv", "expected_attention", "streaming_llm", "knorm", "snapkv_question")
 METHODS = HOMER_METHODS + KVPRESS_METHODS
@@ -345,7 +348,7 @@ def _scoring(args: argparse.Namespace, package: Any, config: Any) -> Any:
 
     if args.method.endswith("_stmt"):
         return RECONSTRUCTION_ABLATIONS["reconstruction_statements"](package)
-    if args.method == "homer_shared_probe9":
+    if args.method.endswith("_probe9"):
         return RECONSTRUCTION_ABLATIONS["reconstruction_probe_layer_9"](package)
     if args.method.endswith("_last_token"):
         return ABLATIONS["question_last_token"](Scoring.from_config(config))
@@ -777,6 +780,7 @@ ABLATION_PAIRS = (
     ("homer_shared_probe9", "homer_shared"),
     ("homer_shared_headwise_whole", "homer_shared_headwise"),
     ("homer_shared_headwise_cut", "homer_shared_headwise"),
+    ("homer_shared_headwise_probe9", "homer_shared_headwise"),
 )
 """Ablations against the recipe they vary, sample by sample (``ruler_ablations.md``)."""
 

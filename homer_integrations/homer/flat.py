@@ -19,6 +19,7 @@ import torch
 from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.compressor import CompressionResult, ProgressFn, PruneEvent
+from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.kv import cache_from_tensors
 from homer_integrations.homer.leaf_batch import batchable, leaf_positions, leaf_reducible, score_leaves
 from homer_integrations.homer.leaf_tier import LeafTier
@@ -95,47 +96,41 @@ class TierCompressor(LeafTierCompressor):
         plan = ChunkPlan.build(prefix_ids.numel(), document_ids.numel(), suffix_ids.numel(), s.max_chunk_len)
         schedule = self._schedule(plan)
         layers = schedule.layers_at(0)
-        prefix = self._prefix_part(prefix_ids, layers)
+        scorer = self.scoring.scorer
+        reread = recompute and plan.height > 0
+        run = self._probed_layers(layers) if reread and scorer.probes else layers
+        prefix = self._prefix_part(prefix_ids, run)
         self._word_ids = word_ids
 
         def leaf(index: int, target_len: int) -> tuple[Chunk, torch.Tensor | None]:
             span = plan.piece(index)
-            part = self._leaf_part(prefix, document_ids[span], span.start, layers)
-            probed = None
-            if self.scoring.scorer.probes and part.hidden.shape[1] + plan.suffix_len > target_len:
-                cache = cache_from_tensors(part.keys, part.values)
-                probed = probe_scores(
-                    self.stack, self.scoring.scorer, cache, part.position_ids, document_ids[span], layers
-                )
-                target_len = 1 << 62  # the suffix's own scores are not needed
-            chunk, scores = self._replayed_leaf(part, suffix_ids, plan, layers, target_len)
-            if probed is not None:
-                scores = torch.cat([probed, torch.zeros(plan.suffix_len)])
-            return chunk, scores
+            part = self._leaf_part(prefix, document_ids[span], span.start, run)
+            if not (scorer.probes and part.hidden.shape[1] + plan.suffix_len > target_len):
+                return self._replayed_leaf(part, suffix_ids, plan, layers, target_len)
+            cache = cache_from_tensors(part.keys, part.values)
+            probed = probe_scores(self.stack, scorer, cache, part.position_ids, document_ids[span], layers)
+            scores = torch.cat([probed, torch.zeros(plan.suffix_len)])
+            if reread:  # only the scores are read: the suffix need not run after the piece
+                return scores_only_leaf(self.stack, plan, index), scores
+            return self._replayed_leaf(part, suffix_ids, plan, layers, 1 << 62)[0], scores
 
-        if recompute and plan.height > 0:
+        if reread:
             selected = self._select_flat(leaf, plan, schedule, progress, scores_only=True)
             return self._recomputed(selected, prefix_ids, document_ids, suffix_ids, plan, start, whole)
         return self._result(self._flat(leaf, plan, schedule, progress), plan, schedule, start)
 
+    def _probed_layers(self, layers: range) -> range:
+        """The leaf layers up to the last one the scorer's probe reads: a re-read keeps nothing the leaves
+        compute after it (their keys, values and outputs feed only the probe)."""
+        last = max(layer for layer in layers if self.scoring.scorer.probe_scores_at(layer, layers))
+        return range(layers.start, last + 1)
+
     def _scored_leaves(self, tier: LeafTier, suffix_ids: torch.Tensor, plan: ChunkPlan, layers: range) -> FlatLeafFn:
         """``FlatLeafFn`` of scores-only leaves, every leaf scored in one batched pass (``leaf_batch``)."""
         scores = score_leaves(self.stack, self.scoring.scorer, self.bias, tier, suffix_ids, plan, layers)
-        P, E, S = plan.prefix_len, plan.piece_len, plan.suffix_len
 
         def leaf(index: int, target_len: int) -> tuple[Chunk, torch.Tensor | None]:
-            span = plan.piece(index)
-            reducible = leaf_reducible(P, span.stop - span.start, S)
-            chunk = Chunk(
-                hidden=self.stack.empty((1, reducible.numel(), 0)),
-                position_ids=leaf_positions(P, span.stop - span.start, E, S),
-                reducible=reducible,
-                origin=torch.cat([torch.full((P,), -1), torch.arange(span.start, span.stop), torch.full((S,), -1)]),
-                memory=torch.full((reducible.numel(),), float("-inf")),
-                prefix_len=P,
-                suffix_len=S,
-                cache=cache_from_tensors([], []),
-            )
+            chunk = scores_only_leaf(self.stack, plan, index)
             return chunk, scores[index] if chunk.length > target_len else None
 
         return leaf
@@ -216,3 +211,22 @@ class TierCompressor(LeafTierCompressor):
             return chunk
 
         return select(0, plan.height)
+
+
+def scores_only_leaf(stack: DecoderStack, plan: ChunkPlan, index: int) -> Chunk:
+    """Leaf ``index`` of ``plan`` as a selection that only ranks tokens reads it: its prefix, piece and
+    suffix origins, positions and reducible flags [P + n + S], no states (``Chunk.scores_only``)."""
+    P, E, S = plan.prefix_len, plan.piece_len, plan.suffix_len
+    span = plan.piece(index)
+    n = span.stop - span.start
+    reducible = leaf_reducible(P, n, S)
+    return Chunk(
+        hidden=stack.empty((1, reducible.numel(), 0)),
+        position_ids=leaf_positions(P, n, E, S),
+        reducible=reducible,
+        origin=torch.cat([torch.full((P,), -1), torch.arange(span.start, span.stop), torch.full((S,), -1)]),
+        memory=torch.full((reducible.numel(),), float("-inf")),
+        prefix_len=P,
+        suffix_len=S,
+        cache=cache_from_tensors([], []),
+    )

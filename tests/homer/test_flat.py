@@ -1,5 +1,7 @@
 """The flat selection across all leaves, from the tier or from scratch, and its plain-prefill re-read."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -142,6 +144,24 @@ def test_recompute_shared_root_is_the_plain_prefill_of_the_flat_roots_tokens(kin
     torch.testing.assert_close(result.next_token_logits, out.logits[0, -1], atol=ATOL, rtol=0)
     for k, layer in zip(result.keys, out.cache.layers, strict=True):
         torch.testing.assert_close(k, layer.keys, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_recompute_root_runs_the_leaves_only_up_to_the_probe_layer(kind):
+    model = tiny_model(kind, vocab_size=256)
+    prefix, doc, suffix = ids(model, 5, 1), ids(model, 800, 2), ids(model, RESERVE, 3)
+    scoring = uncalibrated().with_reconstruction(ids(model, 6, 4))
+    scoring = replace(scoring, scorer=replace(scoring.scorer, probe_layer=1))
+    comp = compressor(model, final_cache_len=96, scoring=scoring)
+    ran: list[range] = []
+    leaf_part = comp._leaf_part
+    comp._leaf_part = lambda *args: ran.append(args[-1]) or leaf_part(*args)  # records each leaf's layers
+    flat = comp.compress_flat(prefix, doc, suffix)  # the upper layers read the leaves' outputs: every leaf layer
+    every, ran[:] = ran[:], []
+    result = comp.compress_flat(prefix, doc, suffix, recompute=True)
+    assert len(every) == len(ran) > 1 and all(len(r) > 2 for r in every)
+    assert all(r == range(2) for r in ran), "the re-read needs nothing past the probe's layer"
+    assert torch.equal(result.origin, flat.origin), "and selects the same tokens"
 
 
 def test_recompute_with_whole_units_rereads_every_unit_the_selection_touched():
