@@ -98,7 +98,8 @@ class TierCompressor(LeafTierCompressor):
         layers = schedule.layers_at(0)
         scorer = self.scoring.scorer
         reread = recompute and plan.height > 0
-        run = self._probed_layers(layers) if reread and scorer.probes else layers
+        # a re-read keeps nothing the leaves compute after the probe's layer: they stop there
+        run = range(layers.start, scorer.probe_last(layers) + 1) if reread and scorer.probes else layers
         prefix = self._prefix_part(prefix_ids, run)
         self._word_ids = word_ids
 
@@ -118,12 +119,6 @@ class TierCompressor(LeafTierCompressor):
             selected = self._select_flat(leaf, plan, schedule, progress, scores_only=True)
             return self._recomputed(selected, prefix_ids, document_ids, suffix_ids, plan, start, whole)
         return self._result(self._flat(leaf, plan, schedule, progress), plan, schedule, start)
-
-    def _probed_layers(self, layers: range) -> range:
-        """The leaf layers up to the last one the scorer's probe reads: a re-read keeps nothing the leaves
-        compute after it (their keys, values and outputs feed only the probe)."""
-        last = max(layer for layer in layers if self.scoring.scorer.probe_scores_at(layer, layers))
-        return range(layers.start, last + 1)
 
     def _scored_leaves(self, tier: LeafTier, suffix_ids: torch.Tensor, plan: ChunkPlan, layers: range) -> FlatLeafFn:
         """``FlatLeafFn`` of scores-only leaves, every leaf scored in one batched pass (``leaf_batch``)."""

@@ -30,7 +30,7 @@ def probe_scores(
     rope = stack.rotary(hidden, torch.arange(start, start + rows))
     reducible = torch.ones(length, dtype=torch.bool)
     evidence: list[torch.Tensor] = []
-    last = max(layer for layer in layers if scorer.probe_scores_at(layer, layers))  # the probe stops there
+    last = scorer.probe_last(layers)
     for layer_idx in range(layers.start, last + 1):
         score_here = scorer.probe_scores_at(layer_idx, layers)
         hidden, query = stack.attention(layer_idx, hidden, rope, cache, query_rows=rows if score_here else 0)

@@ -74,6 +74,10 @@ class Scorer:
         """Whether the probe rows score ``layer`` of a leaf that runs ``layers`` (default: only the last)."""
         return layer == layers[-1]
 
+    def probe_last(self, layers: range) -> int:
+        """The last of a leaf's ``layers`` the probe rows score: they run no further."""
+        return max(layer for layer in layers if self.probe_scores_at(layer, layers))
+
     def probe_combine(self, per_layer: list[torch.Tensor]) -> torch.Tensor:
         """One score [T] from the probe scores of every probed layer (default: the best layer's)."""
         return torch.stack(per_layer).amax(0)
