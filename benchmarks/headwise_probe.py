@@ -29,8 +29,8 @@ over statements; ``word``: each token its word's best score, no bonus; ``common`
 the sentence bonus, then each token lowered by its word's standardised log count in the document
 (``CommonWords``; lost: ``benchmarks/ruler_notes.md``); ``best``: each sentence ranked whole by its best
 token plus 4x its mean (``UnitBestAndMean``, the question recipe's ranking, over sentences).
-Indices 0-9 are ``ruler.py``'s stored samples; indices from 10 are the tuning split, generated fresh,
-and the report keeps the two apart.
+Indices 10-19 are the tuning split (``ruler_tasks.TUNING``), which ``ruler.py`` never reports; the
+report keeps them apart from the reported samples.
 """
 
 from __future__ import annotations
@@ -295,13 +295,9 @@ def share(tokens: list[int], candidates: torch.Tensor) -> float:
     return round(float(torch.isin(torch.tensor(tokens), candidates).float().mean()), 3) if tokens else 0.0
 
 
-TUNING = 10
-"""Indices from here on are the tuning split: ``ruler.py`` stores and reports 0-9; these are generated
-fresh (the generator is seeded, so the same index is always the same sample)."""
-
-
 def probe_samples(task: str, length: int, indices: list[int]) -> list[ruler_tasks.RulerSample]:
-    """The stored samples of ``indices``, and fresh ones of those past the stored ones."""
+    """The stored samples of ``indices``, and fresh ones of those past the stored ones (the generators
+    are seeded: the same index is the same sample either way)."""
     stored = {s.index: s for s in ruler.SAMPLES.load(task, length)}
     if any(i not in stored for i in indices):
         fresh = ruler_tasks.make_samples(task, length, max(indices) + 1, str(ruler.model_dir()))
@@ -329,7 +325,7 @@ def value_cover(
 
 
 def split(row: dict) -> str:
-    return "tuning" if row["index"] >= TUNING else "reported"
+    return "tuning" if row["index"] in ruler_tasks.TUNING else "reported"
 
 
 def report() -> str:
@@ -370,8 +366,8 @@ def report() -> str:
         )
     return "\n".join(lines) + (
         "\n\nMean RULER score over the variant's samples (reported: indices 0-9, `ruler.py`'s samples; 4k "
-        "indices 0-2 chose `prefill:2:global`, 8k index 0 was held out; tuning: indices from "
-        f"{TUNING}, generated fresh, which no reported number uses); the references "
+        "indices 0-2 chose `prefill:2:global`, 8k index 0 was held out; tuning: indices "
+        f"{ruler_tasks.TUNING.start}-{ruler_tasks.TUNING.stop - 1}, which no reported number uses); the references "
         "are `ruler.py`'s rows of the same samples (their count in brackets). Cache width / budget: the "
         "slots a head holds over the budget (``global`` pads every head to the widest head of any layer).\n"
     )

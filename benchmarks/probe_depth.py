@@ -8,7 +8,8 @@ leaf layer, about as much work as the leaves themselves. Scoring at an earlier l
 probe there. For each sample every leaf runs as the shared root runs it, the probe records its score
 at every leaf layer, and each reference value's best token gets, per layer, its percentile among all
 the document's tokens (the flat root selects across leaves) and whether it would be inside the
-document's share of the budget. Samples 10 and up are the tuning split (``ruler.py`` reports 0-9).
+document's share of the budget. Samples 10-19 are the tuning split (``ruler_tasks.TUNING``;
+``ruler.py`` never reports them).
 Writes ``results/probe_depth_<length>_<ratio>.json``. With ``--time-layer N`` it instead times one
 root with the probe at the last leaf layer and at layer N, alternated in one process:
 

@@ -15,7 +15,7 @@ A rule is ``layers/heads/units``: ``last`` (the package), ``L<i>`` one leaf laye
 every leaf layer's standardised scores; ``stmt`` the sentence bonus over statements (the recipe before
 2026-11-26), ``stmt_max`` a statement's best score, ``mix=w`` its best plus w x its mean (the package since
 2026-11-26 with w=4), ``word`` a word's, ``none`` single tokens.
-Indices 10 and up are the tuning split (``ruler.py`` reports 0-9).
+Indices 10-19 are the tuning split (``ruler_tasks.TUNING``; ``ruler.py`` never reports them).
 """
 
 from __future__ import annotations

@@ -419,7 +419,7 @@ def run(args: argparse.Namespace) -> None:
     def pending(method: str, length: int, ratios: list[float]) -> list[tuple[str, int, int]]:
         return [  # index-major: a run stopped early has covered every task
             (task, length, i)
-            for i in range(args.first, args.samples)
+            for i in ruler_tasks.reported(range(args.first, args.samples))
             for task in args.tasks
             if any((task, length, method, r, i) not in done for r in ratios)
         ]
@@ -817,7 +817,12 @@ def main() -> None:
     for p in (s, r):
         p.add_argument("--tasks", nargs="+", default=list(TASKS))
         p.add_argument("--lengths", type=int, nargs="+", default=[4096])
-        p.add_argument("--samples", type=int, default=10, help="samples per task and length (indices 0..n-1)")
+        p.add_argument(
+            "--samples",
+            type=int,
+            default=10,
+            help="samples per task and length (indices 0..n-1; run skips 10-19, the probes' tuning split)",
+        )
     r.add_argument(
         "--first", type=int, default=0, help="first sample index to run: run does indices first..samples-1 (default 0)"
     )

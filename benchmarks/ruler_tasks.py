@@ -29,6 +29,17 @@ from typing import Any
 TASKS = ("niah_single_2", "niah_multikey_2", "niah_multivalue", "niah_multiquery", "vt", "cwe", "qa_1")
 """The RULER tasks this harness runs (any key of the package's ``synthetic.yaml`` works)."""
 
+TUNING = range(10, 20)
+"""Sample indices the probes (``headwise_probe.py``, ``probe_depth.py``, ...) choose recipes on;
+``ruler.py`` never reports them. Reported samples are 0-9 and, beyond ten a task, 20 on (the
+generators are seeded, so an index is always the same sample)."""
+
+
+def reported(indices: range) -> list[int]:
+    """``indices`` without the tuning split."""
+    return [i for i in indices if i not in TUNING]
+
+
 OPEN, CLOSE, ANSWER = "\x1c", "\x1d", "\x1e"
 """Markers around the context and before the answer prefix (no generator edits control characters)."""
 

@@ -191,3 +191,9 @@ def test_a_run_leaves_another_live_runs_job_list(tmp_path: Path, monkeypatch: py
         path.write_text('["vt", 4096, 0]\n')
     ruler.drop_jobs()
     assert other.exists() and not mine.exists() and not ended.exists()
+
+
+def test_reported_indices_skip_the_tuning_split() -> None:
+    assert ruler_tasks.reported(range(8, 23)) == [8, 9, 20, 21, 22]
+    assert ruler_tasks.reported(range(0, 10)) == list(range(10))
+    assert ruler_tasks.reported(range(12, 18)) == []
