@@ -365,7 +365,7 @@ def report() -> str:
             + f" | {width:.2f} |"
         )
     return "\n".join(lines) + (
-        "\n\nMean RULER score over the variant's samples (reported: indices 0-9, `ruler.py`'s samples; 4k "
+        "\n\nMean RULER score over the variant's samples (reported: `ruler.py`'s samples, 0-9 and 20 on; 4k "
         "indices 0-2 chose `prefill:2:global`, 8k index 0 was held out; tuning: indices "
         f"{ruler_tasks.TUNING.start}-{ruler_tasks.TUNING.stop - 1}, which no reported number uses); the references "
         "are `ruler.py`'s rows of the same samples (their count in brackets). Cache width / budget: the "

@@ -412,6 +412,9 @@ def run(args: argparse.Namespace) -> None:
     """Every (method, length, ratio) with samples missing from the results, each in a fresh process."""
     merge_pending()
     ensure_samples(args)
+    skipped = sorted(set(range(args.first, args.samples)) - set(ruler_tasks.reported(range(args.first, args.samples))))
+    if skipped:
+        print(f"skipping indices {skipped[0]}-{skipped[-1]}: the tuning split (ruler_tasks.TUNING)", flush=True)
     WORK.mkdir(parents=True, exist_ok=True)
     done = {row_key(r) for r in load_rows()}
     from kvpress_runner import SHARABLE, ensure_venv
