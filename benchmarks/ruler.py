@@ -412,7 +412,8 @@ def run(args: argparse.Namespace) -> None:
     """Every (method, length, ratio) with samples missing from the results, each in a fresh process."""
     merge_pending()
     ensure_samples(args)
-    skipped = sorted(set(range(args.first, args.samples)) - set(ruler_tasks.reported(range(args.first, args.samples))))
+    indices = ruler_tasks.reported(range(args.first, args.samples))
+    skipped = [i for i in range(args.first, args.samples) if i in ruler_tasks.TUNING]
     if skipped:
         print(f"skipping indices {skipped[0]}-{skipped[-1]}: the tuning split (ruler_tasks.TUNING)", flush=True)
     WORK.mkdir(parents=True, exist_ok=True)
@@ -422,7 +423,7 @@ def run(args: argparse.Namespace) -> None:
     def pending(method: str, length: int, ratios: list[float]) -> list[tuple[str, int, int]]:
         return [  # index-major: a run stopped early has covered every task
             (task, length, i)
-            for i in ruler_tasks.reported(range(args.first, args.samples))
+            for i in indices
             for task in args.tasks
             if any((task, length, method, r, i) not in done for r in ratios)
         ]
