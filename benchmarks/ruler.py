@@ -789,6 +789,92 @@ ABLATION_PAIRS = (
 """Ablations against the recipe they vary, sample by sample (``ruler_ablations.md``)."""
 
 
+GLANCE_TASKS = tuple(t for t in TASKS if t != "cwe")
+"""The tasks of the at-a-glance table: cwe is left out, since its few-shot example alone exceeds HOMER's
+budget at 4k and at 8k, 8x (no row), and plain prefill answers it 0 at 8k (the 0.5B model repeats the
+example's words)."""
+GLANCE_COLUMNS = (
+    ("per-question path", ("homer_query_aware",)),
+    ("shared root", ("homer_shared_headwise",)),
+    ("KVzip", ("kvzip",)),
+    ("best other question-agnostic press", ("snapkv", "expected_attention", "streaming_llm", "knorm")),
+    ("SnapKV, question-aware", ("snapkv_question",)),
+)
+"""Columns of the at-a-glance table: a label and the methods it stands for (several: the best at each point)."""
+
+
+def glance(rows: list[dict], draws: int = 200) -> list[dict]:
+    """Per (length, ratio) a HOMER tier ran: plain prefill's accuracy over ``GLANCE_TASKS`` and, per
+    ``GLANCE_COLUMNS`` label, the best of its methods paired with plain (``paired``) where it covers every
+    one of those tasks, with its share of plain's accuracy on the same pairs."""
+    six = [r for r in rows if r["task"] in GLANCE_TASKS]
+    versus = {
+        (c["length"], c["ratio"], m): c
+        for _, methods in GLANCE_COLUMNS
+        for m in methods
+        for c in paired(six, m, draws=draws)
+        if len(c["pairs"]) == len(GLANCE_TASKS)
+    }
+    points = sorted({(length, ratio) for length, ratio, m in versus if m.startswith("homer_")})
+    out = []
+    for length, ratio in points:
+        plain = [r for r in six if r["method"] == "plain" and r["length"] == length]
+        by_task = {t: [r["score"] for r in plain if r["task"] == t] for t in GLANCE_TASKS}
+        entry: dict[str, Any] = {
+            "length": length,
+            "ratio": ratio,
+            "plain": {
+                "accuracy": _mean([_mean(s) for s in by_task.values() if s]),
+                "samples": {t: len(s) for t, s in by_task.items()},
+            },
+            "columns": {},
+        }
+        for label, methods in GLANCE_COLUMNS:
+            found = [versus[(length, ratio, m)] for m in methods if (length, ratio, m) in versus]
+            if found:
+                best = max(found, key=lambda c: c["accuracy"])
+                share = best["accuracy"] / best["reference_accuracy"] if best["reference_accuracy"] else None
+                entry["columns"][label] = {
+                    "method": best["method"],
+                    "accuracy": best["accuracy"],
+                    "of_plain": share,
+                    "pairs": sum(best["pairs"].values()),
+                }
+        out.append(entry)
+    return out
+
+
+def glance_markdown(points: list[dict]) -> str:
+    """README-ready at-a-glance table of ``glance``."""
+    labels = [label for label, _ in GLANCE_COLUMNS]
+    several = {label for label, methods in GLANCE_COLUMNS if len(methods) > 1}
+    lines = ["| tokens | ratio | plain (samples) | " + " | ".join(labels) + " |", "|" + "---|" * (3 + len(labels))]
+    for p in points:
+        cells = []
+        for label in labels:
+            c = p["columns"].get(label)
+            if c is None:
+                cells.append("-")
+                continue
+            name = f" {c['method']}" if label in several else ""
+            share = "" if c["of_plain"] is None else f"{c['of_plain']:.2f} of plain, "
+            cells.append(f"{c['accuracy']:.2f}{name} ({share}{c['pairs']})")
+        n = sum(p["plain"]["samples"].values())
+        lines.append(
+            f"| {p['length']} | {_ratio(p['ratio'])} | {p['plain']['accuracy']:.2f} ({n}) | " + " | ".join(cells) + " |"
+        )
+    lines += [
+        "",
+        "Each method paired with plain prefill on the samples both answered, macro mean over six tasks ("
+        + ", ".join(GLANCE_TASKS)
+        + "; cwe is left out: HOMER cannot run it at most budgets, and plain answers it 0 at 8k); "
+        "of plain: the method's accuracy over plain's on those pairs; the count is pairs. A cell needs all six "
+        "tasks. plain: its mean over all its samples of the six tasks at that length. The shared root is the "
+        'package\'s default (head-wise); the per-question path is `mode="query_aware"`.',
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def report(args: argparse.Namespace) -> None:
     merge_pending()
     rows = load_rows()
@@ -798,7 +884,14 @@ def report(args: argparse.Namespace) -> None:
     summary["paired"] = [c for m in PAIRED_METHODS for c in paired(rows, m)]
     summary["peers"] = [c for m, press in PEER_PAIRS for c in paired(rows, m, press)]
     summary["peers"] += [c for m, press in POOLED_PAIRS for c in paired(rows, m, press, pooled=True)]
-    table = markdown(summary, lambda m: m in MAIN_TABLE) + "\n" + paired_markdown(summary["paired"])
+    summary["glance"] = glance(rows)
+    table = "\n".join(
+        (
+            glance_markdown(summary["glance"]),
+            markdown(summary, lambda m: m in MAIN_TABLE),
+            paired_markdown(summary["paired"]),
+        )
+    )
     if summary["peers"]:
         table += "\n" + paired_markdown(summary["peers"])
     (RESULTS / "ruler.md").write_text(table)

@@ -197,3 +197,25 @@ def test_reported_indices_skip_the_tuning_split() -> None:
     assert ruler_tasks.reported(range(8, 23)) == [8, 9, 20, 21, 22]
     assert ruler_tasks.reported(range(0, 10)) == list(range(10))
     assert ruler_tasks.reported(range(12, 18)) == []
+
+
+def test_glance_pairs_each_tier_with_plain_over_every_glance_task() -> None:
+    def row(method: str, task: str, score: float, ratio: float = 4.0) -> dict:
+        return {"method": method, "task": task, "index": 0, "length": 8192, "score": score,
+                "ratio": 1.0 if method == "plain" else ratio}  # fmt: skip
+
+    rows = [row("plain", t, 1.0) for t in ruler.GLANCE_TASKS]
+    rows += [row("homer_shared_headwise", t, 1.0 if t == "vt" else 0.5) for t in ruler.GLANCE_TASKS]
+    rows += [row("knorm", t, 0.0) for t in ruler.GLANCE_TASKS] + [row("snapkv", t, 0.5) for t in ruler.GLANCE_TASKS]
+    rows += [row("kvzip", "vt", 1.0)]  # one task only: no cell
+    rows += [row("plain", "cwe", 0.0), row("homer_shared_headwise", "cwe", 0.0)]  # cwe is left out
+    (point,) = ruler.glance(rows, draws=20)
+    assert (point["length"], point["ratio"], point["plain"]["accuracy"]) == (8192, 4.0, 1.0)
+    root = point["columns"]["shared root"]
+    assert root["accuracy"] == pytest.approx((1.0 + 0.5 * 5) / 6)
+    assert root["of_plain"] == pytest.approx(root["accuracy"])
+    assert root["pairs"] == len(ruler.GLANCE_TASKS)
+    assert "KVzip" not in point["columns"]
+    assert point["columns"]["best other question-agnostic press"]["method"] == "snapkv"
+    table = ruler.glance_markdown([point])
+    assert "| 8192 | 4x | 1.00 (6) | - | 0.58 (0.58 of plain, 6) | - | 0.50 snapkv (0.50 of plain, 6) | - |" in table
