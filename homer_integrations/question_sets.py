@@ -4,6 +4,8 @@ A set lives in ``data/questions/<name>.json``. Each question names the character
 bundled text where its answer is stated, so an excerpt asks only what it contains
 (``QuestionSet.within``), and its expected answer as keyword groups: an answer is right when it
 holds one alternative of every group (case-insensitive, whole words, any whitespace between words).
+The whole-book sets (``*_book.json``) also give each question a ``kind`` and a ``split`` (``tuning`` or
+``heldout``, ``QuestionSet.split``): tune on the tuning split only.
 ``homer-qa ask --demo`` and ``benchmarks/novel_qa.py`` both read them.
 """
 
@@ -27,6 +29,10 @@ class KeywordQuestion:
     question: str
     keywords: tuple[tuple[str, ...], ...]
     offset: int
+    kind: str = ""
+    """who, what, where, when or why; empty when the set does not say."""
+    split: str = ""
+    """``tuning`` or ``heldout``; empty when the set does not say."""
     _patterns: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -72,6 +78,10 @@ class QuestionSet:
             return self.questions
         return tuple(self.questions[round(i * (n - 1) / max(count - 1, 1))] for i in range(count))
 
+    def split(self, name: str) -> QuestionSet:
+        """Only the questions of split ``name`` (``tuning`` or ``heldout``)."""
+        return QuestionSet(self.name, self.document, self.title, tuple(q for q in self.questions if q.split == name))
+
 
 def _whole_words(keyword: str) -> str:
     words = map(re.escape, keyword.split())
@@ -92,6 +102,8 @@ def question_set(name: str = "prideprejudice") -> QuestionSet:
                 question=str(q["question"]),
                 keywords=tuple(tuple(str(k) for k in group) for group in q["keywords"]),
                 offset=int(q["offset"]),
+                kind=str(q.get("kind", "")),
+                split=str(q.get("split", "")),
             )
             for q in raw["questions"]
         )
