@@ -20,6 +20,7 @@ import torch
 from filelock import FileLock
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from homer_integrations.dtypes import resolve_dtype
 from homer_integrations.paths import cache_root
 from homer_integrations.quantization import QUANTIZATIONS, Quantization
 from homer_integrations.quantization import quantize as quantize_model
@@ -251,8 +252,10 @@ def load_model(
     device = resolve_device(device)
     if quantize is not None and (quantize not in QUANTIZATIONS or (device is not None and device.type != "cpu")):
         raise ValueError(f"quantize={quantize!r}: only {', '.join(QUANTIZATIONS)} on the CPU is supported")
+    # int8 layers are built from float32 weights (``quantization``)
+    dtype = torch.float32 if quantize is not None and dtype == "auto" else resolve_dtype(dtype, device)
     if path_or_id in EMBEDDED_MODELS:
-        model, tokenizer = load_embedded(EMBEDDED_MODELS[path_or_id], torch.float32 if dtype == "auto" else dtype)
+        model, tokenizer = load_embedded(EMBEDDED_MODELS[path_or_id], dtype)
     else:
         path_or_id = resolve_model_path(path_or_id)
         model = AutoModelForCausalLM.from_pretrained(path_or_id, dtype=dtype, **kwargs).eval()
