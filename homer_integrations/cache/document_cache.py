@@ -48,7 +48,7 @@ from homer_integrations.cache.entry import (
 from homer_integrations.cache.flight import SingleFlight
 from homer_integrations.cache.local import LocalStore
 from homer_integrations.cache.memory import MemoryLRU, Slot
-from homer_integrations.cache.store import Store, open_store
+from homer_integrations.cache.store import DiskBudgetError, Store, open_store
 from homer_integrations.cache.stored import StoredEntries
 from homer_integrations.homer.compressed import CacheSpec, CompressedDocument
 from homer_integrations.homer.leaf_tier import Allocate, LeafTier
@@ -144,7 +144,7 @@ class DocumentCache:
             open_store(directory, budget_bytes=disk_budget_bytes, **storage_options) if directory else None
         )
         if self.store is None and disk_budget_bytes is not None:
-            raise ValueError("disk_budget_bytes needs a directory")
+            raise DiskBudgetError("disk_budget_bytes needs a directory")
         self.lock_timeout = lock_timeout
         self.device = torch.device(device) if device is not None else None
         self._flights: SingleFlight[tuple[Entry, CacheSource]] = SingleFlight()

@@ -60,6 +60,9 @@ class CacheEntry:
     on_disk: bool
     disk_bytes: int = 0
     kind: str = "root"
+    error: str | None = None
+    """Why a stored entry is unusable (a manifest over ``MAX_MANIFEST_BYTES``); None for a good one.
+    Such an entry is listed so that it can be seen and cleared; it is never served."""
 
 
 def document_nbytes(doc: Entry) -> int:
@@ -105,8 +108,28 @@ def own_manifest(raw: bytes) -> dict[str, Any] | None:
     return manifest if isinstance(manifest.get("key"), str) else None
 
 
+def unusable_manifest(key: str, error: str, created: float | None = None) -> dict[str, Any]:
+    """What a store lists for an entry of the cache's that it cannot read (``CacheEntry.error``)."""
+    return {"key": key, "error": error, "created": time.time() if created is None else created}
+
+
 def listed_entry(manifest: dict[str, Any], disk_bytes: int) -> CacheEntry:
-    """The ``CacheEntry`` a stored manifest describes; raises ``ValueError``/``KeyError``/``TypeError``."""
+    """The ``CacheEntry`` a stored manifest (or ``unusable_manifest``) describes; raises
+    ``ValueError``/``KeyError``/``TypeError``."""
+    if manifest.get("format") != MANIFEST_FORMAT:
+        return CacheEntry(
+            key=str(manifest["key"]),
+            nbytes=0,
+            tokens=0,
+            document_tokens=0,
+            created=float(manifest["created"]),
+            label=None,
+            in_memory=False,
+            on_disk=True,
+            disk_bytes=disk_bytes,
+            kind="unusable",
+            error=str(manifest["error"]),
+        )
     return CacheEntry(
         key=manifest["key"],
         nbytes=int(manifest["nbytes"]),

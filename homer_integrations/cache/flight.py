@@ -4,7 +4,8 @@ Across processes a store hands out a per-key lock; the cache reads the entry aga
 it, so the second process loads what the first one wrote instead of computing it.
 
 - ``FileKeyLock`` (a local directory): an OS file lock (``filelock``). Mutual exclusion is exact;
-  a process that dies releases it.
+  a process that dies releases it. The lock directory must be a directory itself and each lock a
+  regular file (``files``): a link there is refused, never followed to create or truncate a file.
 - ``LeaseLock`` (any fsspec URL, e.g. ``s3://``): a lease object next to the entries. It is taken
   with an exclusive create (S3 ``If-None-Match: *``, ``O_EXCL`` on a local disk), renewed by a
   heartbeat thread every ``ttl / 3`` seconds while held, and deleted on release. A waiter breaks a
@@ -33,6 +34,8 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from filelock import FileLock, Timeout
 from fsspec.implementations.local import LocalFileSystem
+
+from homer_integrations.cache.files import check_lock_file, own_directory
 
 logger = logging.getLogger(__name__)
 
@@ -120,15 +123,22 @@ class SingleFlight(Generic[T]):
 
 
 class FileKeyLock:
-    """An OS file lock at ``path`` (its directory is created on first use)."""
+    """An OS file lock at ``path`` (its directory is created on first use; ``check`` refuses links)."""
 
     def __init__(self, path: Path, timeout: float | None) -> None:
         self.path = path
         self.timeout = timeout
         self._lock: FileLock | None = None
 
+    @staticmethod
+    def check(path: Path) -> None:
+        """``OSError`` unless ``path``'s directory is a directory of its own and ``path`` is absent or a
+        regular file."""
+        own_directory(path.parent)
+        check_lock_file(path)
+
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.check(self.path)
         self._lock = FileLock(self.path, timeout=-1 if self.timeout is None else self.timeout)
         try:
             self._lock.acquire()
@@ -141,9 +151,10 @@ class FileKeyLock:
 
 
 def remove_unheld_lock(path: Path) -> bool:
-    """Remove a lock file unless a thread or process holds it now; True if it went."""
+    """Remove a lock file unless a thread or process holds it now (or it is not a regular file); True if it went."""
     lock = FileLock(path, timeout=0)
     try:
+        check_lock_file(path)
         lock.acquire()
     except (Timeout, OSError):
         return False

@@ -8,6 +8,12 @@ renames its files in, so the entries never exceed the budget, however many proce
 An entry larger than the whole budget is not written (``EntryTooLarge``). A reader that loses an
 entry to eviction between its manifest and its tensors sees a missing file, which the cache
 treats as unusable (recomputed, never served half).
+
+Only regular files are read, and manifests only up to ``MAX_MANIFEST_BYTES`` (``files``): a FIFO,
+a link or a device at an entry's name is unusable, never opened for reading, and the lock directory
+must be a directory of its own, not a link. A manifest over the limit that is the cache's (its name
+is a key's, or it names the cache's format near its start) is listed as an unusable entry, so
+``cache ls`` shows it and ``clear`` removes it.
 """
 
 from __future__ import annotations
@@ -16,15 +22,26 @@ import contextlib
 import logging
 import os
 import re
+import stat
 import uuid
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
-from homer_integrations.cache.entry import MAX_MANIFEST_BYTES, own_manifest
+from homer_integrations.cache.entry import MAX_MANIFEST_BYTES, own_manifest, unusable_manifest
+from homer_integrations.cache.files import OverLimit, own_directory, read_regular, regular_size, regular_stat
 from homer_integrations.cache.flight import FileKeyLock, KeyLock, remove_unheld_lock
-from homer_integrations.cache.store import MANIFEST, SAFE_NAME, TENSORS, EntryTooLarge, Store, entry_name
+from homer_integrations.cache.store import (
+    MANIFEST,
+    SAFE_NAME,
+    TENSORS,
+    DiskBudgetError,
+    EntryTooLarge,
+    Store,
+    entry_name,
+    oversized_is_ours,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +54,7 @@ class LocalStore(Store):
 
     def __init__(self, directory: Path, *, budget_bytes: int | None = None) -> None:
         if budget_bytes is not None and budget_bytes < 0:
-            raise ValueError("the disk budget must be >= 0 bytes")
+            raise DiskBudgetError("the disk budget must be >= 0 bytes")
         self.directory = directory
         self.location = str(directory)
         self.budget_bytes = budget_bytes
@@ -55,19 +72,25 @@ class LocalStore(Store):
 
     def read_manifest(self, key: str) -> bytes | None:
         try:
-            return self.paths(key)[1].read_bytes()
+            return read_regular(self.paths(key)[1], MAX_MANIFEST_BYTES)
         except FileNotFoundError:
             return None  # a safetensors file alone is an unfinished write: the writer adds the manifest
 
     def read_tensors(self, key: str) -> bytes:
-        return self.paths(key)[0].read_bytes()
+        return read_regular(self.paths(key)[0])
 
-    def tensors_file(self, key: str) -> Path:
-        return self.paths(key)[0]
+    def tensors_file(self, key: str) -> Path | None:
+        """The safetensors file to map, when it is a regular file (else ``read_tensors`` says why not)."""
+        path = self.paths(key)[0]
+        return path if _is_regular(path) else None
 
     def touch(self, key: str) -> None:
-        with contextlib.suppress(OSError):
-            os.utime(self.paths(key)[1])
+        with contextlib.suppress(OSError, NotImplementedError):
+            os.utime(self.paths(key)[1], follow_symlinks=False)
+
+    def check(self) -> None:
+        if self.directory.exists() and not self.directory.is_dir():
+            raise NotADirectoryError(f"{self.directory} is not a directory")
 
     def staging_file(self, key: str) -> Path:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -153,8 +176,8 @@ class LocalStore(Store):
         if self.budget_bytes is None:
             yield
             return
-        locks = self.directory / "locks"
-        locks.mkdir(parents=True, exist_ok=True)
+        locks = own_directory(self.directory / "locks")
+        FileKeyLock.check(locks / BUDGET_LOCK)
         with FileLock(locks / BUDGET_LOCK):
             yield
 
@@ -174,7 +197,10 @@ class LocalStore(Store):
         return evicted
 
     def _scan(self) -> list[tuple[Path, dict[str, Any], int, int]]:
-        """(manifest path, manifest, entry bytes, last use in ns) of every homer manifest in the directory."""
+        """(manifest path, manifest, entry bytes, last use in ns) of every homer manifest in the directory.
+
+        Only regular files are read. A manifest over ``MAX_MANIFEST_BYTES`` that is the cache's
+        (``oversized_is_ours``) comes as ``unusable_manifest``: listed, counted, evicted and cleared."""
         try:
             paths = sorted(self.directory.iterdir())
         except OSError:
@@ -184,18 +210,28 @@ class LocalStore(Store):
             if path.suffix != MANIFEST or path.name.startswith("."):
                 continue
             try:
-                stat = path.stat()
-                if not path.is_file() or stat.st_size > MAX_MANIFEST_BYTES:
-                    continue
-                manifest = own_manifest(path.read_bytes())
-                if manifest is None:
-                    continue
-                tensors = path.with_suffix(TENSORS)
-                size = stat.st_size + (tensors.stat().st_size if tensors.is_file() else 0)
+                st = regular_stat(path)
+                try:
+                    manifest = own_manifest(read_regular(path, MAX_MANIFEST_BYTES))
+                except OverLimit as exc:
+                    head = read_regular(path, 1 << 16, head=True)
+                    why = f"the manifest has {exc.size:,} bytes, over the {exc.limit:,}-byte limit"
+                    ours = oversized_is_ours(path.stem, head)
+                    manifest = unusable_manifest(path.stem, why, st.st_mtime) if ours else None
             except OSError:
                 continue
-            found.append((path, manifest, size, stat.st_mtime_ns))
+            if manifest is None:
+                continue
+            size = st.st_size + regular_size(path.with_suffix(TENSORS))
+            found.append((path, manifest, size, st.st_mtime_ns))
         return found
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _temp_name(path: Path) -> Path:

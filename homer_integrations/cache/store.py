@@ -20,10 +20,12 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
-from homer_integrations.cache.entry import CacheEntry, listed_entry, own_manifest
+from homer_integrations.cache.entry import MANIFEST_FORMAT, CacheEntry, listed_entry, own_manifest
 from homer_integrations.cache.flight import KeyLock
 
 SAFE_NAME = re.compile(r"[0-9A-Za-z_-][0-9A-Za-z_.-]{0,127}")
+KEY_NAME = re.compile(r"(h-)?[0-9a-f]{64}")
+"""The name of every entry an engine stores: its sha256 key, or a hashed key (``entry_name``)."""
 TENSORS = ".safetensors"
 MANIFEST = ".json"
 
@@ -33,8 +35,20 @@ def entry_name(key: str) -> str:
     return key if SAFE_NAME.fullmatch(key) else "h-" + hashlib.sha256(key.encode()).hexdigest()
 
 
+def oversized_is_ours(stem: str, head: bytes) -> bool:
+    """Whether a manifest too large to read, named ``stem`` and starting with ``head``, is the cache's:
+    its name is a key's, or it names the cache's format (anything else named ``*.json`` is left alone)."""
+    return bool(SAFE_NAME.fullmatch(stem)) and (
+        bool(KEY_NAME.fullmatch(stem)) or f'"{MANIFEST_FORMAT}"'.encode() in head
+    )
+
+
 class EntryTooLarge(OSError):
     """An entry larger than the store's whole byte budget (it is not written)."""
+
+
+class DiskBudgetError(ValueError):
+    """A disk budget that cannot apply: below zero, or for a URL store (object stores have lifecycle rules)."""
 
 
 class Store(ABC):
@@ -74,7 +88,9 @@ class Store(ABC):
 
     @abstractmethod
     def listing(self) -> list[tuple[dict[str, Any], int]]:
-        """Every homer manifest stored (any version) with its entry's stored bytes. Never raises."""
+        """Every homer manifest stored (any version) with its entry's stored bytes. Never raises.
+
+        A manifest of the cache's that is too large to read comes as ``entry.unusable_manifest``."""
 
     @abstractmethod
     def clear(self) -> set[str]:
@@ -110,6 +126,10 @@ class Store(ABC):
     def touch(self, key: str) -> None:  # noqa: B027 - optional: only stores with a budget track use
         """Mark ``key`` as just used (stores with a budget evict the least recently used)."""
 
+    def check(self) -> None:  # noqa: B027 - optional: a store that can be unreachable says so
+        """Raise ``OSError`` when the store cannot be used at all (no credentials, no such place),
+        before anything is computed for it; an empty or missing store is fine."""
+
     def entries(self) -> dict[str, CacheEntry]:
         """The stored entries by key, as ``cache ls`` shows them."""
         found: dict[str, CacheEntry] = {}
@@ -132,7 +152,7 @@ def open_store(where: str | Path | Store, *, budget_bytes: int | None = None, **
     text = str(where)
     if "://" in text:
         if budget_bytes is not None:
-            raise ValueError(
+            raise DiskBudgetError(
                 f"a disk budget applies to a local directory, not to {text}; use the storage's own lifecycle rules"
             )
         from homer_integrations.cache.fsspec_store import FsspecStore

@@ -29,7 +29,7 @@ from homer_integrations.cache.entry import (
     relabelled,
     to_device,
 )
-from homer_integrations.cache.flight import LockTimeout
+from homer_integrations.cache.flight import KeyLock, LockTimeout
 from homer_integrations.cache.staged import StagedTensors
 from homer_integrations.cache.store import Store
 from homer_integrations.homer.compressed import CacheSpec
@@ -83,8 +83,9 @@ class StoredEntries:
             loaded = self.read(key, spec)
             if loaded is not None:
                 return self._loaded(key, loaded, label), "disk"
-        lock = self.store.lock(key, lock_timeout)
+        lock: KeyLock | None = None
         try:
+            lock = self.store.lock(key, lock_timeout)  # a store may fail here already (its lock folder)
             lock.acquire()
         except LockTimeout:
             warnings.warn(

@@ -1,4 +1,8 @@
-"""``homer-qa cache ls | info | clear``: what the document cache holds, and emptying it."""
+"""``homer-qa cache ls | info | clear``: what the document cache holds, and emptying it.
+
+Labels and keys come from manifests anyone who can write the directory may have written: ``ls``
+shows them through ``printable``. An entry the cache cannot use (a manifest over its size limit) is
+listed with the reason, so that ``clear`` is seen to remove it."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
 from homer_integrations.cli import loading, options
-from homer_integrations.cli.common import EXIT_OK, human_bytes
+from homer_integrations.cli.common import EXIT_OK, CliError, human_bytes, printable
 
 if TYPE_CHECKING:
     from homer_integrations.document_cache import DocumentCache
@@ -26,12 +30,17 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cache = loading.open_cache(args)
-    if args.max_bytes is not None and cache.directory is not None:  # --store URLs refuse a budget in open_cache
-        evicted = cache.trim()
-        if evicted:
-            print(f"homer-qa: evicted {evicted} cached document(s) over --max-bytes", file=sys.stderr)
-    show = {"clear": _clear, "info": _info, "ls": _ls}[args.action]
-    show(cache, args.json, sys.stdout)
+    try:
+        if args.max_bytes is not None and cache.directory is not None:  # --store URLs refuse a budget in open_cache
+            evicted = cache.trim()
+            if evicted:
+                print(f"homer-qa: evicted {evicted} cached document(s) over --max-bytes", file=sys.stderr)
+        show = {"clear": _clear, "info": _info, "ls": _ls}[args.action]
+        show(cache, args.json, sys.stdout)
+    except CliError:
+        raise
+    except OSError as exc:  # the cache directory's locks, a store that failed midway
+        raise CliError(f"cache {args.action} {cache.location}: {exc}") from None
     return EXIT_OK
 
 
@@ -70,10 +79,12 @@ def _ls(cache: DocumentCache, as_json: bool, out: TextIO) -> None:
     rows = [("KEY", "DOCUMENT", "DOC TOKENS", "CACHE TOKENS", "SIZE", "CREATED")]
     for e in entries:
         created = datetime.fromtimestamp(e.created).strftime("%Y-%m-%d %H:%M")
-        rows.append(
-            (e.key[:12], e.label or "-", f"{e.document_tokens:,}", f"{e.tokens:,}", human_bytes(e.disk_bytes), created)
-        )
+        document = f"(unusable: {e.error})" if e.error else e.label or "-"
+        counts = ("-", "-") if e.error else (f"{e.document_tokens:,}", f"{e.tokens:,}")
+        cells = (e.key[:12], document, *counts, human_bytes(e.disk_bytes), created)
+        rows.append(tuple(printable(cell) for cell in cells))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         out.write("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() + "\n")
-    out.write(f"{len(entries)} document(s), {human_bytes(sum(e.disk_bytes for e in entries))} in {cache.location}\n")
+    total = human_bytes(sum(e.disk_bytes for e in entries))
+    out.write(f"{len(entries)} document(s), {total} in {printable(str(cache.location))}\n")

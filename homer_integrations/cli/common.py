@@ -1,9 +1,15 @@
-"""What every ``homer-qa`` command shares: exit codes, the one-line error, logging and number formats."""
+"""What every ``homer-qa`` command shares: exit codes, the one-line error, logging and number formats.
+
+Text that did not come from the user's own command line (a manifest's label or key, a message
+quoting a file or a server) is shown through ``printable``: control characters, bidirectional
+overrides and unpaired surrogates are spelled as escapes, so nothing stored can drive the terminal.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import sys
 from typing import Any
 
@@ -18,6 +24,9 @@ DEFAULT_MAX_FILE_MB = 16
 """``--max-file-mb``: the default limit of ``homer_integrations.documents`` (16 MiB)."""
 
 logger = logging.getLogger("homer_integrations.cli")
+
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
+"""C0 and C1 controls, DEL, bidirectional marks and overrides, line separators, lone surrogates."""
 
 
 class CliError(Exception):
@@ -46,12 +55,22 @@ def configure_logging(verbose: int) -> None:
             hf_logging.disable_progress_bar()  # the "Loading weights" bar; ours stays
 
 
+def printable(text: str) -> str:
+    """``text`` with every character that could steer a terminal spelled as its escape (``\\x1b``)."""
+    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def one_line(message: str) -> str:
+    """``message`` on one printable line: whitespace runs become one space, then ``printable``."""
+    return printable(" ".join(message.split()))
+
+
 def error(message: str) -> None:
-    print(f"homer-qa: error: {' '.join(message.split())}", file=sys.stderr)
+    print(f"homer-qa: error: {one_line(message)}", file=sys.stderr)
 
 
 def show_warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
-    print(f"homer-qa: warning: {' '.join(str(message).split())}", file=sys.stderr)
+    print(f"homer-qa: warning: {one_line(str(message))}", file=sys.stderr)
 
 
 def human_bytes(n: float) -> str:
