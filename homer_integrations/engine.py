@@ -43,7 +43,8 @@ class HomerModel:
         model_name: reported to frameworks (``response_metadata["model_name"]`` etc.).
         document_cache: where compressed documents live (default: in memory, 2 GiB).
         store: instead of ``document_cache``: a directory or a URL fsspec knows (``s3://bucket/prefix``)
-            that holds compressed documents for every process with the same model and settings.
+            that holds compressed documents for every process with the same model and settings;
+            True for the package's cache directory (``from_pretrained``'s default).
         disk_budget: most bytes a local ``store`` keeps (least recently used go first); alone, it
             turns on the default local directory.
         progress: show progress bars for compression and calibration.
@@ -65,7 +66,7 @@ class HomerModel:
         calibration_dir: Path | None = None,
         progress: bool | None = None,
         scoring: Scoring | None = None,
-        store: str | Path | Store | None = None,
+        store: str | Path | Store | bool | None = None,
         disk_budget: int | None = None,
     ) -> None:
         if document_cache is not None and (store is not None or disk_budget is not None):
@@ -116,17 +117,24 @@ class HomerModel:
         device: str | torch.device | None = None,
         document_cache: DocumentCache | None = None,
         progress: bool | None = None,
-        store: str | Path | Store | None = None,
+        store: str | Path | Store | bool | None = True,
         disk_budget: int | None = None,
         quantize: Quantization | None = None,
         **model_kwargs: Any,
     ) -> HomerModel:
         """Load a model by local path, hub id or embedded name (None = the embedded default model).
 
-        ``quantize="int8"``: int8 linear layers on the CPU (faster decoding; see README "int8 on CPU").
+        ``dtype="auto"``: bfloat16 on a CPU that computes it faster than float32, else float32
+        (``homer_integrations.dtypes``); bfloat16 on a GPU that has it. ``store``: where compressed
+        documents are kept between questions and processes; by default (True) the package's cache
+        directory on disk, as the CLI does, so no document is compressed twice; a directory or
+        fsspec URL; None or False keeps them in memory only. ``document_cache`` replaces it.
+        ``quantize="int8"``: int8 linear layers on the CPU (faster decoding).
         """
         name = path_or_id or DEFAULT_MODEL
         model, tokenizer = load_model(name, dtype=dtype, device=device, quantize=quantize, **model_kwargs)
+        if document_cache is not None or store is False:
+            store = None
         return cls(
             model,
             tokenizer,

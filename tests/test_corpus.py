@@ -144,7 +144,7 @@ def test_an_entry_gone_from_the_store_is_compressed_again(model_dir: str, corpus
 def test_a_loaded_engine_compresses_in_process_and_finds_what_it_stored(
     model_dir: str, corpus: Path, tmp_path: Path
 ) -> None:
-    engine = HomerModel.from_pretrained(model_dir, config=CONFIG, progress=False)
+    engine = HomerModel.from_pretrained(model_dir, config=CONFIG, progress=False, store=False)
     store = tmp_path / "store"
     first = compress_corpus([corpus / "doc0.txt"], store, model=engine, progress=False)
     assert statuses(first) == {"doc0.txt": "compressed"}

@@ -29,6 +29,7 @@ import contextlib
 import contextvars
 import logging
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -44,12 +45,13 @@ from homer_integrations.cache.entry import (
     E,
     Entry,
     Unusable,
+    document_nbytes,
 )
 from homer_integrations.cache.flight import SingleFlight
 from homer_integrations.cache.local import LocalStore
 from homer_integrations.cache.memory import MemoryLRU, Slot
 from homer_integrations.cache.store import DiskBudgetError, Store, open_store
-from homer_integrations.cache.stored import StoredEntries
+from homer_integrations.cache.stored import DocumentCacheWarning, StoredEntries
 from homer_integrations.homer.compressed import CacheSpec, CompressedDocument
 from homer_integrations.homer.leaf_tier import Allocate, LeafTier
 
@@ -149,6 +151,7 @@ class DocumentCache:
         self.device = torch.device(device) if device is not None else None
         self._flights: SingleFlight[tuple[Entry, CacheSource]] = SingleFlight()
         self._counts = _Counters()
+        self._warned_not_kept = False
         self.stored = StoredEntries(self.store, self.device, self._counts.add) if self.store is not None else None
         """The store side (None for memory only): verified reads, the locked miss, writes, labels."""
 
@@ -204,7 +207,9 @@ class DocumentCache:
 
         def keep(result: tuple[Entry, CacheSource]) -> None:
             doc, source = result
-            self._memory.put(key, doc, label, unverified=source == "disk" and spec is None)
+            kept = self._memory.put(key, doc, label, unverified=source == "disk" and spec is None)
+            if not kept and self.store is None:
+                self._warn_not_kept(doc)
 
         def miss() -> tuple[Entry, CacheSource]:
             computed = lambda: self._compute(key, compute)  # noqa: E731
@@ -218,6 +223,20 @@ class DocumentCache:
         if role == "cached" and slot is not None and label is not None and slot.label != label:
             self.set_label(key, label)
         return doc, "memory" if role == "follower" else source  # type: ignore[return-value]
+
+    def _warn_not_kept(self, doc: Entry) -> None:
+        """Once per cache: an entry neither memory nor a store keeps is computed again on every use."""
+        if self._warned_not_kept:
+            return
+        self._warned_not_kept = True
+        warnings.warn(
+            f"a compressed document of {document_nbytes(doc) / 2**30:.2f} GiB does not fit this cache's memory budget "
+            f"({self.memory_budget_bytes / 2**30:.2f} GiB) and the cache has no store, so it is not kept: every "
+            "question about it computes it again. Keep documents on disk (HomerModel.from_pretrained(..., store=True) "
+            "or store=DIR; the CLI's default) or raise memory_budget_bytes.",
+            DocumentCacheWarning,
+            stacklevel=4,
+        )
 
     async def aget_or_compute(
         self,

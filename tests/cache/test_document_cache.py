@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
 
 from homer_integrations import CompressedDocument, HomerModel
 from homer_integrations import document_cache as reexported
-from homer_integrations.cache import DocumentCache, LocalStore, MemoryLRU, Store
+from homer_integrations.cache import DocumentCache, DocumentCacheWarning, LocalStore, MemoryLRU, Store
 from homer_integrations.cache.fsspec_store import FsspecStore
 from homer_integrations.cli import main
 from tests import test_cli
@@ -129,3 +130,44 @@ def test_sizes_read_like_people_write_them() -> None:
         2 * 1024**3,
         3 * 1024**2,
     ]
+
+
+def test_an_entry_nothing_keeps_is_said_once_loudly(cache_docs: list[CompressedDocument]) -> None:
+    cache = DocumentCache(memory_budget_bytes=16)  # smaller than any document, and no store
+    with pytest.warns(DocumentCacheWarning, match=r"not kept: every question about it computes it again.*store="):
+        cache.get_or_compute(cache_docs[0].key, Counter(cache_docs[0]))
+    counter = Counter(cache_docs[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second time is silent
+        cache.get_or_compute(cache_docs[1].key, counter)
+        cache.get_or_compute(cache_docs[1].key, counter)
+    assert counter.calls == 2, "nothing kept it, so it was computed twice"
+
+
+def test_a_store_keeps_what_memory_cannot_without_a_warning(
+    tmp_path: Path, cache_docs: list[CompressedDocument]
+) -> None:
+    cache = DocumentCache(tmp_path, memory_budget_bytes=16)
+    counter = Counter(cache_docs[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cache.get_or_compute(cache_docs[0].key, counter)
+        assert cache.get_or_compute(cache_docs[0].key, counter)[1] == "disk"
+    assert counter.calls == 1
+
+
+def test_from_pretrained_keeps_documents_on_disk_unless_told_not_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tokenizer
+) -> None:
+    from tests.conftest import tiny_model
+
+    model_dir = tmp_path / "model"
+    tiny_model("llama", vocab_size=len(tokenizer)).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    monkeypatch.setenv("HOMER_INTEGRATIONS_CACHE", str(tmp_path / "cache"))
+    engine = HomerModel.from_pretrained(str(model_dir), dtype="float32", progress=False)
+    assert engine.document_cache.directory == tmp_path / "cache" / "documents"
+    for off in (False, None):
+        assert HomerModel.from_pretrained(str(model_dir), store=off, progress=False).document_cache.store is None
+    mine = DocumentCache(memory_budget_bytes=1000)
+    assert HomerModel.from_pretrained(str(model_dir), document_cache=mine, progress=False).document_cache is mine
