@@ -1,0 +1,299 @@
+"""Whole books, many questions: HOMER's per-question path against the retrieval route, on a whole novel.
+
+    .venv/bin/python benchmarks/whole_book.py run --book northangerabbey --methods query_aware --split tuning
+    .venv/bin/python benchmarks/whole_book.py run --book northangerabbey --methods bm25 --split tuning
+    .venv/bin/python benchmarks/whole_book.py report          # JSON + markdown table + plot
+
+The document is a bundled novel, whole (Northanger Abbey ~106k tokens, Pride and Prejudice ~168k:
+three to five times Qwen2.5's 32k window), with the invented facts of ``book_facts.json`` inserted
+as paragraphs at depths 0.05-0.95. The questions are the book's whole-book set
+(``homer_integrations/data/questions/<book>_book.json``: who / what / where / when / why, in words
+that differ from the text's) plus one per inserted fact; each has a split (``tuning`` / ``heldout``)
+and is reported by split, kind and depth. Methods, the same model and token budget:
+
+- ``query_aware``: ``HomerModel.answer(book, q, mode="query_aware")`` with a store (the package's
+  default): the leaf tier built once (paid by the first question, kept on disk), then each
+  question selects ``final_cache_len`` tokens with itself in the suffix and re-reads them.
+- ``shared``: the book's one question-agnostic root (``mode="shared"``), built once.
+- ``bm25``: the retrieval route the package ships (``HomerRouter``'s: ``RecursiveCharacterTextSplitter``
+  chunks of 800 characters, BM25, ``retrieval_prompt``), with as many chunks as fill the budget.
+
+Rows (one per model, book, dtype, method, budget and question) are appended to
+``results/whole_book_rows.jsonl`` and skipped on a re-run. ``peak_rss_mb`` is the process's peak
+so far: run one method per invocation for a clean peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.paths import bundled_text
+from homer_integrations.question_sets import question_set
+
+HERE = Path(__file__).parent
+RESULTS = HERE / "results"
+ROWS = RESULTS / "whole_book_rows.jsonl"
+FACTS = HERE / "book_facts.json"
+METHODS = ("query_aware", "shared", "bm25")
+CHUNK_CHARS, CHUNK_OVERLAP = 800, 100  # HomerRouter's defaults
+
+
+@dataclass(frozen=True)
+class Item:
+    """One question about the book as asked: its id, text, checker, kind, split and depth (0-1)."""
+
+    id: str
+    question: str
+    check: Callable[[str], bool]
+    kind: str
+    split: str
+    depth: float
+
+
+def book_with_facts(book: str) -> tuple[str, list[Item]]:
+    """The book with its invented facts inserted as paragraphs, and every question about it."""
+    from homer_integrations.question_sets import KeywordQuestion
+
+    text = bundled_text(book)
+    facts = [f for f in json.loads(FACTS.read_text(encoding="utf-8")) if f["book"] == book]
+    items: list[Item] = []
+    # deepest first, so the offsets of the shallower insertions and of the questions still hold
+    shift: list[tuple[int, int]] = []
+    for fact in sorted(facts, key=lambda f: -f["depth"]):
+        at = text.find("\n\n", int(fact["depth"] * len(text)))
+        at = len(text) if at < 0 else at
+        insert = "\n\n" + fact["sentence"]
+        text = text[:at] + insert + text[at:]
+        shift.append((at, len(insert)))
+        q = KeywordQuestion(fact["id"], fact["question"], tuple(map(tuple, fact["keywords"])), at)
+        items.append(Item(fact["id"], fact["question"], q.check, "fact_" + fact["kind"], fact["split"], fact["depth"]))
+    original = len(bundled_text(book))
+    for q in question_set(f"{book}_book").questions:
+        items.append(Item(q.id, q.question, q.check, q.kind, q.split, q.offset / original))
+    return text, sorted(items, key=lambda i: i.depth)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def done_keys() -> set[tuple]:
+    if not ROWS.is_file():
+        return set()
+    keys = set()
+    for line in ROWS.read_text(encoding="utf-8").splitlines():
+        r = json.loads(line)
+        keys.add((r["model"], r["book"], r["dtype"], r["method"], r["budget"], r["id"]))
+    return keys
+
+
+class Bm25Route:
+    """The retrieval route at a token budget: the chunks ``HomerRouter`` makes, as many as fill it."""
+
+    def __init__(self, engine: HomerModel, text: str, budget: int) -> None:
+        from langchain_text_splitters import RecursiveCharacterTextSplitter
+
+        from homer_integrations.retrieval import BM25Index
+
+        splitter = RecursiveCharacterTextSplitter(chunk_size=CHUNK_CHARS, chunk_overlap=CHUNK_OVERLAP)
+        chunks = splitter.split_text(text)
+        self.index = BM25Index(chunks)
+        sample = chunks[:: max(1, len(chunks) // 200)]
+        per_chunk = statistics.mean(len(engine.tokenizer(c, add_special_tokens=False)["input_ids"]) for c in sample)
+        self.k = max(1, round(budget / per_chunk))
+        self.engine = engine
+
+    def answer(self, question: str, max_new_tokens: int) -> tuple[str, float]:
+        from langchain_core.messages import HumanMessage
+
+        from homer_integrations.langchain import ChatHomer
+        from homer_integrations.retrieval import retrieval_prompt
+
+        started = time.perf_counter()
+        passages = self.index.search(question, self.k)
+        prompt = retrieval_prompt(question, [p.text for p in passages])
+        # a plain prompt however long: the retrieved text is never taken for a document to compress
+        chat = ChatHomer(engine=self.engine, max_tokens=max_new_tokens, long_prompt_tokens=1 << 30)
+        first = None
+        pieces = []
+        for chunk in chat.stream([HumanMessage(prompt)]):
+            first = first if first is not None else time.perf_counter() - started
+            pieces.append(chunk.text)
+        return "".join(pieces), first if first is not None else time.perf_counter() - started
+
+
+def run(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
+    config = HomerConfig(final_cache_len=args.budget) if args.budget else None
+    engine = HomerModel.from_pretrained(args.model, dtype=args.dtype, config=config, store=args.store or True)
+    budget = engine.config.final_cache_len or engine.config.max_chunk_len
+    dtype = str(engine.model.dtype).removeprefix("torch.")
+    text, items = book_with_facts(args.book)
+    items = [i for i in items if args.split == "all" or i.split == args.split]
+    if args.limit:
+        count = min(args.limit, len(items))
+        items = [items[round(j * (len(items) - 1) / max(count - 1, 1))] for j in range(count)]
+    done = done_keys()
+    book_tokens = len(engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+    print(f"{args.book}: {len(text):,} characters, {book_tokens:,} tokens; {len(items)} questions", file=sys.stderr)
+    for method in args.methods:
+        route = Bm25Route(engine, text, budget) if method == "bm25" else None
+        for item in items:
+            if (args.model, args.book, dtype, method, budget, item.id) in done:
+                continue
+            started = time.perf_counter()
+            if route is not None:
+                answer, ttft = route.answer(item.question, args.max_new_tokens)
+                info = None
+            else:
+                stream = engine.run(text, item.question, mode=method, max_new_tokens=args.max_new_tokens)
+                answer = stream.text()
+                info = stream.info
+                ttft = info.time_to_first_token
+            row = {
+                "model": args.model,
+                "book": args.book,
+                "dtype": dtype,
+                "method": method,
+                "budget": budget,
+                "id": item.id,
+                "kind": item.kind,
+                "split": item.split,
+                "depth": round(item.depth, 4),
+                "question": item.question,
+                "answer": answer,
+                "correct": bool(item.check(answer)),
+                "ttft_seconds": round(ttft or 0.0, 2),
+                "seconds": round(time.perf_counter() - started, 2),
+                "document_seconds": round(info.document_seconds, 1) if info else 0.0,
+                "cache_source": info.cache_source if info else None,
+                "book_tokens": book_tokens,
+                "k": route.k if route else None,
+                "peak_rss_mb": round(peak_rss_mb()),
+            }
+            with ROWS.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+            mark = "ok " if row["correct"] else "-- "
+            print(f"{mark}{method} {item.id} ttft {row['ttft_seconds']}s: {answer.strip()[:80]!r}", file=sys.stderr)
+
+
+def load_rows() -> list[dict]:
+    return [json.loads(line) for line in ROWS.read_text(encoding="utf-8").splitlines()] if ROWS.is_file() else []
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per (model, book, dtype, budget, method, split): accuracy over story questions and over facts,
+    build seconds (the first question's document time), median seconds to the first token after it."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[(r["model"], r["book"], r["dtype"], r["budget"], r["method"], r["split"])].append(r)
+    out = []
+    for (model, book, dtype, budget, method, split), rs in sorted(groups.items()):
+        story = [r for r in rs if not r["kind"].startswith("fact")]
+        facts = [r for r in rs if r["kind"].startswith("fact")]
+        later = [r["ttft_seconds"] for r in rs if r["document_seconds"] == 0]
+        out.append(
+            {
+                "model": model,
+                "book": book,
+                "dtype": dtype,
+                "budget": budget,
+                "method": method,
+                "split": split,
+                "story": [sum(r["correct"] for r in story), len(story)],
+                "facts": [sum(r["correct"] for r in facts), len(facts)],
+                "build_seconds": max((r["document_seconds"] for r in rs), default=0.0),
+                "median_ttft_seconds": round(statistics.median(later), 1) if later else None,
+                "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
+            }
+        )
+    return out
+
+
+def markdown(summary: list[dict]) -> str:
+    lines = [
+        "| book | model | dtype | budget | method | split | story questions | inserted facts | tier build s "
+        "| later question, first token s (median) | peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summary:
+        story = f"{s['story'][0]}/{s['story'][1]}" if s["story"][1] else "-"
+        facts = f"{s['facts'][0]}/{s['facts'][1]}" if s["facts"][1] else "-"
+        lines.append(
+            f"| {s['book']} | {s['model']} | {s['dtype']} | {s['budget']} | {s['method']} | {s['split']} | {story} "
+            f"| {facts} | {s['build_seconds']:.0f} | {s['median_ttft_seconds']} | {s['peak_rss_mb']:,} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    by_method: dict[str, dict[int, list[bool]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        by_method[f"{r['book']} {r['method']}"][min(int(r["depth"] * 5), 4)].append(r["correct"])
+    for name, bins in sorted(by_method.items()):
+        xs = sorted(bins)
+        ax.plot([0.1 + 0.2 * x for x in xs], [sum(bins[x]) / len(bins[x]) for x in xs], marker="o", label=name)
+    ax.set_xlabel("depth of the evidence in the book")
+    ax.set_ylabel("answers right")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=7)
+    ax.set_title("Whole books: accuracy by depth (all questions asked)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def report(_: argparse.Namespace) -> None:
+    rows = load_rows()
+    summary = summarize(rows)
+    (RESULTS / "whole_book.json").write_text(json.dumps({"summary": summary}, indent=1), encoding="utf-8")
+    table = markdown(summary)
+    (RESULTS / "whole_book.md").write_text(
+        "# Whole books\n\nGenerated by `benchmarks/whole_book.py report` from `whole_book_rows.jsonl` "
+        f"({len(rows)} answers). Story questions and inserted facts as right/asked.\n\n" + table,
+        encoding="utf-8",
+    )
+    if rows:
+        plot(rows, RESULTS / "whole_book.png")
+    print(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--book", default="northangerabbey", choices=("northangerabbey", "prideprejudice"))
+    r.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
+    r.add_argument("--dtype", default="auto")
+    r.add_argument("--methods", nargs="+", default=["query_aware"], choices=METHODS)
+    r.add_argument("--split", default="tuning", choices=("tuning", "heldout", "all"))
+    r.add_argument("--limit", type=int, default=0, help="at most this many questions, spread over the book")
+    r.add_argument("--budget", type=int, default=0, help="kept tokens (final_cache_len); 0: the model's default")
+    r.add_argument("--max-new-tokens", type=int, default=32)
+    r.add_argument("--store", default="", help="document store (default: the package's cache directory)")
+    r.add_argument("--threads", type=int, default=2)
+    r.set_defaults(func=run)
+    sub.add_parser("report").set_defaults(func=report)
+    args = parser.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""The whole-book benchmark's document and questions: facts inserted where they say, every question asked."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+import whole_book
+
+from homer_integrations.paths import bundled_text
+from homer_integrations.question_sets import question_set
+
+
+@pytest.mark.parametrize("book", ["northangerabbey", "prideprejudice"])
+def test_each_fact_is_one_paragraph_at_its_depth_and_every_question_is_asked(book: str) -> None:
+    text, items = whole_book.book_with_facts(book)
+    facts = [f for f in json.loads(whole_book.FACTS.read_text(encoding="utf-8")) if f["book"] == book]
+    original = bundled_text(book)
+    assert len(text) == len(original) + sum(len(f["sentence"]) + 2 for f in facts)
+    for fact in facts:
+        at = text.index("\n\n" + fact["sentence"])
+        assert text.count(fact["sentence"]) == 1
+        assert abs(at / len(text) - fact["depth"]) < 0.01, "inserted near its depth"
+        assert text[at + 2 + len(fact["sentence"]) :].startswith("\n\n"), "a paragraph of its own"
+    ids = [i.id for i in items]
+    assert len(ids) == len(set(ids)) == len(facts) + len(question_set(f"{book}_book"))
+    assert [i.depth for i in items] == sorted(i.depth for i in items)
+    assert {i.split for i in items} == {"tuning", "heldout"}
+    fact_items = [i for i in items if i.kind.startswith("fact_")]
+    assert len(fact_items) == len(facts) and all(
+        i.check(f["keywords"][0][0])
+        for i, f in zip(sorted(fact_items, key=lambda i: i.id), sorted(facts, key=lambda f: f["id"]), strict=True)
+    )
+
+
+def test_the_summary_counts_story_questions_and_facts_apart_and_times_only_later_questions() -> None:
+    base = {"model": "m", "book": "b", "dtype": "bfloat16", "budget": 2048, "method": "query_aware", "split": "heldout"}
+    rows = [
+        {**base, "kind": "who", "correct": True, "ttft_seconds": 900.0, "document_seconds": 800.0, "peak_rss_mb": 10},
+        {**base, "kind": "why", "correct": False, "ttft_seconds": 20.0, "document_seconds": 0.0, "peak_rss_mb": 12},
+        {
+            **base,
+            "kind": "fact_name",
+            "correct": True,
+            "ttft_seconds": 30.0,
+            "document_seconds": 0.0,
+            "peak_rss_mb": 11,
+        },
+    ]
+    (summary,) = whole_book.summarize(rows)
+    assert summary["story"] == [1, 2] and summary["facts"] == [1, 1]
+    assert summary["build_seconds"] == 800.0 and summary["median_ttft_seconds"] == 25.0
+    assert summary["peak_rss_mb"] == 12
+    assert "| 1/2 | 1/1 | 800 | 25.0 | 12 |" in whole_book.markdown([summary])
