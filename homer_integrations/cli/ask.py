@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from dataclasses import asdict
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from homer_integrations.engine import AnswerInfo, HomerModel
     from homer_integrations.homer.generation import GenerationOptions
     from homer_integrations.question_sets import KeywordQuestion
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 DEMO_QUESTIONS = 4
 """How many questions ``--demo`` asks: spread through the part of the bundled question set
@@ -112,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
 def _check_questions(args: argparse.Namespace) -> None:
     if any(not q.strip() for q in args.questions):
         raise CliError("a question is empty", EXIT_USAGE)
+    for option, texts in (("a question", args.questions), ("a --stop string", args.stop)):
+        if any(_SURROGATE.search(text) for text in texts):  # how Python decodes bytes that are not UTF-8 in argv
+            raise CliError(f"{option} is not valid UTF-8 text (check the terminal's encoding)", EXIT_USAGE)
     if not args.questions and not args.demo:
         raise CliError("give at least one question with -q QUESTION (or --demo)", EXIT_USAGE)
 

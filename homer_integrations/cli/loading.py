@@ -25,13 +25,21 @@ def open_cache(args: argparse.Namespace) -> DocumentCache:
         raise CliError(f"{' and '.join(given)} name different caches: give one", EXIT_USAGE)
     if getattr(args, "no_disk_cache", False):
         return DocumentCache()
+    from homer_integrations.cache.store import DiskBudgetError
+
     where = args.store or (args.cache_dir if args.cache_dir is not None else True)
+    named = f"--store {args.store}" if args.store else f"--cache-dir {args.cache_dir}" if args.cache_dir else "the cache"
     try:
-        return DocumentCache(where, disk_budget_bytes=args.max_bytes)
-    except ValueError as exc:
+        cache = DocumentCache(where, disk_budget_bytes=args.max_bytes)
+        if cache.store is not None:
+            cache.store.check()  # no credentials, no such bucket: said now, before a model loads
+    except DiskBudgetError as exc:
         raise CliError(f"--max-bytes: {exc}", EXIT_USAGE) from None
-    except (ImportError, OSError) as exc:  # an fsspec protocol whose package is missing, a bad URL
-        raise CliError(f"--store {args.store}: {exc}") from None
+    except ValueError as exc:  # a protocol fsspec does not know, a malformed URL
+        raise CliError(f"{named}: {exc}", EXIT_USAGE) from None
+    except (ImportError, OSError) as exc:  # an fsspec protocol whose package is missing, an unreachable store
+        raise CliError(f"{named}: {exc}") from None
+    return cache
 
 
 @functools.lru_cache(maxsize=2)

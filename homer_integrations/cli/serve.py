@@ -48,7 +48,7 @@ def add_parser(commands: Any) -> None:
         "dtype loads that one on first use (the two most recent stay loaded). Ctrl-C or SIGTERM stops it.",
     )
     serve.set_defaults(run=run)
-    serve.add_argument("--port", type=options.non_negative_int, default=0, help="TCP port (default: any free one)")
+    serve.add_argument("--port", type=options.port_number, default=0, help="TCP port (default: any free one)")
     options.model_options(serve)
 
 
@@ -56,12 +56,13 @@ def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; the model named by ``--model`` (default: the embedded one) is loaded first."""
     from homer_integrations.models import DEFAULT_MODEL
 
-    running = remote.find_server()
+    running = remote.find_server(quiet=True)  # an announcement no client trusts is replaced below
     if running is not None and remote.listening(running):
         raise CliError(f"a homer-qa server is already running at {running.url} (pid {running.pid})", EXIT_USAGE)
+    remote.check_private_directory(remote.state_path().parent)  # else no client would trust the announcement
     try:
         server = CommandServer(("127.0.0.1", args.port), _run_command, args.verbose)
-    except OSError as exc:
+    except (OSError, OverflowError) as exc:
         raise CliError(f"cannot listen on 127.0.0.1:{args.port}: {exc}") from None
     with server:
         loading.parts(args)  # loaded before the server is announced: the first ask finds it ready
@@ -126,20 +127,22 @@ class CommandServer(ThreadingHTTPServer):
 
 @contextlib.contextmanager
 def announced(server: CommandServer) -> Iterator[Path]:
-    """``server.json`` names ``server`` (owner-readable only) while the block runs."""
+    """``server.json`` names ``server`` (owner-readable only, in a directory only its owner can write:
+    what clients trust, see ``remote``) while the block runs."""
     path = remote.state_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    remote.check_private_directory(path.parent)
     address = server.address()
     state = json.dumps({"url": address.url, "token": address.token, "pid": address.pid})
     partial = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    partial.unlink(missing_ok=True)  # a leftover of a server with this pid: made afresh, never followed
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(state)
     os.replace(partial, path)
     try:
         yield path
     finally:
-        if remote.find_server() == address:  # a later server may have taken the file over
+        if remote.find_server(quiet=True) == address:  # a later server may have taken the file over
             path.unlink(missing_ok=True)
 
 
@@ -162,6 +165,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._refuse(HTTPStatus.BAD_REQUEST, 'expected JSON {"argv": [...], "cwd": "..."}')
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", "application/x-ndjson")
+        self.send_header(remote.SERVER_HEADER, "1")
         self.end_headers()
         with self.server.lock:
             code = self._run(argv, cwd, tty)
@@ -190,6 +194,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = message.encode("utf-8")
         self.send_response(status)
         self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header(remote.SERVER_HEADER, "1")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
