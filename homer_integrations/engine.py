@@ -185,8 +185,7 @@ class HomerModel:
         pydantic class or TypedDict, a compiled regex, a list of choices) constrains the answer.
         """
         options = GenerationOptions(**generation)
-        if not question or not question.strip():
-            raise ValueError("the question is empty")
+        self.prompting.check_question(question)  # text, not bytes or a lone surrogate; not empty
         mode = check_mode(mode) or self.config.mode
         layout = self.prompting.layout(question, mode)
         if not isinstance(document, CompressedDocument):

@@ -5,6 +5,7 @@ prompts with it."""
 from __future__ import annotations
 
 import functools
+import re
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -14,6 +15,22 @@ from homer_integrations.homer.prompt import PromptText, PromptTexts, encode, ren
 
 DOCUMENTS_REMEMBERED = 4
 """Documents whose token ids ``Prompting`` keeps (an id is 8 bytes: 0.5 MB for a 64k-token document)."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_text(text: object, what: str) -> None:
+    """Raise ``TypeError`` unless ``text`` is a ``str``, ``ValueError`` if it holds a lone surrogate
+    (what ``errors="surrogateescape"`` makes of bytes that are not UTF-8): no tokenizer takes it.
+    ``what`` names it in the message ("document", "question")."""
+    if not isinstance(text, str):
+        hint = ": decode it first" if isinstance(text, bytes | bytearray | memoryview) else ""
+        raise TypeError(f"the {what} must be text (str), not {type(text).__name__}{hint}")
+    bad = _SURROGATE.search(text)
+    if bad is not None:
+        raise ValueError(
+            f"the {what} is not valid Unicode text: a lone surrogate U+{ord(bad.group()):04X} at character "
+            f"{bad.start():,} (bytes decoded with errors='surrogateescape'? decode them with errors='replace')"
+        )
 
 
 class Prompting:
@@ -81,7 +98,9 @@ class Prompting:
         return self.max_document_tokens() * 4 * max(1, longest)
 
     def check_document(self, document: str) -> None:
-        """Refuse an empty document, or one far longer than the merge tree holds (before tokenizing)."""
+        """Refuse what is not text (``check_text``), an empty document, or one far longer than the merge
+        tree holds (before tokenizing)."""
+        check_text(document, "document")
         if not document or not document.strip():
             raise ValueError("the document is empty")
         if len(document) > self.max_document_chars:
@@ -90,6 +109,13 @@ class Prompting:
                 f"hold ({self.max_document_tokens():,} tokens at max_chunk_len={self.config.max_chunk_len} over "
                 f"{self.num_layers} layers); split it, or raise max_chunk_len"
             )
+
+    @staticmethod
+    def check_question(question: str) -> None:
+        """Refuse what is not text (``check_text``) or an empty question."""
+        check_text(question, "question")
+        if not question.strip():
+            raise ValueError("the question is empty")
 
     def _encode_document(self, document: str) -> torch.Tensor:
         return encode(self.tokenizer, document)

@@ -338,3 +338,41 @@ def test_a_caller_formatted_prompt_keeps_its_markup_and_its_document_stays_plain
     continuation = encode(tokenizer, split.continuation).tolist()  # the message's text around the document
     assert continuation.count(im_start) == 2 and continuation.count(im_end) == 1
     assert not set(encode(tokenizer, split.document).tolist()) & set(tokenizer.all_special_ids)
+
+
+# ----------------------------------------------------------------------------- text that is not text (issue 63)
+@pytest.mark.parametrize("document", [b"The meeting is on Tuesday.", bytearray(b"room 42"), 123, ["a", "b"]])
+def test_a_document_that_is_not_a_str_is_a_type_error_that_says_so(engine: HomerModel, document: object) -> None:
+    name = type(document).__name__
+    calls = LayerCalls(engine.model)
+    try:
+        with pytest.raises(TypeError, match=rf"the document must be text \(str\), not {name}"):
+            engine.answer(document, "When?")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=rf"the document must be text \(str\), not {name}"):
+            engine.compress(document)  # type: ignore[arg-type]
+    finally:
+        calls.remove()
+    assert calls.calls == 0, "refused before any layer runs"
+
+
+def test_bytes_are_told_to_be_decoded(engine: HomerModel) -> None:
+    with pytest.raises(TypeError, match=r"not bytes: decode it first"):
+        engine.answer(b"The meeting is on Tuesday.", "When?")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"the question must be text \(str\), not bytes"):
+        engine.answer("The meeting is on Tuesday.", b"When?")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"the question must be text \(str\), not int"):
+        engine.answer("The meeting is on Tuesday.", 7)  # type: ignore[arg-type]
+
+
+def test_a_lone_surrogate_is_a_value_error_before_tokenizing(engine: HomerModel) -> None:
+    """What ``os.fsdecode`` or ``errors="surrogateescape"`` make of bytes that are not UTF-8."""
+    document = "The meeting is on Tuesday.\ud800 In room 42."
+    calls = LayerCalls(engine.model)
+    try:
+        with pytest.raises(ValueError, match=r"the document is not valid Unicode text: a lone surrogate U\+D800 at"):
+            engine.answer(document, "When?")
+        with pytest.raises(ValueError, match=r"the question is not valid Unicode text: a lone surrogate U\+DCFF at"):
+            engine.answer("The meeting is on Tuesday.", "When\udcff?")
+    finally:
+        calls.remove()
+    assert calls.calls == 0
