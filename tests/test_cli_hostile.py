@@ -101,11 +101,12 @@ def no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[
     s3fs.S3FileSystem.clear_instance_cache()
 
 
-@pytest.mark.parametrize("command", [["cache", "ls"], ["cache", "info"], ["cache", "clear"], ["ask"]])
+@pytest.mark.parametrize("command", [["cache", "ls"], ["cache", "info"], ["cache", "clear"], ["ask"], ["compress"]])
 def test_an_s3_store_without_credentials_is_one_line(
     capsys: pytest.CaptureFixture[str], no_credentials: None, no_model: None, document: Path, command: list[str]
 ) -> None:
-    argv = [*command, str(document), "-q", "When?"] if command == ["ask"] else command
+    with_file = {"ask": ["ask", str(document), "-q", "When?"], "compress": ["compress", str(document)]}
+    argv = with_file.get(command[0], command)
     code, out, err = run(capsys, *argv, "--store", "s3://homer-bucket/docs")
     line = one_line(err)
     assert code == 1 and out == ""

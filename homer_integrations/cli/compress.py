@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from homer_integrations.cli import loading, options
-from homer_integrations.cli.common import EXIT_ERROR, EXIT_OK, MODES, CliError, error, seconds
+from homer_integrations.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, MODES, CliError, error, seconds
 
 
 def add_parser(commands: Any) -> None:
@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"no such file or directory: {', '.join(missing)}")
     loading.check_device(args.device)
     store = args.store or str(cache_root() / "documents")
+    _check_store(store)
     try:
         report = compress_corpus(
             args.paths,
@@ -88,6 +89,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_report(report, store)
     return EXIT_OK if report.ok else EXIT_ERROR
+
+
+def _check_store(store: str) -> None:
+    """A store that cannot be used at all (no credentials, an unknown protocol) as one line, before any
+    document is read or any model loads."""
+    from homer_integrations.cache.store import open_store
+
+    try:
+        open_store(store).check()
+    except ValueError as exc:
+        raise CliError(f"--store {store}: {exc}", EXIT_USAGE) from None
+    except (ImportError, OSError) as exc:
+        raise CliError(f"--store {store}: {exc}") from None
 
 
 def _print_report(report: Any, store: str) -> None:
