@@ -55,3 +55,16 @@ def test_key_depends_on_chunk_length_dtype_rope_and_weights():
     )
     assert CalibrationKey.for_stack(DecoderStack(tiny_model("llama", vocab_size=256, seed=1)), 64).id != base.id
     assert CalibrationKey.for_stack(DecoderStack(model.to(torch.bfloat16)), 64).id != base.id
+
+
+def test_the_embedded_model_ships_a_table_for_each_dtype_auto_may_pick():
+    """dtype="auto" loads bfloat16 on a CPU that computes it fast: no first-use calibration for either."""
+    from homer_integrations.models import SMOLLM2, load_embedded
+    from homer_integrations.paths import PACKAGE_DATA
+
+    store = CalibrationStore(PACKAGE_DATA / "nowhere", bundled_dir=PACKAGE_DATA / "calibration")
+    for dtype in (torch.float32, torch.bfloat16):
+        model, _ = load_embedded(SMOLLM2, dtype)
+        key = CalibrationKey.for_stack(DecoderStack(model), SMOLLM2.max_chunk_len)
+        assert key.dtype == str(dtype).removeprefix("torch.")
+        assert store.locate(key) == PACKAGE_DATA / "calibration" / f"{key.id}.safetensors"
