@@ -139,13 +139,15 @@ class FsspecStore(Store):
         return self._read(self.paths(key)[0])
 
     def check(self) -> None:
-        self._io.invalidate_cache(self.root)
+        """One cheap authenticated look at the root (``info``: a HEAD and at most a one-key listing on
+        S3, whatever the store holds); nothing stored there yet is fine."""
         try:
-            self._io.ls(self.root, detail=False)
+            self._io.info(self.root)
         except FileNotFoundError:
-            pass  # nothing stored yet
+            pass
         finally:
-            self._io.invalidate_cache(self.root)
+            with contextlib.suppress(OSError):
+                self._io.invalidate_cache(self.root)
 
     def write(self, key: str, manifest: bytes, tensors: bytes | Path) -> None:
         tensors_path, manifest_path = self.paths(key)
