@@ -14,6 +14,8 @@ and is reported by split, kind and depth. Methods, the same model and token budg
 - ``query_aware``: ``HomerModel.answer(book, q, mode="query_aware")`` with a store (the package's
   default): the leaf tier built once (paid by the first question, kept on disk), then each
   question selects ``final_cache_len`` tokens with itself in the suffix and re-reads them.
+- ``hybrid``: ``query_aware`` whose selection also keeps the statements BM25 ranks best for the
+  question (``homer.lexical.LexicalEvidence``: at most a quarter of the same budget), from the same tier.
 - ``shared``: the book's one question-agnostic root (``mode="shared"``), built once.
 - ``bm25``: the retrieval route the package ships (``HomerRouter``'s: ``RecursiveCharacterTextSplitter``
   chunks of 800 characters, BM25, ``retrieval_prompt``), with as many chunks as fill the budget.
@@ -33,12 +35,13 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.homer.lexical import LexicalEvidence
 from homer_integrations.paths import bundled_text
 from homer_integrations.question_sets import question_set
 
@@ -46,7 +49,7 @@ HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 ROWS = RESULTS / "whole_book_rows.jsonl"
 FACTS = HERE / "book_facts.json"
-METHODS = ("query_aware", "shared", "bm25")
+METHODS = ("query_aware", "hybrid", "shared", "bm25")
 CHUNK_CHARS, CHUNK_OVERLAP = 800, 100  # HomerRouter's defaults
 
 
@@ -158,7 +161,10 @@ def run(args: argparse.Namespace) -> None:
                 answer, ttft = route.answer(item.question, args.max_new_tokens)
                 info = None
             else:
-                stream = engine.run(text, item.question, mode=method, max_new_tokens=args.max_new_tokens)
+                lexical = LexicalEvidence() if method == "hybrid" else None
+                engine.tiers.question_scoring = replace(engine.tiers.question_scoring, lexical=lexical)
+                mode = "query_aware" if method == "hybrid" else method
+                stream = engine.run(text, item.question, mode=mode, max_new_tokens=args.max_new_tokens)
                 answer = stream.text()
                 info = stream.info
                 ttft = info.time_to_first_token

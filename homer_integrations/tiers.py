@@ -12,6 +12,7 @@ calibration they use live here, beside the compressions that depend on them.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import logging
@@ -34,6 +35,7 @@ from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_
 from homer_integrations.homer.flat import TierCompressor
 from homer_integrations.homer.headwise_root import compress_headwise, headwise_refusal
 from homer_integrations.homer.leaf_tier import LeafTier
+from homer_integrations.homer.lexical import LexicalEvidence, Statements
 from homer_integrations.homer.prompt import encode, markup, unit_ids
 from homer_integrations.homer.scoring import REPEAT_PROMPT, Scoring
 from homer_integrations.paths import PACKAGE_DATA, cache_root
@@ -107,6 +109,8 @@ class DocumentTiers:
             model, tokenizer, stack, c, self.scoring, self.question_scoring.unit, self.calibration.id
         )
         """Document-cache keys of these entries (``root``, ``full``, ``tier``)."""
+        # A document's BM25 statements, asked for by every question on it (``_lexical``); keyed by the text.
+        self._statements = functools.lru_cache(maxsize=4)(self._index_statements)
         self.prune_observer: PruneObserver | None = None
         """Diagnostics: called with every node's ``PruneEvent`` during compressions computed from now on."""
         self.cache_spec, self.root_spec, self.full_cache_spec = entry_specs(
@@ -159,12 +163,14 @@ class DocumentTiers:
             key, lambda: self._build_tier(key, prefix, document), spec=self.cache_spec
         )
 
-    def compressor(self, prunes: bool, *, query_aware: bool, full: bool = False) -> TierCompressor:
+    def compressor(
+        self, prunes: bool, *, query_aware: bool, full: bool = False, final_cache_len: int | None = None
+    ) -> TierCompressor:
         """A compressor with these settings; ``prunes``: it will prune (the calibration bias is read
         when its scoring needs one: question attention does not, so a first query-aware question
         never waits for a calibration); ``query_aware``: planned like a leaf tier, scoring with the
         question in the suffix; ``full``: one chunk as long as the model's window, nothing pruned (a
-        plain prefill)."""
+        plain prefill); ``final_cache_len``: select this many tokens instead of the configured number."""
         c, window = self.config, self.prompting.context_window
         scoring = self.question_scoring if query_aware else self.scoring
         reads_bias = prunes and scoring.needs_calibration
@@ -172,7 +178,7 @@ class DocumentTiers:
         settings = CompressorSettings(
             max_chunk_len=window if full else c.max_chunk_len,
             warmup_layers=c.warmup_layers,
-            final_cache_len=window if full else c.final_cache_len,
+            final_cache_len=window if full else final_cache_len or c.final_cache_len,
             scoring=scoring,
             # The shared suffix's length, so the tier splits the document exactly as the shared root
             # does and no question changes the tree's shape (a question's longer suffix makes merged
@@ -273,16 +279,36 @@ class DocumentTiers:
         prompt_len = tier.num_tokens + suffix_ids.numel()
         if prompt_len > self.config.final_cache_len:
             check_room(tier.num_tokens - tier.document_tokens + suffix_ids.numel(), self.config.final_cache_len)
-        compressor = self.compressor(prompt_len > self.config.final_cache_len, query_aware=True)
+        prunes = prompt_len > self.config.final_cache_len
         tier = tier.to(self.stack.device)
         if self.config.replay == "recompute":
             prefix_ids, document_ids, _ = self.prompting.encode_span(prefix, document, "")
-            result = compressor.replay_recompute(tier, prefix_ids, document_ids, suffix_ids)
+            lexical = self.question_scoring.lexical
+            extra = self._lexical(lexical, document, document_ids, question) if lexical and prunes else None
+            budget = self.config.final_cache_len - (0 if extra is None else extra.numel())
+            compressor = self.compressor(prunes, query_aware=True, final_cache_len=budget)
+            result = compressor.replay_recompute(tier, prefix_ids, document_ids, suffix_ids, extra=extra)
         else:
+            compressor = self.compressor(prunes, query_aware=True)
             replay = compressor.replay_flat if self.config.replay == "flat" else compressor.replay
             result = replay(tier, suffix_ids)
         key = hashlib.sha256(f"{tier.key}\0{json.dumps(markup(suffix).segments)}".encode()).hexdigest()
         return _document(key, result, prompt_len, question)
+
+
+    def _lexical(
+        self, lexical: LexicalEvidence, document: str, document_ids: torch.Tensor, question: str
+    ) -> torch.Tensor | None:
+        """The document tokens [E] ``lexical`` keeps for ``question``; None where statements do not line up."""
+        statements = self._statements(document)
+        if statements is None:
+            return None
+        return lexical.tokens(question, statements, self.config.final_cache_len)
+
+    def _index_statements(self, document: str) -> Statements | None:
+        _, document_ids, _ = self.prompting.encode_span("", document, "")
+        units = self.unit_ids(document, document_ids, "statement")
+        return None if units is None else Statements.of(self.prompting.tokenizer, document_ids, units)
 
 
 class EntrySpecs(NamedTuple):

@@ -53,11 +53,13 @@ class TierCompressor(LeafTierCompressor):
         document_ids: torch.Tensor,
         suffix_ids: torch.Tensor,
         progress: ProgressFn | None = None,
+        extra: torch.Tensor | None = None,
     ) -> CompressionResult:
         """``replay_flat``'s selection, then one plain prefill of prefix [P] + the kept document tokens (in
         document order) + suffix [S] through every layer (``recompute.prefill_kept``); ``prefix_ids`` and
-        ``document_ids`` [N] are the tier's (it keeps no token ids). A tier of one leaf is already exact:
-        its replay is ``replay_flat``'s."""
+        ``document_ids`` [N] are the tier's (it keeps no token ids). ``extra`` [E]: document token indices
+        re-read beside the selection whatever it chose (``lexical.LexicalEvidence``). A tier of one leaf
+        is already exact: its replay is ``replay_flat``'s."""
         if document_ids.numel() != tier.document_tokens:
             raise ValueError(f"the leaf tier holds {tier.document_tokens} document tokens, not {document_ids.numel()}")
         if tier.plan.height == 0:
@@ -70,7 +72,7 @@ class TierCompressor(LeafTierCompressor):
         else:
             leaves = self._tier_leaves(tier, suffix_ids, plan, schedule)
         selected = self._select_flat(leaves, plan, schedule, progress, scores_only=True)
-        return self._recomputed(selected, prefix_ids, document_ids, suffix_ids, plan, start)
+        return self._recomputed(selected, prefix_ids, document_ids, suffix_ids, plan, start, extra=extra)
 
     @torch.inference_mode()
     def compress_flat(
@@ -139,13 +141,17 @@ class TierCompressor(LeafTierCompressor):
         plan: ChunkPlan,
         start: float,
         whole: torch.Tensor | None = None,
+        extra: torch.Tensor | None = None,
     ) -> CompressionResult:
         """The plain prefill of ``selected``'s document tokens (with ``whole`` [N], of every unit they
-        touch) between prefix and suffix, reported with the split that selected them."""
+        touch; with ``extra`` [E], and those) between prefix and suffix, reported with the split that
+        selected them."""
         kept = selected.origin[selected.origin >= 0].sort().values
         del selected
         if whole is not None:
             kept = whole_units(kept, whole)
+        if extra is not None and extra.numel():
+            kept = torch.cat([kept, extra.to(kept.device)]).unique()  # sorted, each token once
         result = prefill_kept(self.stack, self.settings, prefix_ids, document_ids, kept, suffix_ids)
         return replace(
             result, plan=plan, peak_kv_bytes=max(self._peak, result.peak_kv_bytes), seconds=time.perf_counter() - start

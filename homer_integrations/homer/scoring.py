@@ -13,6 +13,7 @@ import torch
 
 from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.config import HomerConfig
+from homer_integrations.homer.lexical import LexicalEvidence
 from homer_integrations.homer.score_units import (
     MaxPool,
     ScoreMemory,
@@ -42,10 +43,15 @@ against 11/21 and 10/21 with both); README "Design and measurements"."""
 
 @dataclass(frozen=True)
 class Scoring:
-    """A scorer and the units that reshape its scores, in order (default: the paper's recipe)."""
+    """A scorer and the units that reshape its scores, in order (default: the paper's recipe).
+
+    ``lexical``: a per-question selection also keeps the statements BM25 finds for the question
+    (``LexicalEvidence``), within the same budget; None: attention alone.
+    """
 
     scorer: Scorer = field(default_factory=LastTokenScorer)
     units: tuple[ScoreUnit, ...] = ()
+    lexical: LexicalEvidence | None = None
 
     @classmethod
     def from_config(cls, config: HomerConfig) -> Scoring:
@@ -82,7 +88,7 @@ class Scoring:
 
     def without(self, kind: type[ScoreUnit]) -> Scoring:
         """This scoring without its units of type ``kind``."""
-        return Scoring(self.scorer, tuple(u for u in self.units if not isinstance(u, kind)))
+        return replace(self, units=tuple(u for u in self.units if not isinstance(u, kind)))
 
     def with_question(self) -> Scoring:
         """The scoring of a compression whose suffix holds the question (see ``Scorer.with_question``)."""

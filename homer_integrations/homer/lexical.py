@@ -1,0 +1,110 @@
+"""Lexical evidence: BM25 over a document's statements, a second way to find what a question asks.
+
+Question attention finds paraphrase and who-did-what, and misses what BM25 finds at once: the exact
+name or number the question repeats, in a statement the leaves' attention ranked low. BM25 misses the
+converse. ``LexicalEvidence`` runs BM25 (``bm25s``) over the document's statements (``unit_ids``'
+``statement`` units, up to ``.!?`` or a line break) and hands the best statements' tokens to the
+per-question selection, which keeps them beside its own choice before the re-read (a union of both
+candidate sets within one budget: ``share`` of it for the lexical side at most).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Passage:
+    """A retrieved text: its text, its index among the indexed texts, and its BM25 score."""
+
+    text: str
+    index: int
+    score: float
+
+
+class BM25Index:
+    """BM25 (``bm25s``) over texts, built once; ``search`` returns the best ones."""
+
+    def __init__(self, texts: Sequence[str], *, stopwords: str | None = "en") -> None:
+        import bm25s
+
+        if not texts:
+            raise ValueError("BM25Index needs at least one text")
+        self.chunks = list(texts)
+        self._stopwords = stopwords
+        self._bm25 = bm25s.BM25()
+        self._bm25.index(self._tokenize(self.chunks), show_progress=False)
+
+    def _tokenize(self, texts: list[str]) -> list[list[str]]:
+        import bm25s
+
+        # strings, not ids: each tokenize() call numbers words its own way
+        return bm25s.tokenize(texts, stopwords=self._stopwords, return_ids=False, show_progress=False)
+
+    def search(self, query: str, k: int = 3) -> list[Passage]:
+        """The ``k`` best texts for ``query`` with a positive score, best first."""
+        k = min(k, len(self.chunks))
+        if k <= 0:
+            return []
+        ids, scores = self._bm25.retrieve(self._tokenize([query]), k=k, show_progress=False)
+        return [Passage(self.chunks[int(i)], int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if s > 0]
+
+
+class Statements:
+    """A document's statements as BM25 sees them: their texts and token spans.
+
+    ``units`` [N]: each document token's statement index (non-decreasing); ``texts``: one per statement.
+    """
+
+    def __init__(self, units: torch.Tensor, texts: Sequence[str]) -> None:
+        counts = torch.bincount(units - units.min())
+        self.starts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)[:-1]])
+        self.counts = counts
+        if len(texts) != counts.numel():
+            raise ValueError(f"{len(texts)} statement texts for {counts.numel()} statements")
+        searchable = [t if t.strip() else "-" for t in texts]
+        self.index = BM25Index(searchable)
+
+    @classmethod
+    def of(cls, tokenizer, document_ids: torch.Tensor, units: torch.Tensor) -> Statements:
+        """The statements of a document's token ids [N] split by ``units`` [N] (``unit_ids(..., "statement")``)."""
+        counts = torch.bincount(units - units.min()).tolist()
+        pieces = torch.split(document_ids, counts)
+        return cls(units, tokenizer.batch_decode([p.tolist() for p in pieces]))
+
+    def tokens(self, statement: int) -> torch.Tensor:
+        """Document token indices of ``statement``."""
+        start = int(self.starts[statement])
+        return torch.arange(start, start + int(self.counts[statement]))
+
+
+@dataclass(frozen=True)
+class LexicalEvidence:
+    """The best BM25 statements for the question, up to ``share`` of the budget, kept whatever attention said.
+
+    ``search``: statements BM25 ranks (best first); a statement that would overflow the lexical
+    share is passed over for the next one.
+    """
+
+    share: float = 0.25
+    search: int = 64
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.share < 1.0:
+            raise ValueError(f"LexicalEvidence.share must be in (0, 1), not {self.share}")
+
+    def tokens(self, question: str, statements: Statements, budget: int) -> torch.Tensor:
+        """Ascending document token indices [E] of the best statements, E <= ``share`` x ``budget``."""
+        room = int(self.share * budget)
+        chosen: list[torch.Tensor] = []
+        for hit in statements.index.search(question, self.search):
+            size = int(statements.counts[hit.index])
+            if size <= room:
+                chosen.append(statements.tokens(hit.index))
+                room -= size
+        if not chosen:
+            return torch.zeros(0, dtype=torch.long)
+        return torch.cat(chosen).sort().values
