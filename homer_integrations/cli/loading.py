@@ -28,7 +28,7 @@ def open_cache(args: argparse.Namespace) -> DocumentCache:
     from homer_integrations.cache.store import DiskBudgetError
 
     where = args.store or (args.cache_dir if args.cache_dir is not None else True)
-    named = f"--store {args.store}" if args.store else f"--cache-dir {args.cache_dir}" if args.cache_dir else "the cache"
+    named = f"--store {args.store}" if args.store else f"--cache-dir {args.cache_dir}" if args.cache_dir else "cache"
     try:
         cache = DocumentCache(where, disk_budget_bytes=args.max_bytes)
         if cache.store is not None:
