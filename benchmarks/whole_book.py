@@ -21,8 +21,10 @@ and is reported by split, kind and depth. Methods, the same model and token budg
   chunks of 800 characters, BM25, ``retrieval_prompt``), with as many chunks as fill the budget.
 
 Rows (one per model, book, dtype, method, budget and question) are appended to
-``results/whole_book_rows.jsonl`` and skipped on a re-run. ``peak_rss_mb`` is the process's peak
-so far: run one method per invocation for a clean peak.
+``results/whole_book_rows.jsonl`` and skipped on a re-run. Several methods in one invocation take the
+questions in turn (each question through every method before the next), so a busy machine slows them
+alike and their times compare as ratios. ``peak_rss_mb`` is the process's peak so far (the model,
+the tier pages read, the index): run one method per invocation for a clean peak.
 """
 
 from __future__ import annotations
@@ -151,11 +153,13 @@ def run(args: argparse.Namespace) -> None:
     done = done_keys()
     book_tokens = len(engine.tokenizer(text, add_special_tokens=False)["input_ids"])
     print(f"{args.book}: {len(text):,} characters, {book_tokens:,} tokens; {len(items)} questions", file=sys.stderr)
-    for method in args.methods:
-        route = Bm25Route(engine, text, budget) if method == "bm25" else None
-        for item in items:
+    retrieval = Bm25Route(engine, text, budget) if "bm25" in args.methods else None
+    # question by question, every method in turn: a busy machine slows the methods alike
+    for item in items:
+        for method in args.methods:
             if (args.model, args.book, dtype, method, budget, item.id) in done:
                 continue
+            route = retrieval if method == "bm25" else None
             started = time.perf_counter()
             if route is not None:
                 answer, ttft = route.answer(item.question, args.max_new_tokens)
