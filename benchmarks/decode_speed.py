@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     from homer_integrations.homer.prompt import encode
     from homer_integrations.paths import bundled_text
 
-    engine = HomerModel.from_pretrained(args.model, progress=False)
+    engine = HomerModel.from_pretrained(args.model, progress=False, store=False)
     ids = engine.tokenizer(bundled_text("prideprejudice"), add_special_tokens=False)["input_ids"]
     text = engine.tokenizer.decode(ids[2000 : 2000 + args.tokens])
     doc = engine.compress(text)

@@ -64,21 +64,47 @@ def excerpt(engine: HomerModel, text: str, tokens: int) -> str:
     return head[: offsets[tokens - 1][1]]
 
 
-def done_rows() -> set[tuple[str, int, str, str]]:
+def done_rows() -> set[tuple[str, str, int, str, str]]:
+    """Keys of the recorded rows: model, dtype (rows before dtypes were recorded are float32), tokens,
+    method, question."""
     if not ROWS.is_file():
         return set()
     rows = [json.loads(line) for line in ROWS.read_text().splitlines() if line.strip()]
-    return {(r["model"], r["tokens"], r["method"], r["id"]) for r in rows}
+    return {(r["model"], r.get("dtype", "float32"), r["tokens"], r["method"], r["id"]) for r in rows}
+
+
+def drop_rows(args: argparse.Namespace) -> None:
+    """Remove the recorded rows this run would write (its models, lengths and methods; every dtype
+    unless ``--dtype`` names one), so they are measured again by today's code (git keeps the old ones)."""
+    if not ROWS.is_file():
+        return
+    dtypes = None if args.dtype == "auto" else {args.dtype}
+    kept = [
+        line
+        for line in ROWS.read_text().splitlines()
+        if line.strip()
+        and not (
+            (r := json.loads(line))["model"] in args.models
+            and r["tokens"] in args.tokens
+            and r["method"] in args.methods
+            and (dtypes is None or r.get("dtype", "float32") in dtypes)
+        )
+    ]
+    ROWS.write_text("".join(line + "\n" for line in kept))
 
 
 def run(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     qset = question_set()
     text = qset.document.read_text(encoding="utf-8")
+    if args.replace:
+        drop_rows(args)
     done = done_rows()
     RESULTS.mkdir(exist_ok=True)
     for name in args.models:
-        engine = HomerModel.from_pretrained(name, progress=False)
+        # memory only: every run compresses the excerpt itself, so "prepare s" is measured
+        engine = HomerModel.from_pretrained(name, dtype=args.dtype, progress=False, store=False)
+        dtype = str(engine.model.dtype).removeprefix("torch.")
         old_recipe = ABLATIONS["question_statement_mean"](engine.tiers.question_scoring)
         best_only = ABLATIONS["question_statement_max"](engine.tiers.question_scoring)
         pinned = {
@@ -102,7 +128,7 @@ def run(args: argparse.Namespace) -> None:
                 if method == "full" and tokens + 64 + args.max_new_tokens > engine.context_window:
                     print(f"{name} {tokens}: full skipped, over the {engine.context_window}-token window")
                     continue
-                todo = [q for q in asked.questions if (name, tokens, method, q.id) not in done]
+                todo = [q for q in asked.questions if (name, dtype, tokens, method, q.id) not in done]
                 if todo:
                     runner = pinned.get(method, engine)
                     answer_all(runner, name, tokens, method, doc, asked, todo, args.max_new_tokens)
@@ -120,6 +146,7 @@ def answer_all(
         info = stream.info
         row = {
             "model": name,
+            "dtype": str(engine.model.dtype).removeprefix("torch."),
             "tokens": tokens,
             "chars": len(doc),
             "method": method,
@@ -146,13 +173,14 @@ def report(_: argparse.Namespace) -> None:
     rows = [json.loads(line) for line in ROWS.read_text().splitlines() if line.strip()]
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
-        groups[(r["model"], r["tokens"], r["method"])].append(r)
+        groups[(r["model"], r.get("dtype", "float32"), r["tokens"], r["method"])].append(r)
     summary = []
-    for (model, tokens, method), rs in sorted(groups.items()):
+    for (model, dtype, tokens, method), rs in sorted(groups.items()):
         later = [r for r in rs if r["document_seconds"] == 0] or rs
         summary.append(
             {
                 "model": model,
+                "dtype": dtype,
                 "tokens": tokens,
                 "method": method,
                 "questions": len(rs),
@@ -166,18 +194,50 @@ def report(_: argparse.Namespace) -> None:
         )
     (RESULTS / "novel_qa.json").write_text(json.dumps(summary, indent=1) + "\n")
     lines = [
-        "| model | tokens | method | right / asked | accuracy | prepare s | cache tokens | first token s | answer s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | dtype | tokens | method | right / asked | accuracy | prepare s | cache tokens | first token s "
+        "| answer s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summary:
         lines.append(
-            f"| {s['model']} | {s['tokens']} | {s['method']} | {s['correct']}/{s['questions']} | {s['accuracy']:.2f} "
+            f"| {s['model']} | {s['dtype']} | {s['tokens']} | {s['method']} | {s['correct']}/{s['questions']} "
+            f"| {s['accuracy']:.2f} "
             f"| {s['document_seconds']:.0f} | {s['cache_tokens']} | {s['median_ttft']:.2f} "
             f"| {s['median_answer_seconds']:.1f} |"
         )
+    lines += ["", *dtype_pairs(rows)]
     (RESULTS / "novel_qa.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     plot(summary)
+
+
+def dtype_pairs(rows: list[dict]) -> list[str]:
+    """bfloat16 against float32 on the same questions (model, length, method), paired: the difference in
+    accuracy with a 90% bootstrap interval over the questions."""
+    import random
+
+    by: dict[tuple, dict[str, dict[str, bool]]] = defaultdict(lambda: defaultdict(dict))
+    for r in rows:
+        by[(r["model"], r["tokens"], r["method"])][r.get("dtype", "float32")][r["id"]] = r["correct"]
+    lines = [
+        "bfloat16 against float32 on the same questions (paired; 90% bootstrap over questions, 2,000 draws):",
+        "",
+        "| model | tokens | method | pairs | float32 | bfloat16 | difference [90%] |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (model, tokens, method), per in sorted(by.items()):
+        ids = sorted(set(per.get("float32", {})) & set(per.get("bfloat16", {})))
+        if not ids:
+            continue
+        diffs = [int(per["bfloat16"][i]) - int(per["float32"][i]) for i in ids]
+        rng = random.Random(0)
+        draws = sorted(sum(rng.choice(diffs) for _ in diffs) / len(diffs) for _ in range(2000))
+        fp32, bf16 = (sum(per[d][i] for i in ids) for d in ("float32", "bfloat16"))
+        lines.append(
+            f"| {model} | {tokens} | {method} | {len(ids)} | {fp32}/{len(ids)} | {bf16}/{len(ids)} "
+            f"| {sum(diffs) / len(ids):+.3f} [{draws[100]:+.3f}, {draws[1899]:+.3f}] |"
+        )
+    return lines
 
 
 def plot(summary: list[dict]) -> None:
@@ -187,7 +247,8 @@ def plot(summary: list[dict]) -> None:
     import matplotlib.pyplot as plt
 
     labels = sorted(
-        {(s["model"], s["tokens"]) for s in summary}, key=lambda m: (MODELS.index(m[0]) if m[0] in MODELS else 9, m[1])
+        {(s["model"], s["dtype"], s["tokens"]) for s in summary},
+        key=lambda m: (MODELS.index(m[0]) if m[0] in MODELS else 9, m[2], m[1]),
     )
     fig, ax = plt.subplots(figsize=(8, 4))
     names = {
@@ -200,10 +261,11 @@ def plot(summary: list[dict]) -> None:
     }
     width = 0.8 / len(METHODS)
     for j, method in enumerate(METHODS):
-        acc = {(s["model"], s["tokens"]): s["accuracy"] for s in summary if s["method"] == method}
+        acc = {(s["model"], s["dtype"], s["tokens"]): s["accuracy"] for s in summary if s["method"] == method}
         xs = [i + (j - (len(METHODS) - 1) / 2) * width for i in range(len(labels))]
         ax.bar(xs, [acc.get(m, 0) for m in labels], width, label=names[method])
-    ax.set_xticks(range(len(labels)), [f"{m.split('-instruct')[0]}\n{t // 1000}k" for m, t in labels], fontsize=8)
+    ticks = [f"{m.split('-instruct')[0]}\n{t // 1000}k {'bf16' if d == 'bfloat16' else ''}" for m, d, t in labels]
+    ax.set_xticks(range(len(labels)), ticks, fontsize=7)
     ax.set_ylabel("questions answered right")
     ax.set_ylim(0, 1)
     ax.axhline(0.6, color="grey", lw=0.8, ls="--")
@@ -221,6 +283,8 @@ def main() -> None:
     r.add_argument("--tokens", type=int, nargs="+", default=[8000, 16000])
     r.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     r.add_argument("--max-new-tokens", type=int, default=48)
+    r.add_argument("--dtype", default="auto", help="auto: bfloat16 where this CPU computes it faster")
+    r.add_argument("--replace", action="store_true", help="measure again what this run covers (drops those rows)")
     r.add_argument("--threads", type=int, default=2)
     r.set_defaults(func=run)
     sub.add_parser("report").set_defaults(func=report)

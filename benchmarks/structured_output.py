@@ -92,7 +92,7 @@ def per_token(info) -> float | None:
 
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
-    engine = HomerModel.from_pretrained(args.model, progress=False)
+    engine = HomerModel.from_pretrained(args.model, progress=False, store=False)
     docs = documents(args.tokens, 1 if args.quick else 3, engine)
     schemas = dict(list(SCHEMAS.items())[: 2 if args.quick else 5])
     rows = []
