@@ -3,7 +3,8 @@
 - ``entry``: an entry's serial form (manifest JSON + safetensors, key-bound sha256, format version)
   and its verification;
 - ``memory``: ``MemoryLRU``, entries in memory within a byte budget;
-- ``store``: the ``Store`` interface and ``open_store``;
+- ``store_base``: the ``Store`` interface (below the stores that implement it);
+- ``store``: ``open_store``, a directory or URL's store (above them), and the interface re-exported;
 - ``local``: ``LocalStore``, a directory with a byte budget and least-recently-used eviction;
 - ``fsspec_store``: ``FsspecStore``, any fsspec URL (``s3://``, ``gs://``, ``file://``, ``memory://``);
 - ``flight``: one computation per key across threads and processes (file locks, leases);

@@ -32,7 +32,7 @@ from fsspec.implementations.local import LocalFileSystem
 from homer_integrations.cache.entry import MAX_MANIFEST_BYTES, own_manifest, unusable_manifest
 from homer_integrations.cache.files import OverLimit, read_regular
 from homer_integrations.cache.flight import KeyLock, LeaseLock, LockTimeout
-from homer_integrations.cache.store import MANIFEST, TENSORS, Store, entry_name, oversized_is_ours
+from homer_integrations.cache.store_base import MANIFEST, TENSORS, Store, entry_name, oversized_is_ours
 
 logger = logging.getLogger(__name__)
 

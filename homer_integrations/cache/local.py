@@ -32,7 +32,7 @@ from filelock import FileLock
 from homer_integrations.cache.entry import MAX_MANIFEST_BYTES, own_manifest, unusable_manifest
 from homer_integrations.cache.files import OverLimit, own_directory, read_regular, regular_size, regular_stat
 from homer_integrations.cache.flight import FileKeyLock, KeyLock, remove_unheld_lock
-from homer_integrations.cache.store import (
+from homer_integrations.cache.store_base import (
     MANIFEST,
     SAFE_NAME,
     TENSORS,

@@ -31,7 +31,7 @@ from homer_integrations.cache.entry import (
 )
 from homer_integrations.cache.flight import KeyLock, LockTimeout
 from homer_integrations.cache.staged import StagedTensors
-from homer_integrations.cache.store import Store
+from homer_integrations.cache.store_base import Store
 from homer_integrations.homer.compressed import CacheSpec
 from homer_integrations.homer.leaf_tier import Allocate, Layout, LeafTier
 

@@ -1,12 +1,15 @@
 """Structured output for ``ChatHomer``: ``with_structured_output``'s runnable, whose answer is decoded under
-the schema (``homer_integrations.homer.constraints``) and parsed, so it fits even from a small model."""
+the schema (``homer_integrations.homer.constraints``) and parsed, so it fits even from a small model.
+
+The chat model comes in as an argument typed by LangChain's ``BaseChatModel`` (only ``bind`` and
+``bind_tools`` are called), so this module does not import ``chat_models``, which imports it."""
 
 from __future__ import annotations
 
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from langchain_core.language_models import LanguageModelInput
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticToolsParser
 from langchain_core.output_parsers.pydantic import PydanticOutputParser
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
@@ -16,18 +19,16 @@ from pydantic import BaseModel
 
 from homer_integrations.homer.constraints import ResponseFormat
 
-if TYPE_CHECKING:
-    from homer_integrations.langchain.chat_models import ChatHomer
-
 
 def structured_runnable(
-    chat: ChatHomer,
+    chat: BaseChatModel,
     schema: dict[str, Any] | type | None,
     method: Literal["json_schema", "function_calling", "json_mode"],
     include_raw: bool,
 ) -> Runnable[LanguageModelInput, dict[str, Any] | Any]:
     """``chat.with_structured_output(schema, method=method, include_raw=include_raw)``: ``chat`` bound to
-    decode under ``schema`` (or to call a tool named after it), piped into the matching parser."""
+    decode under ``schema`` (or to call a tool named after it), piped into the matching parser. ``chat`` is a
+    ``ChatHomer`` (any chat model whose ``bind`` takes ``response_format=ResponseFormat`` would do)."""
     if schema is None and method != "json_mode":
         raise ValueError(f"method={method!r} needs a schema")
     is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)

@@ -1,15 +1,19 @@
 """Structured output for ``HomerLLM``: a pydantic program whose answer is decoded under the output class's
-JSON schema (``homer_integrations.homer.constraints``), so it validates even from a small model."""
+JSON schema (``homer_integrations.homer.constraints``), so it validates even from a small model.
+
+The model comes in as an argument typed by LlamaIndex's ``LLM`` (only ``chat`` and ``stream_chat`` are
+called), so this module does not import ``llm``, whose ``HomerLLM`` mixes ``StructuredOutput`` in."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Generator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.events.llm import LLMStructuredPredictEndEvent, LLMStructuredPredictStartEvent
+from llama_index.core.llms.llm import LLM
 from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.types import BasePydanticProgram
 from pydantic import BaseModel, ValidationError
@@ -17,9 +21,6 @@ from pydantic_core import from_json
 
 from homer_integrations.aio import iterate_in_thread
 from homer_integrations.homer.constraints import ResponseFormat
-
-if TYPE_CHECKING:
-    from homer_integrations.llama_index.llm import HomerLLM
 
 Model = TypeVar("Model", bound=BaseModel)
 dispatcher = get_dispatcher(__name__)
@@ -35,11 +36,11 @@ def with_note(messages: list[ChatMessage], note: str) -> list[ChatMessage]:
 
 
 class HomerProgram(BasePydanticProgram[Model], Generic[Model]):
-    """Formats ``prompt``, answers it through ``llm`` with the answer constrained to ``output_cls``'s schema,
-    and returns the validated object. A whole document in the prompt (or ``document=`` in ``llm_kwargs``)
-    is compressed once, as for any ``HomerLLM`` call."""
+    """Formats ``prompt``, answers it through ``llm`` (a ``HomerLLM``) with the answer constrained to
+    ``output_cls``'s schema, and returns the validated object. A whole document in the prompt (or
+    ``document=`` in ``llm_kwargs``) is compressed once, as for any ``HomerLLM`` call."""
 
-    def __init__(self, llm: HomerLLM, output_cls: type[Model], prompt: BasePromptTemplate) -> None:
+    def __init__(self, llm: LLM, output_cls: type[Model], prompt: BasePromptTemplate) -> None:
         self._llm = llm
         self._output_cls = output_cls
         self._prompt = prompt
