@@ -88,7 +88,7 @@ end at a colon). See ``_scoring``. ``_compact``: answering from ``ablations.comp
 cache (each kept token its own position, 0..K-1). ``homer_shared_recompute``: the shared root's flat
 selection re-read by one plain prefill of the kept tokens (``shared_root="recompute"``).
 ``homer_shared_probe9``: the shared root whose reconstruction probe scores at model layer 9 and stops
-there (ablation ``reconstruction_probe_layer_9``; ``benchmarks/probe_depth.py`` chose the layer on the
+there (ablation ``reconstruction_probe_layer_9``; ``research/probe_depth.py`` chose the layer on the
 tuning split). ``homer_shared_headwise``: the head-wise shared root (``shared_root="headwise"``: the flat
 selection of twice the budget re-read by a prefill, then each K/V head of each layer keeps its own
 tokens, KVzip's allocation, in a ragged cache of the budget's bytes; the package's default,

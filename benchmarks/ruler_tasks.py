@@ -30,7 +30,7 @@ TASKS = ("niah_single_2", "niah_multikey_2", "niah_multivalue", "niah_multiquery
 """The RULER tasks this harness runs (any key of the package's ``synthetic.yaml`` works)."""
 
 TUNING = range(10, 20)
-"""Sample indices the probes (``headwise_probe.py``, ``probe_depth.py``, ...) choose recipes on;
+"""Sample indices the probes (``research/headwise_probe.py``, ``research/probe_depth.py``, ...) choose recipes on;
 ``ruler.py`` never reports them. Reported samples are 0-9 and, beyond ten a task, 20 on (the
 generators are seeded, so an index is always the same sample)."""
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces every committed result in benchmarks/results/ (about 5 hours on 2 CPU cores).
 # Sample counts are what fitted a session on that machine; raise --samples where you can.
+# The research/ lines rerun one-off probes whose results are committed too (research/README.md).
 # passkey.py skips samples already in passkey_samples.jsonl: delete it to start over. Rows
 # whose variant ends in _mcl2048 (Qwen with its earlier 2048-token chunks) and paper_answer rows
 # came from earlier defaults and are not rerun by these lines.
@@ -34,20 +35,20 @@ $py benchmarks/two_tier.py run --tokens 8000 16000 --samples 4 --methods per_que
 $py benchmarks/two_tier.py run --tokens 8000 16000 --samples 4 --methods per_question_qsent_recompute  # the per-question default
 $py benchmarks/two_tier.py run --tokens 16000 --samples 4 --methods shared_recon_recompute
 $py benchmarks/two_tier.py run --tokens 8000 16000 --samples 4 --methods per_question_smax_recompute per_question_bestmean_recompute
-$py benchmarks/reconstruction_ranks.py 16000 2001                       # where the facts rank in their leaves
+$py research/reconstruction_ranks.py 16000 2001                         # where the facts rank in their leaves
 # the flat root's selection rules replayed offline on the tuning seeds (3000+; two_tier's 2000+ stay held out)
 for tokens in 8000 16000; do
-  $py benchmarks/selection_sim.py record --tokens $tokens --seeds 3000 3001 3002 3003
-  $py benchmarks/selection_sim.py simulate --tokens $tokens --seeds 3000 3001 3002 3003
+  $py research/selection_sim.py record --tokens $tokens --seeds 3000 3001 3002 3003
+  $py research/selection_sim.py simulate --tokens $tokens --seeds 3000 3001 3002 3003
 done
-$py benchmarks/selection_sim.py record --question-aware --tokens 16000 --seeds 3000 3001 3002 3003
-$py benchmarks/selection_sim.py simulate --question-aware --tokens 16000 --seeds 3000 3001 3002 3003
+$py research/selection_sim.py record --question-aware --tokens 16000 --seeds 3000 3001 3002 3003
+$py research/selection_sim.py simulate --question-aware --tokens 16000 --seeds 3000 3001 3002 3003
 $py benchmarks/two_tier.py trace --tokens 8000 --seeds 2000 2001            # where the facts are lost
 $py benchmarks/two_tier.py trace --tokens 16000 --seeds 2001 --methods shared shared_recon_words
 $py benchmarks/two_tier.py trace --tokens 16000 --seeds 2001 2000 --methods shared_recon_flat_words
 $py benchmarks/two_tier.py trace --tokens 16000 --seeds 2000 2001 2002 2003 --methods shared_recon_flat per_question_flat
 $py benchmarks/two_tier.py report
-$py benchmarks/pruning_trace.py --model $smol --tokens 16000 --samples 4
+$py research/pruning_trace.py --model $smol --tokens 16000 --samples 4
 $py benchmarks/memory_speed.py --tokens 4000 8000 16000 32000
 $py benchmarks/memory_speed.py --tokens 64000 --methods homer
 $py benchmarks/cache_latency.py --tokens 16000
@@ -64,8 +65,8 @@ $py benchmarks/ruler.py run --tasks niah_single_2 niah_multikey_2 niah_multivalu
 $py benchmarks/ruler.py run --lengths 16384 --ratios 8 --samples 10 --methods plain homer_shared homer_query_aware
 # 32k (16x) for the two-tier issue: a plain 32k prefill is ~8 min a sample here; on a lent GPU, scripts/device/ruler.sh
 # the question recipe's selection rules, offline on RULER's tuning split (indices 10-19)
-$py benchmarks/question_layers.py record --tasks niah_multikey_2 qa_1
-$py benchmarks/question_layers.py record --tasks niah_multivalue vt --indices 10 11 12 13
-$py benchmarks/question_layers.py record --tasks niah_multiquery --indices 10 11 12
-$py benchmarks/question_layers.py simulate
+$py research/question_layers.py record --tasks niah_multikey_2 qa_1
+$py research/question_layers.py record --tasks niah_multivalue vt --indices 10 11 12 13
+$py research/question_layers.py record --tasks niah_multiquery --indices 10 11 12
+$py research/question_layers.py simulate
 $py benchmarks/ruler.py report

@@ -7,7 +7,7 @@
 # and leaves ruler.jsonl and ruler.log in $OUT. First (OVERHEAD=0 skips it, ~1-2 min) the per-question
 # path's launch-bound cost, batched against leaf by leaf (benchmarks/question_overhead.py --device cuda),
 # and the shared root's build in row blocks of 1,024 against 8,192 (benchmarks/root_overhead.py); then
-# (PROFILE=0 skips it) a profile of one 32k question on the real model (benchmarks/question_profile.py).
+# (PROFILE=0 skips it) a profile of one 32k question on the real model (research/question_profile.py).
 #
 #   carry [".whl", ".xfer/model"]  bash scripts/device/setup.sh     # see pack.sh (the wheels include
 #   carry [".xfer/pNN"] ...        bash scripts/device/setup.sh     #  the RULER package, for scoring)
@@ -32,7 +32,7 @@ if [ "${OVERHEAD:-1}" = 1 ]; then  # batched vs leaf-by-leaf question scoring wh
   cp benchmarks/results/question_overhead_cuda.* benchmarks/results/root_overhead_cuda.* "${OUT:-/tmp}/" 2>/dev/null
 fi
 if [ "${PROFILE:-1}" = 1 ]; then  # where one 32k question's time goes on the real model (~1 min)
-  timeout 120 python3 benchmarks/question_profile.py --device cuda >>"$log" 2>&1 && grep -m1 "profiled" "$log"
+  timeout 120 python3 research/question_profile.py --device cuda >>"$log" 2>&1 && grep -m1 "profiled" "$log"
   cp benchmarks/results/question_profile_cuda.txt "${OUT:-/tmp}/" 2>/dev/null
 fi
 for step in ${PLAN:-32768:5 16384:10 32768:10}; do

@@ -12,7 +12,7 @@ from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.kv import cache_from_tensors
 from tests.conftest import tiny_model
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "research"))  # it puts benchmarks/ on the path itself
 from headwise_probe import CommonWords, close_statements, hidden_slots, share, word_counts
 
 

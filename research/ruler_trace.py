@@ -1,6 +1,6 @@
 """Where the per-question path loses a RULER key: is the asked line kept, and what is answered?
 
-    .venv/bin/python benchmarks/ruler_trace.py --task niah_multikey_2 --indices 10 11 \
+    .venv/bin/python research/ruler_trace.py --task niah_multikey_2 --indices 10 11 \
         --variants flat:last tree:last flat:qattn flat:qattn_sent flat
 
 Samples 10 and up are never reported by ``ruler.py`` (it runs indices 0..n-1 for n <= 10): they
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # ruler, ruler_tasks, ablations
 import ruler
 import ruler_tasks
 from ablations import ABLATIONS

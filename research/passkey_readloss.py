@@ -1,7 +1,7 @@
 """Which setting reads a kept passkey back: ``query_aware`` passkey samples under HomerConfig variants.
 
-    python benchmarks/passkey_readloss.py --device cuda --tokens 32000 --seed 1000
-    python benchmarks/passkey_readloss.py --device cuda --seed 1100 --only default warmup_8 warmup_16
+    python research/passkey_readloss.py --device cuda --tokens 32000 --seed 1000
+    python research/passkey_readloss.py --device cuda --seed 1100 --only default warmup_8 warmup_16
 
 At 32k tokens on Qwen2.5-Coder-0.5B the key survives pruning in every sample and a plain prefill
 over the kept tokens finds it, yet the compressed cache misses some (README "On a GPU"). Each
@@ -18,10 +18,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # passkey_lib
 from passkey_lib import engine_for, make_sample, run_sample
 
 from homer_integrations.models import load_model
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # results stay with the benchmarks
 
 MODEL = "qwen2.5-coder-0.5b-instruct"
 VARIANTS = {
@@ -47,7 +49,7 @@ def main() -> None:
     model, tok = load_model(MODEL, dtype=getattr(torch, args.dtype), device=args.device)
     n = args.samples
     samples = [make_sample(tok, args.tokens, (i + 0.5) / n, seed=args.seed + i) for i in range(n)]
-    out = Path(__file__).parent / "results" / "gpu" / f"passkey_readloss_{args.tokens}.jsonl"
+    out = RESULTS / "gpu" / f"passkey_readloss_{args.tokens}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     for name, overrides in VARIANTS.items():
         if args.only and name not in args.only:

@@ -1,6 +1,6 @@
 """Why a passkey is lost: the key's rank under the pruning score, per layer and per tree level.
 
-    .venv/bin/python benchmarks/pruning_trace.py --model smollm2-135m-instruct --tokens 16000 --samples 4
+    .venv/bin/python research/pruning_trace.py --model smollm2-135m-instruct --tokens 16000 --samples 4
 
 Two views on the same passkey samples as ``passkey.py`` (shared mode, default settings):
 
@@ -11,7 +11,7 @@ Two views on the same passkey samples as ``passkey.py`` (shared mode, default se
   on the key's path, the layer that scored it, the key's rank fraction among the node's document
   tokens (after word units, pooling and score memory) and whether it survived.
 
-Writes ``results/pruning_trace_<model>_<tokens>.json`` and prints a table.
+Writes ``benchmarks/results/pruning_trace_<model>_<tokens>.json`` and prints a table.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # passkey_lib
 from passkey_lib import QUESTION, engine_for, key_token_indices, make_sample, run_sample
 
 from homer_integrations import HomerModel
@@ -35,7 +35,7 @@ from homer_integrations.homer.score_units import pool_words
 from homer_integrations.homer.scorers import LastTokenScorer, ScoreInput
 from homer_integrations.models import load_model
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # results stay with the benchmarks
 
 
 def rank_fraction(scores: torch.Tensor, candidates: torch.Tensor, target: int) -> float:

@@ -1,6 +1,6 @@
 """At which leaf layer should the shared root's reconstruction probe score? A RULER diagnostic.
 
-    .venv/bin/python benchmarks/probe_depth.py --length 4096 --ratio 4 --indices 10 11 12 13 14 \
+    .venv/bin/python research/probe_depth.py --length 4096 --ratio 4 --indices 10 11 12 13 14 \
         --tasks niah_single_2 niah_multikey_2 niah_multivalue niah_multiquery vt
 
 The package probes the last leaf layer (``ReconstructionScorer``): the probe rows run through every
@@ -10,10 +10,10 @@ at every leaf layer, and each reference value's best token gets, per layer, its 
 the document's tokens (the flat root selects across leaves) and whether it would be inside the
 document's share of the budget. Samples 10-19 are the tuning split (``ruler_tasks.TUNING``;
 ``ruler.py`` never reports them).
-Writes ``results/probe_depth_<length>_<ratio>.json``. With ``--time-layer N`` it instead times one
+Writes ``benchmarks/results/probe_depth_<length>_<ratio>.json``. With ``--time-layer N`` it instead times one
 root with the probe at the last leaf layer and at layer N, alternated in one process:
 
-    .venv/bin/python benchmarks/probe_depth.py --time-layer 9 --tasks niah_single_2 --indices 10
+    .venv/bin/python research/probe_depth.py --time-layer 9 --tasks niah_single_2 --indices 10
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # ruler, ruler_tasks
 import ruler
 import ruler_tasks
 from ruler_trace import value_and_line
@@ -40,6 +40,8 @@ from homer_integrations.homer.kv import cache_from_tensors
 from homer_integrations.homer.probing import probe_scores
 from homer_integrations.homer.scorers import ReconstructionScorer, ScoreInput
 from homer_integrations.models import load_model
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # results stay with the benchmarks
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ def summarize(rows: list[dict]) -> dict[str, dict]:
 
 def time_roots(model: Any, tok: Any, args: argparse.Namespace) -> None:
     """Seconds to compress one shared root with the probe at the last leaf layer and at ``--time-layer``,
-    alternated in this process (so both see the same load); ``results/probe_depth_time_<length>.json``."""
+    alternated in this process (so both see the same load); ``benchmarks/results/probe_depth_time_<length>.json``."""
     sample = ruler_tasks.make_samples(args.tasks[0], args.length, args.indices[0] + 1, str(ruler.model_dir()))[-1]
     probe = HomerModel(model, tok, HomerConfig(), model_name=ruler.MODEL, progress=False)
     prompt = ruler.homer_prompt(probe, sample, "shared")
@@ -122,7 +124,7 @@ def time_roots(model: Any, tok: Any, args: argparse.Namespace) -> None:
             statistics.median(seconds[f"layer_{args.time_layer}"]) / statistics.median(seconds["last"]), 3
         ),
     }
-    path = Path(__file__).parent / "results" / f"probe_depth_time_{args.length}.json"
+    path = RESULTS / f"probe_depth_time_{args.length}.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out))
 
@@ -168,7 +170,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             rows.append(row)
     summary = summarize(rows)
-    out = Path(__file__).parent / "results" / f"probe_depth_{args.length}_{args.ratio:g}.json"
+    out = RESULTS / f"probe_depth_{args.length}_{args.ratio:g}.json"
     out.write_text(json.dumps({"args": vars(args), "summary": summary, "rows": rows}, indent=1))
     print(json.dumps(summary, indent=1))
 

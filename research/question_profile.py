@@ -7,8 +7,8 @@ tiny-width model puts most of it in the re-read of the kept tokens. This profile
 first builds the tier), then one profiled question; on a GPU every timed step ends with a
 synchronize, so the profile's time is the question's.
 
-    .venv/bin/python benchmarks/question_profile.py --tiny --tokens 8192 --ratio 4     # about 1 minute
-    python3 benchmarks/question_profile.py --device cuda                                # scripts/device
+    .venv/bin/python research/question_profile.py --tiny --tokens 8192 --ratio 4     # about 1 minute
+    python3 research/question_profile.py --device cuda                                # scripts/device
 
 Writes benchmarks/results/question_profile_<device>.txt (the first token's seconds, then the 30
 functions with the most cumulative time).
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # question_overhead, ruler
 from question_overhead import RESULTS, ask_query_aware, tiny_qwen
 
 QUESTIONS = ("Who is Elizabeth?", "Who is Jane?", "Where is Netherfield?")

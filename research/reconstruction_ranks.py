@@ -1,6 +1,7 @@
 """Where a fact's value ranks in its own leaf under ways of folding reconstruction attention.
 
-    .venv/bin/python benchmarks/reconstruction_ranks.py 16000 2001     # -> results/reconstruction_ranks_16000_2001.json
+    .venv/bin/python research/reconstruction_ranks.py 16000 2001
+    # -> benchmarks/results/reconstruction_ranks_16000_2001.json
 
 For each of a two_tier sample's three facts: the leaf holding its value runs the leaf layers, the
 reconstruction probe (REPEAT_PROMPT + the piece) runs after it, and the value's best token gets a
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # two_tier
 from two_tier import engine_for, make_sample, value_tokens
 
 from homer_integrations.homer.chunking import ChunkPlan
@@ -28,6 +29,8 @@ from homer_integrations.homer.prompt import encode
 from homer_integrations.homer.pruning import standardise
 from homer_integrations.homer.scorers import ReconstructionScorer, ScoreInput
 from homer_integrations.models import load_model
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # results stay with the benchmarks
 
 MODEL = "qwen2.5-coder-0.5b-instruct"
 
@@ -120,9 +123,7 @@ def main() -> None:
         row["shared_last_token"] = pct(shared[: part.origin.numel()])
         print(json.dumps(row), flush=True)
         out.append(row)
-    (Path(__file__).parent / "results" / f"reconstruction_ranks_{tokens}_{seed}.json").write_text(
-        json.dumps(out, indent=1)
-    )
+    (RESULTS / f"reconstruction_ranks_{tokens}_{seed}.json").write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,16 +1,17 @@
 """Which leaf layer and which reduction should pick a question's tokens? Offline study on RULER samples.
 
-    .venv/bin/python benchmarks/question_layers.py record --tasks niah_multikey_2 qa_1 --indices 10 11 12
-    .venv/bin/python benchmarks/question_layers.py simulate
+    .venv/bin/python research/question_layers.py record --tasks niah_multikey_2 qa_1 --indices 10 11 12
+    .venv/bin/python research/question_layers.py simulate
 
 The per-question path (``replay="recompute"``) keeps the ``final_cache_len`` best document tokens of
 all leaves by the question's attention in the last leaf layer, then re-reads them with a plain prefill;
 what it answers wrong at 4k was never kept (``ruler_trace.py``). ``record`` runs the package's
 query-aware compression of a RULER sample with a scorer that also writes down, for every leaf and every
 leaf layer, each head's most attention from any suffix row to each token (``[layers, heads, T]``,
-``results/question_layers/<task>_<length>_<index>.pt``, not committed). ``simulate`` replays selection
+``benchmarks/results/question_layers/<task>_<length>_<index>.pt``, not committed). ``simulate`` replays selection
 rules on those records without the model (which layer or layers, max or mean over heads, which units)
-and reports how often each rule keeps every reference value's tokens (``results/question_layers_<length>.json``).
+and reports how often each rule keeps every reference value's tokens
+(``benchmarks/results/question_layers_<length>.json``).
 A rule is ``layers/heads/units``: ``last`` (the package), ``L<i>`` one leaf layer, ``zmax``/``zmean``
 every leaf layer's standardised scores; ``stmt`` the sentence bonus over statements (the recipe before
 2026-11-26), ``stmt_max`` a statement's best score, ``mix=w`` its best plus w x its mean (the package since
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # ruler, ruler_tasks
 import ruler
 import ruler_tasks
 from ruler_trace import value_and_line
@@ -41,7 +42,8 @@ from homer_integrations.homer.score_units import pool_words
 from homer_integrations.homer.scorers import QuestionAttentionScorer, ScoreInput
 from homer_integrations.models import load_model
 
-RECORDS = Path(__file__).parent / "results" / "question_layers"
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # results stay with the benchmarks
+RECORDS = RESULTS / "question_layers"
 TAPE: list[torch.Tensor] = []
 
 

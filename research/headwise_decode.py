@@ -7,8 +7,8 @@ The K/V values are random: attention's cost does not depend on them. The same qu
 read, then ``--tokens`` tokens decoded greedily as ``homer.generation.decode`` does, the two caches
 alternating ``--repeats`` times in one process; reported as medians and the head-wise/dense ratio.
 
-    .venv/bin/python benchmarks/headwise_decode.py                     # Qwen2.5-Coder-0.5B, budgets 1024, 2048
-    .venv/bin/python benchmarks/headwise_decode.py --device cuda
+    .venv/bin/python research/headwise_decode.py                     # Qwen2.5-Coder-0.5B, budgets 1024, 2048
+    .venv/bin/python research/headwise_decode.py --device cuda
 
 Writes benchmarks/results/headwise_decode[_cuda].json.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # results stay with the benchmarks
 MODEL = "qwen2.5-coder-0.5b-instruct"
 
 

@@ -1,8 +1,8 @@
 """Does head-wise selection (KVzip's) rescue a question-agnostic HOMER cache? RULER samples, one line each.
 
-    .venv/bin/python benchmarks/headwise_probe.py --task niah_multikey_2 --indices 0 1 2 \
+    .venv/bin/python research/headwise_probe.py --task niah_multikey_2 --indices 0 1 2 \
         --variants homer:4:global prefill:4:global prefill:2:global
-    .venv/bin/python benchmarks/headwise_probe.py report     # results/headwise_probe.md
+    .venv/bin/python research/headwise_probe.py report     # benchmarks/results/headwise_probe.md
 
 Each variant is ``base:candidates:selection``. ``base`` builds a cache of ``candidates`` x the budget's
 document tokens: ``homer`` is the package's shared flat root (each leaf scores its tokens by
@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # ruler, ruler_tasks, ablations
 import ruler
 import ruler_tasks
 from ablations import RECONSTRUCTION_ABLATIONS
