@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from homer_integrations.homer.compressed import CompressedDocument, CompressionStats
     from homer_integrations.homer.config import HomerConfig
     from homer_integrations.homer.generation import GenerationOptions
+    from homer_integrations.prompting import InputTooLongError
     from homer_integrations.tiers import PromptTooLongError
 
 _EXPORTS = {
@@ -24,6 +25,7 @@ _EXPORTS = {
     "CompressionStats": "homer_integrations.homer.compressed",
     "HomerConfig": "homer_integrations.homer.config",
     "GenerationOptions": "homer_integrations.homer.generation",
+    "InputTooLongError": "homer_integrations.prompting",
     "PromptTooLongError": "homer_integrations.tiers",
 }
 
@@ -49,6 +51,7 @@ __all__ = [
     "GenerationOptions",
     "HomerConfig",
     "HomerModel",
+    "InputTooLongError",
     "PromptTooLongError",
 ]
 __version__ = "0.1.0"

@@ -26,7 +26,7 @@ from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.generation import GenerationOptions
 from homer_integrations.homer.scoring import Scoring
 from homer_integrations.models import DEFAULT_MODEL, embedded_defaults, load_model
-from homer_integrations.prompting import Prompting
+from homer_integrations.prompting import DEFAULT_MAX_DOCUMENT_TOKENS, Prompting
 from homer_integrations.quantization import Quantization
 from homer_integrations.tiers import ALGORITHM_VERSION, DocumentTiers
 
@@ -52,6 +52,10 @@ class HomerModel:
             recipe; shared roots then use ``with_reconstruction`` when ``shared_scorer`` says so);
             for research and the ablations in ``benchmarks/``. It is part of every cache key, and
             query-aware compressions use its ``with_question()`` (default: ``Scoring.for_questions()``).
+        max_document_tokens: most tokens a document may have (default 2,000,000; None: only the merge
+            tree's bound). A longer one is refused with ``InputTooLongError`` (a ``ValueError``) before
+            any of it is compressed; its tokens are counted in slices, so a 50 MB text is refused in
+            seconds with bounded memory. A question may have at most ``max_chunk_len // 4`` tokens.
     """
 
     def __init__(
@@ -68,6 +72,7 @@ class HomerModel:
         scoring: Scoring | None = None,
         store: str | Path | Store | bool | None = None,
         disk_budget: int | None = None,
+        max_document_tokens: int | None = DEFAULT_MAX_DOCUMENT_TOKENS,
     ) -> None:
         if document_cache is not None and (store is not None or disk_budget is not None):
             raise ValueError("pass document_cache= or store=/disk_budget=, not both")
@@ -80,7 +85,7 @@ class HomerModel:
             defaults or embedded_defaults(model_name) or ModelDefaults.for_model(self.stack.num_layers, max_positions)
         )
         self.config = (config or HomerConfig()).resolve(self.stack.num_layers, max_positions, defaults)
-        self.prompting = Prompting(tokenizer, self.config, self.stack.num_layers, max_positions)
+        self.prompting = Prompting(tokenizer, self.config, self.stack.num_layers, max_positions, max_document_tokens)
         """Token counts, prompt layouts and size limits."""
         self.tiers = DocumentTiers(
             model,
@@ -120,6 +125,7 @@ class HomerModel:
         store: str | Path | Store | bool | None = True,
         disk_budget: int | None = None,
         quantize: Quantization | None = None,
+        max_document_tokens: int | None = DEFAULT_MAX_DOCUMENT_TOKENS,
         **model_kwargs: Any,
     ) -> HomerModel:
         """Load a model by local path, hub id or embedded name (None = the embedded default model).
@@ -129,7 +135,8 @@ class HomerModel:
         documents are kept between questions and processes; by default (True) the package's cache
         directory on disk, as the CLI does, so no document is compressed twice; a directory or
         fsspec URL; None or False keeps them in memory only. ``document_cache`` replaces it.
-        ``quantize="int8"``: int8 linear layers on the CPU (faster decoding).
+        ``quantize="int8"``: int8 linear layers on the CPU (faster decoding). ``max_document_tokens``:
+        see the class.
         """
         name = path_or_id or DEFAULT_MODEL
         model, tokenizer = load_model(name, dtype=dtype, device=device, quantize=quantize, **model_kwargs)
@@ -144,6 +151,7 @@ class HomerModel:
             progress=progress,
             store=store,
             disk_budget=disk_budget,
+            max_document_tokens=max_document_tokens,
         )
 
     def with_store(self, store: str | Path | Store | DocumentCache, disk_budget: int | None = None) -> HomerModel:
@@ -167,6 +175,8 @@ class HomerModel:
             raise ValueError("query_aware mode compresses the question with the document: pass question=")
         layout = self.prompting.layout(question or "", mode)
         asked = question if mode == "query_aware" else None
+        if asked is not None:  # compressed with the document: within the question's limit
+            self.prompting.check_question(asked, allow_empty=True)
         return self.tiers.compress(layout.prefix, text, layout.suffix, asked, mode).document
 
     # ----------------------------------------------------------------------------- answering
@@ -185,7 +195,7 @@ class HomerModel:
         pydantic class or TypedDict, a compiled regex, a list of choices) constrains the answer.
         """
         options = GenerationOptions(**generation)
-        self.prompting.check_question(question)  # text, not bytes or a lone surrogate; not empty
+        self.prompting.check_question(question)  # text (not bytes, no lone surrogate), not empty, not too long
         mode = check_mode(mode) or self.config.mode
         layout = self.prompting.layout(question, mode)
         if not isinstance(document, CompressedDocument):

@@ -15,7 +15,18 @@ from homer_integrations.homer.prompt import PromptText, PromptTexts, encode, ren
 
 DOCUMENTS_REMEMBERED = 4
 """Documents whose token ids ``Prompting`` keeps (an id is 8 bytes: 0.5 MB for a 64k-token document)."""
+DEFAULT_MAX_DOCUMENT_TOKENS = 2_000_000
+"""Most document tokens an engine takes by default (``HomerModel(max_document_tokens=)``): a 500k-token
+book passes; a 50 MB text (about 12M tokens) is refused after counting its first ~8 MB."""
+COUNT_SLICE_CHARS = 1 << 18
+"""Characters tokenized at a time while a long document's tokens are counted against the limit: the
+tokenizer's working memory stays ~10 MB however long the text (1M characters at once took ~130 MB)."""
+QUESTION_SHARE = 4
+"""A question may take at most ``max_chunk_len // QUESTION_SHARE`` tokens: it enters every leaf's suffix
+in query-aware mode and is prefilled after the cache in the others, and must leave the chunk room for
+the document."""
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_NOT_SPACE = re.compile(r"\S")
 
 
 def check_text(text: object, what: str) -> None:
@@ -33,23 +44,51 @@ def check_text(text: object, what: str) -> None:
         )
 
 
+class InputTooLongError(ValueError):
+    """A document or question longer than the engine takes, refused before it is compressed.
+
+    ``setting`` names what raises the limit (``max_document_tokens``, ``max_chunk_len``); the message
+    says so as a Python argument, ``worded(option)`` as a command-line option instead.
+    """
+
+    def __init__(self, message: str, setting: str) -> None:
+        self.message, self.setting = message, setting
+        super().__init__(self.worded(f"{setting}="))
+
+    def worded(self, option: str) -> str:
+        """The message with ``option`` (``--max-chunk-len N``) as what raises the limit."""
+        return self.message.format(option=option)
+
+
 class Prompting:
     """Token counts, prompt layouts and size limits for ``tokenizer`` under ``config`` (resolved).
 
-    ``num_layers`` bounds the merge tree's height; ``context_window`` is the model's window.
+    ``num_layers`` bounds the merge tree's height; ``context_window`` is the model's window;
+    ``max_document_tokens`` (None: only the merge tree's bound) is the most document tokens taken.
     """
 
     def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, config: HomerConfig, num_layers: int, context_window: int
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        config: HomerConfig,
+        num_layers: int,
+        context_window: int,
+        max_document_tokens: int | None = DEFAULT_MAX_DOCUMENT_TOKENS,
     ) -> None:
+        if max_document_tokens is not None and (type(max_document_tokens) is not int or max_document_tokens < 1):
+            raise ValueError(f"max_document_tokens must be a whole number >= 1 or None, not {max_document_tokens!r}")
         self.tokenizer = tokenizer
         self.config = config
         self.num_layers = num_layers
         self.context_window = context_window
+        self.document_limit = max_document_tokens
+        """Most document tokens taken (``DEFAULT_MAX_DOCUMENT_TOKENS``); None: the merge tree's bound only."""
         # A document's ids are asked for again by every question on it (the tier's build, each replay's
         # re-read): tokenizing 32k tokens costs ~0.1 s, a fifth of a GPU question. Keyed by the text
         # itself; a str caches its hash, so a hit on the caller's own string object costs nothing.
         self._document_ids = functools.lru_cache(maxsize=DOCUMENTS_REMEMBERED)(self._encode_document)
+        # a long document checked up front (the CLI does) is not counted again when it is compressed
+        self._counted = functools.lru_cache(maxsize=DOCUMENTS_REMEMBERED)(self._count_until)
 
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` as plain text (a ``PromptText`` keeps its markup's control tokens)."""
@@ -80,42 +119,105 @@ class Prompting:
         """Tokens of the shared layout's suffix (what a leaf tier's split is planned for; rendered once)."""
         return encode(self.tokenizer, self.layout("", "shared").suffix, formatted=True).numel()
 
-    def max_document_tokens(self, prefix_tokens: int = 0, suffix_tokens: int = 0) -> int:
+    def tree_capacity(self, prefix_tokens: int = 0, suffix_tokens: int = 0) -> int:
         """Most document tokens the merge tree can hold: a tree of height h needs h + 1 layers, so at
         most ``2**(num_layers - 1)`` leaves of ``max_chunk_len - prefix_tokens - suffix_tokens`` tokens."""
         return max(0, self.config.max_chunk_len - prefix_tokens - suffix_tokens) * 2 ** (self.num_layers - 1)
 
-    @functools.cached_property
-    def max_document_chars(self) -> int:
-        """A document longer than this many characters surely has more tokens than the merge tree holds.
+    def max_document_tokens(self, prefix_tokens: int = 0, suffix_tokens: int = 0) -> int:
+        """Most document tokens taken: the merge tree's capacity or ``document_limit``, the lower."""
+        tree = self.tree_capacity(prefix_tokens, suffix_tokens)
+        return tree if self.document_limit is None else min(tree, self.document_limit)
 
-        The bound is ``max_document_tokens() * 4 * longest_token``: no token stands for more characters
-        than its vocabulary entry spells (``longest_token`` is the longest entry; byte-level and
-        sentencepiece spellings are never shorter than their text), and the factor 4 leaves room for
-        normalisers that compose characters. Texts over it are refused before they are tokenized.
-        """
-        longest = max(map(len, self.tokenizer.get_vocab()), default=1)
-        return self.max_document_tokens() * 4 * max(1, longest)
+    @functools.cached_property
+    def longest_token(self) -> int:
+        """Characters of the vocabulary's longest entry: no token stands for more characters than its
+        entry spells (byte-level and sentencepiece spellings are never shorter than their text)."""
+        return max(1, max(map(len, self.tokenizer.get_vocab()), default=1))
+
+    def surely_over(self, tokens: int) -> int:
+        """Characters beyond which a text surely has more than ``tokens`` tokens: ``tokens * 4 *
+        longest_token`` (the factor 4 leaves room for normalisers that compose characters)."""
+        return tokens * 4 * self.longest_token
+
+    @property
+    def max_document_chars(self) -> int:
+        """A document longer than this many characters surely has more tokens than the engine takes;
+        it is refused before any of it is tokenized."""
+        return self.surely_over(self.max_document_tokens())
+
+    @property
+    def max_question_tokens(self) -> int:
+        """Most tokens a question may have: ``max_chunk_len // QUESTION_SHARE`` (see ``QUESTION_SHARE``)."""
+        return self.config.max_chunk_len // QUESTION_SHARE
 
     def check_document(self, document: str) -> None:
-        """Refuse what is not text (``check_text``), an empty document, or one far longer than the merge
-        tree holds (before tokenizing)."""
-        check_text(document, "document")
-        if not document or not document.strip():
-            raise ValueError("the document is empty")
-        if len(document) > self.max_document_chars:
-            raise ValueError(
-                f"the document has {len(document):,} characters, far more than this model's merge tree can "
-                f"hold ({self.max_document_tokens():,} tokens at max_chunk_len={self.config.max_chunk_len} over "
-                f"{self.num_layers} layers); split it, or raise max_chunk_len"
-            )
+        """Refuse what is not text (``check_text``), an empty document, or one with more tokens than the
+        engine takes (``max_document_tokens``), before any of it is compressed.
 
-    @staticmethod
-    def check_question(question: str) -> None:
-        """Refuse what is not text (``check_text``) or an empty question."""
+        A document far longer in characters is refused untokenized; one over ``COUNT_SLICE_CHARS`` has
+        its tokens counted slice by slice until the count passes the limit (bounded memory, and a
+        50 MB text is refused after its first few MB); ``encode_span`` checks the exact count."""
+        check_text(document, "document")
+        if _NOT_SPACE.search(document) is None:
+            raise ValueError("the document is empty")
+        limit = self.max_document_tokens()
+        if len(document) > self.max_document_chars:
+            raise self._too_long(f"{len(document):,} characters, far more than", limit)
+        if len(document) > COUNT_SLICE_CHARS:
+            counted, read = self._counted(document, limit)
+            if counted > limit:
+                raise self._too_long(f"over {counted:,} tokens in its first {read:,} characters, more than", limit)
+
+    def check_question(self, question: str, *, allow_empty: bool = False) -> None:
+        """Refuse what is not text (``check_text``), an empty question (unless ``allow_empty``), or one over
+        ``max_question_tokens`` (a question far longer in characters untokenized)."""
         check_text(question, "question")
-        if not question.strip():
+        if not allow_empty and _NOT_SPACE.search(question) is None:
             raise ValueError("the question is empty")
+        limit = self.max_question_tokens
+        if len(question) > self.surely_over(limit):
+            size = f"{len(question):,} characters, far more than"
+        else:
+            tokens = encode(self.tokenizer, question).numel()
+            if tokens <= limit:
+                return
+            size = f"{tokens:,} tokens, more than"
+        mcl = self.config.max_chunk_len
+        raise InputTooLongError(
+            f"the question has {size} the {limit:,} tokens a question may have (max_chunk_len={mcl} // "
+            f"{QUESTION_SHARE}: it is read beside the document in every chunk); shorten it, put long context "
+            f"into the document, or raise {{option}}",
+            "max_chunk_len",
+        )
+
+    def _count_until(self, document: str, limit: int) -> tuple[int, int]:
+        """(tokens counted, characters read): ``document``'s tokens counted ``COUNT_SLICE_CHARS`` at a
+        time (each slice ends after a space where one is near), stopping once the count passes ``limit``."""
+        counted = start = 0
+        while start < len(document) and counted <= limit:
+            end = min(len(document), start + COUNT_SLICE_CHARS)
+            if end < len(document):
+                space = document.rfind(" ", start + COUNT_SLICE_CHARS // 2, end)
+                end = space + 1 if space >= 0 else end
+            counted += encode(self.tokenizer, document[start:end]).numel()
+            start = end
+        return counted, start
+
+    def _too_long(self, size: str, limit: int, prefix_tokens: int = 0, suffix_tokens: int = 0) -> InputTooLongError:
+        """The refusal of a document of ``size`` ("N tokens, more than") over ``limit`` tokens, naming the
+        setting that raises it: ``max_document_tokens``, or ``max_chunk_len`` where the merge tree binds."""
+        if self.document_limit is not None and limit >= self.document_limit:
+            return InputTooLongError(
+                f"the document has {size} the {limit:,} tokens this engine takes (max_document_tokens="
+                f"{self.document_limit:,}); split it, or raise {{option}}",
+                "max_document_tokens",
+            )
+        return InputTooLongError(
+            f"the document has {size} this model's merge tree can hold ({limit:,} tokens at max_chunk_len="
+            f"{self.config.max_chunk_len} over {self.num_layers} layers); split it, or raise {{option}}",
+            "max_chunk_len",
+        )
 
     def _encode_document(self, document: str) -> torch.Tensor:
         return encode(self.tokenizer, document)
@@ -141,9 +243,5 @@ class Prompting:
             return prefix_ids, document_ids, suffix_ids
         limit = self.max_document_tokens(prefix_ids.numel(), suffix_ids.numel())
         if document_ids.numel() > limit:
-            raise ValueError(
-                f"the document has {document_ids.numel():,} tokens, more than this model's merge tree can hold "
-                f"({limit:,} at max_chunk_len={self.config.max_chunk_len} over {self.num_layers} layers); "
-                f"split it, or raise max_chunk_len"
-            )
+            raise self._too_long(f"{document_ids.numel():,} tokens, more than", limit)
         return prefix_ids, document_ids, suffix_ids

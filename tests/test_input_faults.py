@@ -1,8 +1,8 @@
-"""Bad input refused up front with a clear message: devices, oversized files and documents, missing
-model paths, and document or question text that spells chat control tokens (prompt injection).
+"""Bad input refused up front with a clear message: devices, oversized files, documents and questions,
+missing model paths, and document or question text that spells chat control tokens (prompt injection).
 
-Real files, the real SmolLM2 tokenizer and tiny random-weight models; the 50 MB file runs through a
-real ``homer-qa`` subprocess whose time and peak memory are measured.
+Real files, the real SmolLM2 tokenizer and tiny random-weight models; the 50 MB files run through real
+``homer-qa`` processes whose time and peak memory are measured.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from homer_integrations import HomerConfig, HomerModel, PromptTooLongError
+from homer_integrations import HomerConfig, HomerModel, InputTooLongError, PromptTooLongError
 from homer_integrations.cli import main
+from homer_integrations.cli.common import DEFAULT_MAX_DOCUMENT_TOKENS
 from homer_integrations.documents import DEFAULT_MAX_BYTES, FileTooLargeError, read_document
 from homer_integrations.homer.prompt import encode, render_layout
 from homer_integrations.models import ModelNotAvailableError, resolve_device
@@ -218,9 +219,11 @@ def test_a_prompt_around_the_document_too_long_for_the_cache_is_a_clear_error_be
     finally:
         calls.remove()
     assert calls.calls == 0, "refused before any layer ran"
-    question = "Which of the daughters " * 10 + "is the eldest?"
+    question = "Which of the daughters " * 7 + "is the eldest?"  # 32 tokens: a question may have 128 // 4
+    aware = engine(cfg)
+    assert len(encode(tokenizer, question)) <= aware.prompting.max_question_tokens == 32
     with pytest.raises(PromptTooLongError, match=never_pruned):  # after the leaf tier, before its replay
-        engine(cfg).compress(text, question=question, mode="query_aware")
+        aware.compress(text, question=question, mode="query_aware")
     assert engine(cfg).compress(text).num_tokens <= 64
 
 
@@ -263,6 +266,180 @@ def test_the_cli_reports_a_document_too_long_for_the_tree_in_one_line(
     )  # fmt: skip
     line = one_error_line(err)
     assert code == 1 and f"{path}: the document has" in line and "merge tree" in line
+
+
+# ----------------------------------------------------------------------------- limits that hold before work starts
+def test_a_question_over_its_token_limit_is_refused_before_any_layer_runs(engine: HomerModel) -> None:
+    """A question may have ``max_chunk_len // 4`` tokens (32 here): it is read beside the document in
+    every chunk (query-aware) or prefilled after the cache; 40k tokens of it once ran a process to 12 GB."""
+    assert engine.prompting.max_question_tokens == 32
+    calls = LayerCalls(engine.model)
+    try:
+        with pytest.raises(InputTooLongError, match=r"the question has 41 tokens, more than the 32 tokens a") as exc:
+            engine.answer("The meeting is on Tuesday.", "Why? " * 20, max_new_tokens=4)
+        assert "(max_chunk_len=128 // 4" in str(exc.value) and str(exc.value).endswith("raise max_chunk_len=")
+        assert isinstance(exc.value, ValueError) and exc.value.setting == "max_chunk_len"
+        for mode in ("shared", "query_aware", "full"):
+            with pytest.raises(InputTooLongError, match="the question has 41 tokens"):
+                engine.run("The meeting is on Tuesday.", "Why? " * 20, mode=mode)
+        with pytest.raises(InputTooLongError, match="the question has 41 tokens"):
+            engine.compress("The meeting is on Tuesday.", question="Why? " * 20, mode="query_aware")
+    finally:
+        calls.remove()
+    assert calls.calls == 0, "refused before any layer ran"
+
+
+def test_a_huge_question_is_refused_without_tokenizing_it(engine: HomerModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    import homer_integrations.prompting as prompting
+
+    def never(*_: object, **__: object) -> None:
+        raise AssertionError("the question was tokenized")
+
+    monkeypatch.setattr(prompting, "encode", never)
+    started = time.perf_counter()
+    for question in ("Why? " * 20_000, "?" * 10_000_000):
+        with pytest.raises(InputTooLongError, match=r"the question has [\d,]+ characters, far more than the 32 tokens"):
+            engine.answer("The meeting is on Tuesday.", question, max_new_tokens=4)
+    assert time.perf_counter() - started < 0.5
+
+
+def test_a_document_over_max_document_tokens_is_counted_in_slices_and_refused_early(
+    tokenizer, tmp_path: Path, novel: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import homer_integrations.prompting as prompting
+
+    assert prompting.DEFAULT_MAX_DOCUMENT_TOKENS == DEFAULT_MAX_DOCUMENT_TOKENS == 2_000_000  # the CLI's default
+    cfg = HomerConfig(max_chunk_len=128, warmup_layers=2, calibration_segments=1)
+    engine = HomerModel(
+        tiny_model("llama"), tokenizer, cfg, calibration_dir=tmp_path, progress=False, max_document_tokens=1000
+    )
+    assert engine.prompting.max_document_tokens() == 1000 < engine.prompting.tree_capacity() == 4096
+    monkeypatch.setattr(prompting, "COUNT_SLICE_CHARS", 2000)  # scaled down: 256k characters a slice for real
+    tokenized: list[int] = []
+    real_encode = prompting.encode
+    monkeypatch.setattr(
+        prompting, "encode", lambda tok, text, *a, **k: tokenized.append(len(text)) or real_encode(tok, text, *a, **k)
+    )
+    calls = LayerCalls(engine.model)
+    try:
+        with pytest.raises(InputTooLongError) as exc:
+            engine.answer(novel[:200_000], "Who is Mr. Darcy?")  # 50k tokens
+    finally:
+        calls.remove()
+    message = str(exc.value)
+    assert re.fullmatch(
+        r"the document has over 1,\d{3} tokens in its first [\d,]+ characters, more than the 1,000 tokens this "
+        r"engine takes \(max_document_tokens=1,000\); split it, or raise max_document_tokens=",
+        message,
+    ), message
+    assert exc.value.setting == "max_document_tokens" and calls.calls == 0
+    document_slices = [n for n in tokenized if n > 100]  # the question's few characters are tokenized too
+    assert max(document_slices) <= 2000 and sum(document_slices) < 10_000, "stopped once the count passed the limit"
+    # a document under the slice length is counted exactly, when it is tokenized, before any layer runs
+    digits = "3.14159265358979 " * 110  # 1,870 characters, a token each
+    with pytest.raises(InputTooLongError, match=r"has 1,870 tokens, more than the 1,000 tokens this engine takes"):
+        engine.compress(digits)
+    assert engine.compress(novel[:3000]).document_tokens < 1000  # under the limit: compressed
+
+
+def test_max_document_tokens_must_be_a_positive_whole_number_or_none(
+    engine: HomerModel, tokenizer, tmp_path: Path
+) -> None:
+    for bad in (0, -5, 2.5, "100"):
+        with pytest.raises(ValueError, match=r"max_document_tokens must be a whole number >= 1 or None"):
+            HomerModel(engine.model, tokenizer, engine.config, calibration_dir=tmp_path, max_document_tokens=bad)  # type: ignore[arg-type]
+    unlimited = HomerModel(engine.model, tokenizer, engine.config, calibration_dir=tmp_path, max_document_tokens=None)
+    assert unlimited.prompting.max_document_tokens() == unlimited.prompting.tree_capacity() == 128 * 2**5
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> Path:
+    """A real checkpoint of an 8-layer tiny model and the SmolLM2 tokenizer, for the CLI."""
+    path = tmp_path_factory.mktemp("tiny-model")
+    tiny_model("llama", num_hidden_layers=8).save_pretrained(path)  # a tree of up to 128 leaves
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_the_cli_names_the_option_that_raises_a_size_limit(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_dir: Path, novel: str
+) -> None:
+    capsys.readouterr()
+    path = tmp_path / "book.txt"
+    path.write_text(novel[:300_000], encoding="utf-8")
+    base = (
+        "--model",
+        str(tiny_dir),
+        "--max-chunk-len",
+        "128",
+        "--warmup-layers",
+        "1",
+        "--no-disk-cache",
+        "--no-progress",
+    )
+    code, out, err = run_cli(capsys, "ask", str(path), "-q", "Who?", "-q", "Why? " * 20, *base)
+    line = one_error_line(err)
+    assert code == 2 and "Q1" not in out, "every question is checked before the first is answered"
+    assert "the question has 41 tokens, more than the 32 tokens" in line and line.endswith("raise --max-chunk-len N")
+    code, out, err = run_cli(
+        capsys, "ask", str(path), "-q", "Who?", "--max-document-tokens", "5000", *base, "--max-chunk-len", "1024"
+    )
+    line = one_error_line(err)
+    assert code == 1 and "Q1" not in out
+    assert re.search(
+        rf"{re.escape(str(path))}: the document has over [\d,]+ tokens in its first [\d,]+ characters", line
+    )
+    assert line.endswith("(max_document_tokens=5,000); split it, or raise --max-document-tokens N")
+    code, _, err = run_cli(capsys, "ask", str(path), "-q", "Who?", *base)  # over the tree's 16,384 tokens at 128
+    assert code == 1 and one_error_line(err).endswith("over 8 layers); split it, or raise --max-chunk-len N")
+
+
+def peak_rss_kb() -> int:
+    """This process's peak resident memory since the last ``reset_peak_rss`` (``VmHWM``, kB)."""
+    return int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1))
+
+
+def reset_peak_rss() -> bool:
+    """Start a new peak (Linux: writing 5 to ``clear_refs`` resets ``VmHWM``); False where it cannot."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return peak_rss_kb() > 0
+    except (OSError, AttributeError):
+        return False
+
+
+@pytest.mark.skipif(not reset_peak_rss(), reason="needs Linux's /proc/self/clear_refs to measure a peak")
+def test_a_50_mb_text_over_the_token_limit_is_refused_in_seconds_with_bounded_memory(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_dir: Path
+) -> None:
+    """``homer-qa ask`` with ``--max-file-mb 100`` on a 50 MB text: the file is read (50 MB, then 50 MB of
+    text), the tokens are counted a slice at a time until they pass the limit (200,000 here, 0.8 MB into
+    the text: the tokenizer's memory does not grow with the limit) and it exits with one line. Measured
+    in this process, from a fresh peak (``VmHWM``) taken once the model is loaded; a 100,000-character
+    question (40,001 tokens) is refused before anything is compressed."""
+    big = tmp_path / "big.txt"
+    line = b"All work and no play makes Jack a dull boy. " * 20 + b"\n"
+    big.write_bytes(line * (50 * 1000 * 1000 // len(line) + 1))
+    small = tmp_path / "D.txt"
+    small.write_text("The meeting is on Tuesday in room 42. " * 130, encoding="utf-8")  # 5,000 characters
+    base = ("--model", str(tiny_dir), "--max-chunk-len", "2048", "--warmup-layers", "1", "--no-disk-cache")
+    run_cli(capsys, "ask", str(small), "-q", "?" * 3000, *base)  # loads the model (once per process)
+    for argv, says in [
+        ([str(small), "-q", "Why? " * 20_000], "the question has 40,001 tokens, more than the 512 tokens"),
+        (
+            [str(big), "-q", "Who is Jack?", "--max-file-mb", "100", "--max-document-tokens", "200000"],
+            "(max_document_tokens=200,000)",
+        ),
+    ]:
+        reset_peak_rss()
+        before, started = peak_rss_kb(), time.perf_counter()
+        code, out, err = run_cli(capsys, "ask", *argv, *base)
+        seconds, grown_mb = time.perf_counter() - started, (peak_rss_kb() - before) / 1024
+        assert code in (1, 2) and out == "" and says in one_error_line(err)
+        with capsys.disabled():  # shown with -s
+            print(f"\n{says}: refused in {seconds:.2f} s, peak resident memory +{grown_mb:.0f} MB")
+        assert seconds < 5, (says, seconds)
+        assert grown_mb < 300, (says, grown_mb)  # 100 MB of it are the file and its text
 
 
 # ----------------------------------------------------------------------------- spelled control tokens
@@ -316,7 +493,7 @@ def test_message_content_is_plain_and_the_chat_markup_is_live(engine: HomerModel
 
 def test_an_injected_document_is_compressed_as_plain_text(engine: HomerModel, tokenizer, novel: str) -> None:
     document = f"{novel[:2000]}\n{INJECTION}\n{novel[2000:4000]}"
-    stream = engine.run(document, f"Who? {INJECTION}", max_new_tokens=4)
+    stream = engine.run(document, f"Who?{INJECTION}", max_new_tokens=4)  # 32 tokens: the most 128 // 4 allows
     stream.text()
     plain = tokenizer(document, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     assert stream.info.document_tokens == len(plain)

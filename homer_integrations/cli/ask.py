@@ -16,6 +16,7 @@ from homer_integrations.cli.common import (
     EXIT_OK,
     EXIT_USAGE,
     MODES,
+    SETTING_OPTIONS,
     CliError,
     human_bytes,
     seconds,
@@ -48,6 +49,7 @@ def add_parser(commands: Any) -> None:
     )
     ask.add_argument("--max-chars", type=options.positive_int, metavar="N", help="use only the first N characters")
     options.max_file_option(ask)
+    options.max_document_tokens_option(ask)
     options.model_options(ask)
     options.cache_options(ask, allow_no_disk=True)
     ask.add_argument(
@@ -86,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     progress = False if args.no_progress else None  # None: a bar on stderr when it is a terminal
     engine = loading.engine(args, config, cache, progress)
     load_seconds = time.perf_counter() - started
+    _check_sizes(engine, text, questions, args)
 
     out = sys.stdout
     results = [
@@ -120,6 +123,30 @@ def _check_questions(args: argparse.Namespace) -> None:
             raise CliError(f"{option} is not valid UTF-8 text (check the terminal's encoding)", EXIT_USAGE)
     if not args.questions and not args.demo:
         raise CliError("give at least one question with -q QUESTION (or --demo)", EXIT_USAGE)
+
+
+def _check_sizes(
+    engine: HomerModel, text: str, questions: list[str | KeywordQuestion], args: argparse.Namespace
+) -> None:
+    """Every question, then the document, against the engine's limits (``Prompting.check_question``,
+    ``check_document``) before the first question is answered: a question or document too long for it is
+    one line naming the option that raises the limit, before anything is compressed."""
+    try:
+        for asked in questions:
+            engine.prompting.check_question(asked if isinstance(asked, str) else asked.question)
+    except ValueError as exc:
+        raise CliError(_worded(exc), EXIT_USAGE) from None
+    try:
+        engine.prompting.check_document(text)
+    except ValueError as exc:
+        raise CliError(f"{args.file}: {_worded(exc)}") from None
+
+
+def _worded(exc: ValueError) -> str:
+    """``exc``'s message; an ``InputTooLongError``'s with the command-line option that raises its limit."""
+    from homer_integrations.prompting import InputTooLongError
+
+    return exc.worded(SETTING_OPTIONS[exc.setting]) if isinstance(exc, InputTooLongError) else str(exc)
 
 
 def _demo_questions(text: str) -> list[KeywordQuestion]:
@@ -211,7 +238,7 @@ def _answer(
                     out.flush()
                 shown = shown or bool(visible)
         except ValueError as exc:
-            raise CliError(f"{args.file}: {exc}") from None
+            raise CliError(f"{args.file}: {_worded(exc)}") from None
     record = answer_record(question, "".join(pieces), stream.info)
     if not isinstance(asked, str):
         record |= {"expected": asked.expected(), "correct": asked.check(record["answer"])}

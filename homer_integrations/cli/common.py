@@ -22,6 +22,11 @@ MODES = ("shared", "query_aware", "full")
 
 DEFAULT_MAX_FILE_MB = 16
 """``--max-file-mb``: the default limit of ``homer_integrations.documents`` (16 MiB)."""
+DEFAULT_MAX_DOCUMENT_TOKENS = 2_000_000
+"""``--max-document-tokens``: the engine's default (``prompting.DEFAULT_MAX_DOCUMENT_TOKENS``; not imported
+here: it loads torch)."""
+SETTING_OPTIONS = {"max_chunk_len": "--max-chunk-len N", "max_document_tokens": "--max-document-tokens N"}
+"""The option that raises each engine setting an ``InputTooLongError`` names."""
 
 logger = logging.getLogger("homer_integrations.cli")
 

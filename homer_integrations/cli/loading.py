@@ -60,8 +60,9 @@ def engine(
 
     name = args.model or DEFAULT_MODEL
     model, tokenizer = parts(args)
+    limit = {"max_document_tokens": args.max_document_tokens} if hasattr(args, "max_document_tokens") else {}
     try:
-        return HomerModel(model, tokenizer, config, model_name=name, document_cache=cache, progress=progress)
+        return HomerModel(model, tokenizer, config, model_name=name, document_cache=cache, progress=progress, **limit)
     except UnsupportedModelError as exc:
         raise CliError(f"model {name!r}: {exc}") from None
     except ValueError as exc:  # settings that do not fit the model

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from homer_integrations.cli.common import DEFAULT_MAX_FILE_MB, EXIT_USAGE, CliError
+from homer_integrations.cli.common import DEFAULT_MAX_DOCUMENT_TOKENS, DEFAULT_MAX_FILE_MB, EXIT_USAGE, CliError
 
 if TYPE_CHECKING:
     from homer_integrations.homer.config import HomerConfig
@@ -91,6 +91,17 @@ def max_file_option(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_FILE_MB,
         metavar="N",
         help=f"refuse files over N MiB before reading them (default {DEFAULT_MAX_FILE_MB})",
+    )
+
+
+def max_document_tokens_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-document-tokens",
+        type=positive_int,
+        default=DEFAULT_MAX_DOCUMENT_TOKENS,
+        metavar="N",
+        help="refuse a document of over N tokens before compressing it, counting them a slice at a time "
+        f"(default {DEFAULT_MAX_DOCUMENT_TOKENS:,})",
     )
 
 
