@@ -38,7 +38,7 @@ from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.lexical import LexicalEvidence, Statements
 from homer_integrations.homer.prompt import encode, markup, unit_ids
 from homer_integrations.homer.scoring import REPEAT_PROMPT, Scoring
-from homer_integrations.paths import PACKAGE_DATA, cache_root
+from homer_integrations.paths import PACKAGE_DATA, bundled_text, cache_root
 from homer_integrations.prompting import Prompting
 
 logger = logging.getLogger(__name__)
@@ -102,7 +102,13 @@ class DocumentTiers:
             calibration_dir or cache_root() / "calibration", bundled_dir=PACKAGE_DATA / "calibration"
         )
         self.calibration = Calibration(
-            store, stack, c.max_chunk_len, c.calibration_segments, tokenizer, needed=self.scoring.needs_calibration
+            store,
+            stack,
+            c.max_chunk_len,
+            c.calibration_segments,
+            tokenizer,
+            needed=self.scoring.needs_calibration,
+            text=lambda: bundled_text("northangerabbey"),
         )
         """The pruning bias table for this model and settings (``bias()``: computed once, then cached on disk)."""
         self.keys = entry_keys(

@@ -7,6 +7,7 @@ clients are real ``homer-qa`` processes, so what they import and print is what a
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import json
 import os
@@ -73,7 +74,7 @@ def server(root: Path, monkeypatch: pytest.MonkeyPatch, tokenizer) -> Iterator[C
 
     parts = (tiny_model(), tokenizer)
     monkeypatch.setattr(loading, "load_parts", lambda name, dtype, device, quantize=None: parts)
-    server = CommandServer(("127.0.0.1", 0), serve._run_command)
+    server = CommandServer(("127.0.0.1", 0), functools.partial(serve._run_command, run_here))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     with server, announced(server):
         thread.start()

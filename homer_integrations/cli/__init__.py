@@ -66,6 +66,7 @@ def build_parser() -> ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in (ask, cache, calibrate, compress, serve):
         command.add_parser(commands)
+    parser.set_defaults(run_here=run_here)  # what ``serve`` runs for its clients (it cannot import it back)
     return parser
 
 

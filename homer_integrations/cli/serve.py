@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import logging
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"a homer-qa server is already running at {running.url} (pid {running.pid})", EXIT_USAGE)
     remote.check_private_directory(remote.state_path().parent)  # else no client would trust the announcement
     try:
-        server = CommandServer(("127.0.0.1", args.port), _run_command, args.verbose)
+        server = CommandServer(("127.0.0.1", args.port), functools.partial(_run_command, args.run_here), args.verbose)
     except (OSError, OverflowError) as exc:
         raise CliError(f"cannot listen on 127.0.0.1:{args.port}: {exc}") from None
     with server:
@@ -93,10 +94,9 @@ def _stopped_by_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, before)
 
 
-def _run_command(argv: list[str]) -> int:
-    """An ``ask`` sent by a client (anything else, a nested ``serve`` say, is refused)."""
-    from homer_integrations.cli import run_here
-
+def _run_command(run_here: Callable[..., int], argv: list[str]) -> int:
+    """An ``ask`` sent by a client, run by ``run_here`` (``cli.run_here``); anything else, a nested
+    ``serve`` say, is refused."""
     return run_here(argv, commands=("ask",))
 
 

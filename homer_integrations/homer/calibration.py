@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,6 @@ from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.fingerprint import rope_settings, weights_fingerprint
 from homer_integrations.homer.prompt import encode
 from homer_integrations.homer.scorers import attention_logits
-from homer_integrations.paths import bundled_text
 
 logger = logging.getLogger(__name__)
 
@@ -178,16 +178,25 @@ class CalibrationStore:
 
 
 class Calibration:
-    """One engine's bias table: found in ``store`` (bundled or the user's) or computed once, on first need.
+    """One engine's bias table: found in ``store`` (bundled or the user's) or computed once, on first need,
+    over ``text()`` (the engine passes a bundled novel).
 
     ``needed`` False (a scorer that reads no bias): ``bias()`` and ``path()`` are None, nothing is
     computed, and ``id`` is ``"none"``. Thread-safe: concurrent first callers compute it once.
     """
 
     def __init__(
-        self, store: CalibrationStore, stack: DecoderStack, max_chunk_len: int, segments: int, tokenizer, needed: bool
+        self,
+        store: CalibrationStore,
+        stack: DecoderStack,
+        max_chunk_len: int,
+        segments: int,
+        tokenizer,
+        needed: bool,
+        text: Callable[[], str],
     ) -> None:
         self.store, self.stack, self.segments, self.tokenizer = store, stack, segments, tokenizer
+        self.text = text
         self.key = CalibrationKey.for_stack(stack, max_chunk_len) if needed else None
         self._bias: torch.Tensor | None = None
         self._lock = threading.Lock()
@@ -198,14 +207,13 @@ class Calibration:
         return "none" if self.key is None else self.key.id
 
     def bias(self, progress: bool = True) -> torch.Tensor | None:
-        """The table [num_layers, max_chunk_len]; calibrates on the bundled novel the first time (minutes)."""
+        """The table [num_layers, max_chunk_len]; calibrates on ``text()`` the first time (minutes)."""
         if self.key is None:
             return None
         with self._lock:
             if self._bias is None:
-                text = bundled_text("northangerabbey")
                 self._bias = self.store.get_or_compute(
-                    self.stack, self.key, text, self.tokenizer, self.segments, progress=progress
+                    self.stack, self.key, self.text(), self.tokenizer, self.segments, progress=progress
                 )
             return self._bias
 
