@@ -3,7 +3,7 @@
 HOMER's caches keep one token set for every head and layer. RULER's needles alone (keys and values)
 are about half of their context, so no 4x cache that keeps the same tokens in every head holds all of
 them; KVzip (Kim et al. 2025), which keeps different tokens per head and layer, holds them. These are
-the units to test that on our caches (``benchmarks/headwise_probe.py``): a reconstruction probe that
+the units to test that on our caches (``research/headwise_probe.py``): a reconstruction probe that
 scores every token per layer and head (``head_scores``), and two selections over those scores, the
 same count in every head (``keep_per_head``: the dense layout transformers' caches read as they are)
 and one budget over all heads and layers (``keep_global``: KVzip's; a head then keeps what it needs,
@@ -138,7 +138,7 @@ def keep_global(
     """``survivors`` in a dense layout: per layer keys and values [1, Hkv, W, d] (W: the most slots any
     head keeps, the others padded with their worst slots), the slots [L, Hkv, W] and ``hidden``
     [L, Hkv, W], True on padding that attention must not see. Answers as ``keep_ragged`` does, in the
-    memory of the widest head (``benchmarks/headwise_probe.py`` measures with it)."""
+    memory of the widest head (``research/headwise_probe.py`` measures with it)."""
     survives = survivors(scores, fixed, budget)
     ranked = scores.masked_fill(fixed[None, None], float("inf"))
     width = int(survives.sum(-1).max())

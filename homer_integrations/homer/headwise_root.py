@@ -2,7 +2,7 @@
 
 RULER's needles are about half of their context, so no 4x cache that keeps one token set for every
 head holds all of them; KVzip (Kim et al. 2025), which lets each K/V head of each layer keep its own
-tokens under one budget, holds them. ``benchmarks/headwise_probe.py`` found that this allocation, not
+tokens under one budget, holds them. ``research/headwise_probe.py`` found that this allocation, not
 KVzip's score, is what the flat root lacked. The root is built in three steps:
 
 1. HOMER's flat selection keeps ``CANDIDATES`` x the budget's document tokens (each leaf scores its

@@ -65,7 +65,7 @@ class SentenceBonus(ScoreUnit):
 
     Used by the flat shared root: a single token's reconstruction score keeps scattered words whose
     sentence is gone; at 16k (8x) the sentence mean keeps 11 of 12 inserted facts' values whole where
-    the max-pooled words keep 6 (``benchmarks/selection_sim.py``).
+    the max-pooled words keep 6 (``research/selection_sim.py``).
     """
 
     weight: float = 4.0

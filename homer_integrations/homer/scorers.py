@@ -218,7 +218,7 @@ class ReconstructionScorer(Scorer):
     they are scored by ``merged`` (with score memory, the leaves' judgement carries up).
 
     With ``every_layer`` every leaf layer is probed and a token keeps its best layer's score, as KVzip
-    scores every layer. It ranks a fact's value higher in its leaf (``benchmarks/reconstruction_ranks.py``)
+    scores every layer. It ranks a fact's value higher in its leaf (``research/reconstruction_ranks.py``)
     but answered no better on the two-tier test at about 1.8x the probe cost, so the default probes
     the last leaf layer only (``benchmarks/ablations.py`` ``reconstruction_every_layer``).
     """

@@ -29,7 +29,7 @@ REPEAT_PROMPT = "\n\nRepeat the previous context exactly.\n\n"
 RECONSTRUCTION_UNITS: tuple[ScoreUnit, ...] = (SentenceBonus(), ScoreMemory())
 """The units of a reconstruction-scored shared root: whole sentences by their mean reconstruction score
 (no max-pool, no word units: at 16k those kept 6 of 12 inserted values whole, the sentence bonus 11 of
-12; ``benchmarks/selection_sim.py``), and score memory for the tree root's merged nodes."""
+12; ``research/selection_sim.py``), and score memory for the tree root's merged nodes."""
 QUESTION_UNITS: tuple[ScoreUnit, ...] = (UnitBestAndMean(), ScoreMemory())
 """The units of a question's pruning: whole statements (only ``.!?`` or a line break end one, so "the
 number for X is: 8121922." is one unit, key and value), each ranked by its best-attended token plus 4x
