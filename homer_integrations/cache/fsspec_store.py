@@ -240,8 +240,8 @@ class FsspecStore(Store):
             return
         name = path.rsplit("/", 1)[-1]
         tmp = f"{self.root}/{TMP_DIR}/{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-        self._upload(tmp, data)
         try:
+            self._upload(tmp, data)  # a full disk halfway through leaves part of it: removed below
             if isinstance(self.fs, LocalFileSystem):
                 os.replace(self.fs._strip_protocol(tmp), self.fs._strip_protocol(path))
             elif self._io.isdir(path):

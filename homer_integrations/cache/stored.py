@@ -9,6 +9,7 @@ in front of it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import warnings
 from collections.abc import Callable
@@ -36,6 +37,9 @@ from homer_integrations.homer.compressed import CacheSpec
 from homer_integrations.homer.leaf_tier import Allocate, Layout, LeafTier
 
 logger = logging.getLogger(__name__)
+
+FULL_DISK = tuple(code for code in (errno.ENOSPC, getattr(errno, "EDQUOT", None)) if code is not None)
+"""Errors that mean the disk (or the user's quota) is full."""
 
 
 class DocumentCacheWarning(UserWarning):
@@ -202,7 +206,8 @@ class StoredEntries:
             return True
         except (OSError, SafetensorError, ValueError) as exc:
             warnings.warn(
-                f"could not write the document cache entry {self.store.where(key)}: {exc}; keeping it in memory only",
+                f"could not write the document cache entry {self.store.where(key)}: {_why(exc)}; "
+                f"keeping it in memory only",
                 DocumentCacheWarning,
                 stacklevel=6,
             )
@@ -234,3 +239,13 @@ class StoredEntries:
                     lock.release()
         except (OSError, ValueError, LockTimeout):
             return False
+
+
+def _why(exc: Exception) -> str:
+    """Why a write failed, in words: a full disk says so first (an ``OSError``'s errno, or safetensors'
+    ``I/O error: ... (os error 28)``), as a failure to write does not otherwise name its cause."""
+    text = str(exc)
+    code = exc.errno if isinstance(exc, OSError) else None
+    if code in FULL_DISK or any(f"(os error {c})" in text for c in FULL_DISK):
+        return f"the disk is full ({text})"
+    return text
