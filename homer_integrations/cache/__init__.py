@@ -2,6 +2,7 @@
 
 - ``entry``: an entry's serial form (manifest JSON + safetensors, key-bound sha256, format version)
   and its verification;
+- ``secret``: a keyed cache's secret file and its keyed checksum (HMAC-SHA256) of an entry;
 - ``memory``: ``MemoryLRU``, entries in memory within a byte budget;
 - ``store_base``: the ``Store`` interface (below the stores that implement it);
 - ``store``: ``open_store``, a directory or URL's store (above them), and the interface re-exported;

@@ -50,6 +50,7 @@ from homer_integrations.cache.entry import (
 from homer_integrations.cache.flight import SingleFlight
 from homer_integrations.cache.local import LocalStore
 from homer_integrations.cache.memory import MemoryLRU, Slot
+from homer_integrations.cache.secret import default_secret_path, load_secret
 from homer_integrations.cache.store import DiskBudgetError, Store, open_store
 from homer_integrations.cache.stored import DocumentCacheWarning, StoredEntries
 from homer_integrations.homer.compressed import CacheSpec, CompressedDocument
@@ -124,6 +125,11 @@ class DocumentCache:
             compressing anyway (with a warning); None waits as long as it takes.
         device: where documents loaded from the store go; None = the device they were computed on
             when it exists here, else the CPU.
+        keyed: sign every entry written with a keyed checksum (HMAC-SHA256) and serve only entries
+            that carry one made with the same secret, so an entry forged by anyone else who can write
+            the store is recomputed: True keeps the secret in ``cache_root() / "cache.key"`` (made on
+            first use, mode 600), a path names another file; share it with every process that shares
+            the store (``cache.secret``). False (the default): the unkeyed sha256 only, as before.
         storage_options: passed to fsspec for a URL (credentials, endpoint).
     """
 
@@ -135,6 +141,7 @@ class DocumentCache:
         disk_budget_bytes: int | None = None,
         lock_timeout: float | None = None,
         device: str | torch.device | None = None,
+        keyed: bool | str | Path = False,
         **storage_options: Any,
     ) -> None:
         self._memory = MemoryLRU(memory_budget_bytes)
@@ -152,7 +159,16 @@ class DocumentCache:
         self._flights: SingleFlight[tuple[Entry, CacheSource]] = SingleFlight()
         self._counts = _Counters()
         self._warned_not_kept = False
-        self.stored = StoredEntries(self.store, self.device, self._counts.add) if self.store is not None else None
+        if keyed is not False and self.store is None:
+            raise ValueError("keyed= signs the entries of a store: give a directory or URL too")
+        secret = None
+        if keyed is not False:
+            secret = load_secret(default_secret_path() if keyed is True else Path(keyed).expanduser())
+        self.keyed = secret is not None
+        """Whether entries are signed and checked with a secret (``keyed=``)."""
+        self.stored = (
+            StoredEntries(self.store, self.device, self._counts.add, secret) if self.store is not None else None
+        )
         """The store side (None for memory only): verified reads, the locked miss, writes, labels."""
 
     @classmethod

@@ -2,14 +2,17 @@
 
 The manifest holds a format version, the key, the tensors file's size and a sha256 over the key
 and the file (``entry_checksum``: an entry copied under another key fails it), plus what ``cache
-ls`` shows. ``EntryCodec.decode`` trusts nothing it reads: any unusable entry raises ``Unusable``
-with the reason. Nothing is ever pickled.
+ls`` shows. A keyed cache adds ``hmac``, a keyed checksum over the key and that sha256
+(``secret.entry_mac``): whoever can write the store can recompute a sha256, not the keyed one.
+``EntryCodec.decode`` trusts nothing it reads: any unusable entry raises ``Unusable`` with the
+reason. Nothing is ever pickled.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import json
 import struct
 import time
@@ -24,6 +27,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from safetensors.torch import save_file as save_safetensors_file
 
+from homer_integrations.cache.secret import entry_mac
 from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, check_consistent, check_layout, validate
 from homer_integrations.homer.leaf_tier import SERIAL_FORMAT as LEAF_TIER_FORMAT
 from homer_integrations.homer.leaf_tier import LeafTier
@@ -157,11 +161,18 @@ class EntryCodec:
 
     @staticmethod
     def encode(
-        key: str, doc: Entry, label: str | None, into: Path | None = None, *, written: bool = False
+        key: str,
+        doc: Entry,
+        label: str | None,
+        into: Path | None = None,
+        *,
+        written: bool = False,
+        secret: bytes | None = None,
     ) -> tuple[bytes, bytes | Path]:
         """(manifest, safetensors) of ``doc`` stored under ``key``: the safetensors as bytes, or written
         tensor by tensor into the file ``into`` (no second in-memory copy of a large leaf tier);
-        ``written``: ``into`` already holds them (a tier built in its staged file)."""
+        ``written``: ``into`` already holds them (a tier built in its staged file); ``secret``: a keyed
+        cache's, whose ``hmac`` the manifest then carries."""
         data: bytes | Path
         if into is not None and written:
             data = into
@@ -173,11 +184,12 @@ class EntryCodec:
             else:
                 save_safetensors_file(cpu, into, metadata)
                 data = into
+        checksum = entry_checksum(key, data)
         manifest = {
             "format": MANIFEST_FORMAT,
             "version": FORMAT_VERSION,
             "key": key,
-            "sha256": entry_checksum(key, data),
+            "sha256": checksum,
             "size": data.stat().st_size if isinstance(data, Path) else len(data),
             "created": time.time(),
             "label": label,
@@ -189,6 +201,8 @@ class EntryCodec:
             "device": str(doc.keys[0].device),
             "compress_seconds": doc.stats.seconds if isinstance(doc, CompressedDocument) else doc.seconds,
         }
+        if secret is not None:
+            manifest["hmac"] = entry_mac(secret, key, checksum)
         return json.dumps(manifest, indent=1).encode(), data
 
     @staticmethod
@@ -198,8 +212,12 @@ class EntryCodec:
         read_tensors: Callable[[], bytes],
         spec: CacheSpec | None = None,
         tensors_file: Path | None = None,
+        secret: bytes | None = None,
     ) -> tuple[Entry, dict[str, Any]]:
         """The verified entry and its manifest; raises ``Unusable`` if anything is off.
+
+        ``secret``: a keyed cache's; the manifest's ``hmac`` must then match (checked before the tensors
+        are read), so an entry written without it, or forged by someone who can write the store, is unusable.
 
         ``read_tensors`` is called only once the manifest passed (it may raise ``FileNotFoundError``
         or ``OSError``). With ``spec`` the entry must also fit the model (``validate``); without one
@@ -220,6 +238,14 @@ class EntryCodec:
         size = manifest.get("size")
         if type(size) is not int:
             raise Unusable(f"the manifest's size {size!r} ({type(size).__name__}) is not a whole number of bytes")
+        if secret is not None:
+            mac, checksum = manifest.get("hmac"), manifest.get("sha256")
+            if not (isinstance(mac, str) and isinstance(checksum, str)):
+                raise Unusable("the entry carries no keyed checksum: it was written without this cache's secret")
+            if not hmac.compare_digest(mac, entry_mac(secret, key, checksum)):
+                raise Unusable(
+                    "the entry's keyed checksum does not match this cache's secret (forged, or another secret)"
+                )
         mapped = tensors_file is not None and manifest.get("kind") == KINDS[LeafTier]
         try:
             data: bytes | Path = tensors_file if mapped else read_tensors()  # type: ignore[assignment]

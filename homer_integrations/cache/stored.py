@@ -49,13 +49,18 @@ class DocumentCacheWarning(UserWarning):
 class StoredEntries:
     """Entries of one ``store``, loaded onto ``device`` (None: where they were computed, if it exists here).
 
-    ``count(name)`` is told of each ``hits_disk`` and ``discarded`` event.
+    ``count(name)`` is told of each ``hits_disk`` and ``discarded`` event. ``secret``: a keyed cache's
+    (``cache.secret``): every entry written carries its keyed checksum, and an entry read without a
+    matching one is unusable.
     """
 
-    def __init__(self, store: Store, device: torch.device | None, count: Callable[..., None]) -> None:
+    def __init__(
+        self, store: Store, device: torch.device | None, count: Callable[..., None], secret: bytes | None = None
+    ) -> None:
         self.store = store
         self.device = device
         self._count = count
+        self._secret = secret
         self._staged: dict[str, StagedTensors] = {}  # a leaf tier being built into its entry's file
 
     def read(self, key: str, spec: CacheSpec | None = None) -> tuple[Entry, dict[str, Any]] | None:
@@ -67,7 +72,9 @@ class StoredEntries:
             raise Unusable(f"cannot read the manifest: {exc}") from exc
         if raw is None:
             return None
-        doc, manifest = EntryCodec.decode(key, raw, lambda: store.read_tensors(key), spec, store.tensors_file(key))
+        doc, manifest = EntryCodec.decode(
+            key, raw, lambda: store.read_tensors(key), spec, store.tensors_file(key), self._secret
+        )
         return to_device(doc, manifest.get("device"), self.device), manifest
 
     def load_or_compute(
@@ -197,11 +204,11 @@ class StoredEntries:
         try:
             if in_place is not None:
                 manifest, tensors = EntryCodec.encode(
-                    key, doc, label, into=in_place.finish(doc.to_tensors()[1]), written=True
+                    key, doc, label, into=in_place.finish(doc.to_tensors()[1]), written=True, secret=self._secret
                 )
             else:
                 staged = self.store.staging_file(key)
-                manifest, tensors = EntryCodec.encode(key, doc, label, into=staged)
+                manifest, tensors = EntryCodec.encode(key, doc, label, into=staged, secret=self._secret)
             self.store.write(key, manifest, tensors)
             return True
         except (OSError, SafetensorError, ValueError) as exc:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # the heavy imports (torch, transformers) wait until a comman
 
 
 def open_cache(args: argparse.Namespace) -> DocumentCache:
-    """The cache ``--cache-dir``, ``--store``, ``--max-bytes`` and ``--no-disk-cache`` name."""
+    """The cache ``--cache-dir``, ``--store``, ``--max-bytes``, ``--keyed`` and ``--no-disk-cache`` name."""
     from homer_integrations.document_cache import DocumentCache
 
     given = [name for name, on in (("--cache-dir", args.cache_dir), ("--store", args.store)) if on is not None]
@@ -24,17 +24,22 @@ def open_cache(args: argparse.Namespace) -> DocumentCache:
     if len(given) > 1:
         raise CliError(f"{' and '.join(given)} name different caches: give one", EXIT_USAGE)
     if getattr(args, "no_disk_cache", False):
+        if getattr(args, "keyed", False):
+            raise CliError("--keyed signs the entries of a store; --no-disk-cache keeps none", EXIT_USAGE)
         return DocumentCache()
+    from homer_integrations.cache.secret import CacheSecretError
     from homer_integrations.cache.store import DiskBudgetError
 
     where = args.store or (args.cache_dir if args.cache_dir is not None else True)
     named = f"--store {args.store}" if args.store else f"--cache-dir {args.cache_dir}" if args.cache_dir else "cache"
     try:
-        cache = DocumentCache(where, disk_budget_bytes=args.max_bytes)
+        cache = DocumentCache(where, disk_budget_bytes=args.max_bytes, keyed=getattr(args, "keyed", False))
         if cache.store is not None:
             cache.store.check()  # no credentials, no such bucket: said now, before a model loads
     except DiskBudgetError as exc:
         raise CliError(f"--max-bytes: {exc}", EXIT_USAGE) from None
+    except CacheSecretError as exc:
+        raise CliError(f"--keyed: {exc}") from None
     except ValueError as exc:  # a protocol fsspec does not know, a malformed URL
         raise CliError(f"{named}: {exc}", EXIT_USAGE) from None
     except (ImportError, OSError) as exc:  # an fsspec protocol whose package is missing, an unreachable store

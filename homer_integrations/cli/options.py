@@ -125,6 +125,13 @@ def cache_options(parser: argparse.ArgumentParser, *, allow_no_disk: bool) -> No
         help="disk budget of the cache directory (e.g. 500MB, 2GiB): least recently used documents are "
         "evicted to stay within it" + ("; 'cache' applies it now" if not allow_no_disk else ""),
     )
+    parser.add_argument(
+        "--keyed",
+        action="store_true",
+        help="sign the entries written with a keyed checksum (HMAC-SHA256, secret in the cache root's cache.key, "
+        "made on first use, mode 600) and use only entries signed with it: for a store others can write to; "
+        "give every process that shares the store the same cache.key",
+    )
     if allow_no_disk:
         parser.add_argument("--no-disk-cache", action="store_true", help="keep the compressed cache in memory only")
 
