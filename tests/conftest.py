@@ -8,6 +8,7 @@ Nothing downloads: tiny models are built from configs, and the real model comes 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,16 @@ def assert_tree_invariants(result, model, prefix_len: int, suffix_len: int, max_
     kept = origin[origin >= 0]
     assert kept.numel() == length - prefix_len - suffix_len
     assert bool((kept.diff() > 0).all()), "kept tokens stay in document order"
+
+
+def _is_device(path: str) -> bool:
+    try:
+        return stat.S_ISCHR(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+needs_dev_full = pytest.mark.skipif(
+    not _is_device("/dev/full"), reason="no /dev/full device here (writing to the path would make a regular file)"
+)
+"""For tests that write to /dev/full: where it is missing, redirecting to it as root creates a plain file."""

@@ -21,6 +21,7 @@ import pytest
 
 from homer_integrations.cache.entry import FORMAT_VERSION, MANIFEST_FORMAT
 from homer_integrations.cli import loading, main, remote
+from tests.conftest import needs_dev_full
 
 
 @pytest.fixture(autouse=True)
@@ -136,7 +137,10 @@ def test_a_port_out_of_range_is_a_usage_error(capsys: pytest.CaptureFixture[str]
 CONSOLE = [sys.executable, "-c", "import sys; from homer_integrations.cli import main; sys.exit(main())"]
 
 
-@pytest.mark.parametrize(("redirect", "says"), [(">&-", "stdout is closed"), ("> /dev/full", "No space left")])
+@pytest.mark.parametrize(
+    ("redirect", "says"),
+    [(">&-", "stdout is closed"), pytest.param("> /dev/full", "No space left", marks=needs_dev_full)],
+)
 def test_help_into_a_closed_or_full_stdout_is_one_line(redirect: str, says: str) -> None:
     command = " ".join(f"'{part}'" for part in CONSOLE)
     done = subprocess.run(["sh", "-c", f"{command} --help {redirect}"], capture_output=True, text=True, timeout=60)
@@ -144,6 +148,7 @@ def test_help_into_a_closed_or_full_stdout_is_one_line(redirect: str, says: str)
     assert says in one_line(done.stderr)
 
 
+@needs_dev_full
 @pytest.mark.parametrize("stdout", ["closed", "full"])
 def test_cache_ls_into_a_closed_or_full_stdout_is_one_line(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, stdout: str

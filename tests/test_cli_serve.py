@@ -25,6 +25,7 @@ import pytest
 from homer_integrations import paths
 from homer_integrations.cli import loading, remote, run_here, serve
 from homer_integrations.cli.serve import CommandServer, announced
+from tests.conftest import needs_dev_full
 from tests.test_cli import run_cli
 
 CLIENT = """
@@ -394,7 +395,10 @@ def run_cli_capturing(argv: list[str], cwd: Path) -> tuple[int, str, str]:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(("redirect", "says"), [(">&-", "stdout is closed"), ("> /dev/full", "No space left")])
+@pytest.mark.parametrize(
+    ("redirect", "says"),
+    [(">&-", "stdout is closed"), pytest.param("> /dev/full", "No space left", marks=needs_dev_full)],
+)
 @pytest.mark.parametrize("listener", [("homer", 2000)], indirect=True)
 def test_a_served_answer_into_a_closed_or_full_stdout_is_one_line(
     root: Path, tmp_path: Path, listener: Listener, redirect: str, says: str
