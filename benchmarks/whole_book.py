@@ -150,6 +150,7 @@ def run(args: argparse.Namespace) -> None:
     if args.limit:
         count = min(args.limit, len(items))
         items = [items[round(j * (len(items) - 1) / max(count - 1, 1))] for j in range(count)]
+    items = items[:: args.stride]
     done = done_keys()
     book_tokens = len(engine.tokenizer(text, add_special_tokens=False)["input_ids"])
     print(f"{args.book}: {len(text):,} characters, {book_tokens:,} tokens; {len(items)} questions", file=sys.stderr)
@@ -295,6 +296,7 @@ def main() -> None:
     r.add_argument("--methods", nargs="+", default=["query_aware"], choices=METHODS)
     r.add_argument("--split", default="tuning", choices=("tuning", "heldout", "all"))
     r.add_argument("--limit", type=int, default=0, help="at most this many questions, spread over the book")
+    r.add_argument("--stride", type=int, default=1, help="then every n-th of those (still spread over the book)")
     r.add_argument("--budget", type=int, default=0, help="kept tokens (final_cache_len); 0: the model's default")
     r.add_argument("--max-new-tokens", type=int, default=32)
     r.add_argument("--store", default="", help="document store (default: the package's cache directory)")
