@@ -205,11 +205,21 @@ def load_rows() -> list[dict]:
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """Per (model, book, dtype, budget, method, split): accuracy over story questions and over facts,
-    build seconds (the first question's document time), median seconds to the first token after it."""
-    groups: dict[tuple, list[dict]] = defaultdict(list)
+    """Per (model, book, dtype, budget, method, split), over the questions every method of that
+    (model, book, dtype, budget, split) answered (so methods compare on the same questions): accuracy
+    over story questions and over facts, build seconds (the first question's document time), median
+    seconds to the first token after it."""
+    asked: dict[tuple, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for r in rows:
-        groups[(r["model"], r["book"], r["dtype"], r["budget"], r["method"], r["split"])].append(r)
+        asked[(r["model"], r["book"], r["dtype"], r["budget"], r["split"])][r["method"]].add(r["id"])
+    common = {key: set.intersection(*methods.values()) for key, methods in asked.items()}
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    builds: dict[tuple, float] = defaultdict(float)
+    for r in rows:
+        key = (r["model"], r["book"], r["dtype"], r["budget"], r["method"], r["split"])
+        builds[key] = max(builds[key], r["document_seconds"])
+        if r["id"] in common[(r["model"], r["book"], r["dtype"], r["budget"], r["split"])]:
+            groups[key].append(r)
     out = []
     for (model, book, dtype, budget, method, split), rs in sorted(groups.items()):
         story = [r for r in rs if not r["kind"].startswith("fact")]
@@ -225,7 +235,7 @@ def summarize(rows: list[dict]) -> list[dict]:
                 "split": split,
                 "story": [sum(r["correct"] for r in story), len(story)],
                 "facts": [sum(r["correct"] for r in facts), len(facts)],
-                "build_seconds": max((r["document_seconds"] for r in rs), default=0.0),
+                "build_seconds": builds[(model, book, dtype, budget, method, split)],
                 "median_ttft_seconds": round(statistics.median(later), 1) if later else None,
                 "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
             }

@@ -37,22 +37,45 @@ def test_each_fact_is_one_paragraph_at_its_depth_and_every_question_is_asked(boo
     )
 
 
-def test_the_summary_counts_story_questions_and_facts_apart_and_times_only_later_questions() -> None:
-    base = {"model": "m", "book": "b", "dtype": "bfloat16", "budget": 2048, "method": "query_aware", "split": "heldout"}
+def test_the_summary_pairs_methods_counts_story_and_facts_apart_and_times_only_later_questions() -> None:
+    base = {"model": "m", "book": "b", "dtype": "bfloat16", "budget": 2048, "split": "heldout", "peak_rss_mb": 10}
+    homer = {**base, "method": "query_aware"}
     rows = [
-        {**base, "kind": "who", "correct": True, "ttft_seconds": 900.0, "document_seconds": 800.0, "peak_rss_mb": 10},
-        {**base, "kind": "why", "correct": False, "ttft_seconds": 20.0, "document_seconds": 0.0, "peak_rss_mb": 12},
+        {**homer, "id": "q1", "kind": "who", "correct": True, "ttft_seconds": 900.0, "document_seconds": 800.0},
+        {**homer, "id": "q2", "kind": "why", "correct": False, "ttft_seconds": 20.0, "document_seconds": 0.0},
+        {**homer, "id": "f1", "kind": "fact_name", "correct": True, "ttft_seconds": 30.0, "document_seconds": 0.0},
+        {**homer, "id": "q3", "kind": "who", "correct": True, "ttft_seconds": 99.0, "document_seconds": 0.0},
         {
             **base,
+            "method": "bm25",
+            "id": "q1",
+            "kind": "who",
+            "correct": False,
+            "ttft_seconds": 5.0,
+            "document_seconds": 0.0,
+            "peak_rss_mb": 12,
+        },
+        {
+            **base,
+            "method": "bm25",
+            "id": "q2",
+            "kind": "why",
+            "correct": True,
+            "ttft_seconds": 7.0,
+            "document_seconds": 0.0,
+        },
+        {
+            **base,
+            "method": "bm25",
+            "id": "f1",
             "kind": "fact_name",
             "correct": True,
-            "ttft_seconds": 30.0,
+            "ttft_seconds": 6.0,
             "document_seconds": 0.0,
-            "peak_rss_mb": 11,
         },
     ]
-    (summary,) = whole_book.summarize(rows)
-    assert summary["story"] == [1, 2] and summary["facts"] == [1, 1]
-    assert summary["build_seconds"] == 800.0 and summary["median_ttft_seconds"] == 25.0
-    assert summary["peak_rss_mb"] == 12
-    assert "| 1/2 | 1/1 | 800 | 25.0 | 12 |" in whole_book.markdown([summary])
+    bm25, query_aware = whole_book.summarize(rows)
+    assert query_aware["story"] == [1, 2] and query_aware["facts"] == [1, 1], "q3 only one method asked"
+    assert query_aware["build_seconds"] == 800.0 and query_aware["median_ttft_seconds"] == 25.0
+    assert bm25["story"] == [1, 2] and bm25["median_ttft_seconds"] == 6.0 and bm25["peak_rss_mb"] == 12
+    assert "| 1/2 | 1/1 | 800 | 25.0 | 10 |" in whole_book.markdown([query_aware])
