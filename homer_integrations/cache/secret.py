@@ -25,6 +25,7 @@ import uuid
 from pathlib import Path
 
 from homer_integrations.cache.files import kind, read_regular
+from homer_integrations.ownership import not_private
 
 SECRET_NAME = "cache.key"
 SECRET_BYTES = 32
@@ -50,7 +51,7 @@ def load_secret(path: Path) -> bytes:
     st = os.lstat(path)
     if not stat.S_ISREG(st.st_mode):
         raise CacheSecretError(f"the cache secret {path} is {kind(st.st_mode)}, not a regular file")
-    why = _foreign(st) or _open_directory(path.parent)
+    why = not_private(st, "chmod 600 it") or _open_directory(path.parent)
     if why:
         raise CacheSecretError(f"the cache secret {path} {why}")
     try:
@@ -92,16 +93,6 @@ def _create(path: Path) -> None:
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()
-
-
-def _foreign(st: os.stat_result) -> str | None:
-    if not hasattr(os, "getuid"):  # no POSIX owners and modes (Windows)
-        return None
-    if st.st_uid != os.getuid():
-        return f"belongs to user {st.st_uid}, not to you (user {os.getuid()})"
-    if st.st_mode & 0o077:
-        return f"has mode {stat.S_IMODE(st.st_mode):o}: others may read or write it (chmod 600 it)"
-    return None
 
 
 def _open_directory(directory: Path) -> str | None:

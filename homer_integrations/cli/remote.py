@@ -34,6 +34,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from homer_integrations.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, CliError, show_warning
+from homer_integrations.ownership import not_private
 
 STATE_FILE = "server.json"
 CONNECT_TIMEOUT = 2.0
@@ -113,7 +114,7 @@ def _read_private(path: Path) -> bytes:
     st = os.lstat(path)
     if not stat.S_ISREG(st.st_mode):
         raise Untrusted(f"it is {_kind(st.st_mode)}, not a regular file")
-    why = _foreign(st)
+    why = not_private(st, "a server writes it 600")
     if why:
         raise Untrusted(f"it {why}")
     why = _unsafe_directory(os.stat(path.parent))
@@ -122,7 +123,7 @@ def _read_private(path: Path) -> bytes:
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     try:
         now = os.fstat(fd)
-        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) or _foreign(now):
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) or not_private(now, "a server writes it 600"):
             raise Untrusted("it was replaced while it was read")
         data = os.read(fd, MAX_STATE_BYTES + 1)
     finally:
@@ -130,17 +131,6 @@ def _read_private(path: Path) -> bytes:
     if len(data) > MAX_STATE_BYTES:
         raise Untrusted(f"it is larger than {MAX_STATE_BYTES:,} bytes")
     return data
-
-
-def _foreign(st: os.stat_result) -> str | None:
-    """Why a file of ``st`` may not be this user's own private file, or None."""
-    if not hasattr(os, "getuid"):  # no POSIX owners and modes (Windows)
-        return None
-    if st.st_uid != os.getuid():
-        return f"belongs to user {st.st_uid}, not to you (user {os.getuid()})"
-    if st.st_mode & 0o077:
-        return f"has mode {stat.S_IMODE(st.st_mode):o}: others may read or write it (a server writes it 600)"
-    return None
 
 
 def _unsafe_directory(st: os.stat_result) -> str | None:
