@@ -1,7 +1,7 @@
 """The machine's peak as the yardstick: each stage's achieved FLOP/s (or GB/s) against what this CPU can do.
 
     .venv/bin/python benchmarks/stage_flops.py --tokens 8000                  # an 8k excerpt, tier built here
-    .venv/bin/python benchmarks/stage_flops.py --book northangerabbey --store benchmarks/.work/store
+    .venv/bin/python benchmarks/stage_flops.py --book northangerabbey --with-facts --store benchmarks/.work/store
 
 In one run: the matmul peak of this machine in the model's dtype (the best of a few prefill-shaped
 linear layers) and its memory bandwidth (a large copy); then, on one document, every stage timed and
@@ -9,8 +9,8 @@ its work counted from the model's shapes:
 
 - ``plain prefill``: one forward of the whole prompt (where it fits the window);
 - ``leaf tier``: every leaf's piece through the leaf layers (what a book pays once);
-- ``leaf scoring``: a question's suffix through the leaf layers against every leaf's cached K/V (its
-  work is reading the tier: reported in GB/s against the bandwidth);
+- ``leaf scoring``: a question's suffix through the leaf layers against every leaf's cached K/V, once
+  per leaf (FLOP/s, and the tier's K/V bytes it reads in GB/s);
 - ``re-read``: the plain prefill of the kept tokens through every layer;
 - ``decoding``: tokens after the first, against the bandwidth limit of reading the weights once per token.
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -103,7 +104,13 @@ def run(args: argparse.Namespace) -> dict:
     shapes = Shapes(cfg)
     peak = matmul_peak(dtype, cfg.hidden_size, cfg.intermediate_size)
     bw = bandwidth()
-    text = bundled_text(args.book)
+    if args.with_facts:  # the whole-book benchmark's document, so its stored tier serves
+        sys.path.insert(0, str(Path(__file__).parent))
+        from whole_book import book_with_facts
+
+        text = book_with_facts(args.book)[0]
+    else:
+        text = bundled_text(args.book)
     if args.tokens:
         enc = engine.tokenizer(text[: args.tokens * 8], add_special_tokens=False, return_offsets_mapping=True)
         text = text[: enc["offset_mapping"][min(args.tokens, len(enc["input_ids"])) - 1][1]]
@@ -142,7 +149,13 @@ def run(args: argparse.Namespace) -> dict:
         answer = later.text()
     info = later.info
     kv_bytes = sum(k.numel() * k.element_size() * 2 for k in tier.keys)
-    stage("leaf scoring", sum(calls["score_leaves"]), nbytes=kv_bytes)
+    # the question's suffix runs through the leaf layers once per leaf, against that leaf's prefix and piece
+    suffix = engine.prompting.count_tokens(engine.prompting.layout(QUESTION + " Answer briefly.", "query_aware").suffix)
+    scoring = sum(
+        shapes.forward(suffix, plan.prefix_len + plan.piece(b).stop - plan.piece(b).start, tier.leaf_layers)
+        for b in range(plan.num_leaves)
+    )
+    stage("leaf scoring", sum(calls["score_leaves"]), scoring, nbytes=kv_bytes)
     kept = info.cache_tokens
     stage("re-read", sum(calls["prefill_kept"]), shapes.forward(kept, 0, shapes.layers))
     stage("question, first token", info.time_to_first_token or 0.0)
@@ -173,6 +186,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--book", default="northangerabbey")
     parser.add_argument("--tokens", type=int, default=0, help="an excerpt of this many tokens (0: the whole book)")
+    parser.add_argument("--with-facts", action="store_true", help="the book with whole_book.py's facts inserted")
     parser.add_argument("--store", default="", help="a document store (a whole book's tier is reused from it)")
     parser.add_argument("--plain-limit", type=int, default=16000, help="longest prompt the plain prefill runs")
     parser.add_argument("--decode", type=int, default=16, help="tokens decoded by the later question")
