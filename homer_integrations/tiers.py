@@ -301,7 +301,6 @@ class DocumentTiers:
         key = hashlib.sha256(f"{tier.key}\0{json.dumps(markup(suffix).segments)}".encode()).hexdigest()
         return _document(key, result, prompt_len, question)
 
-
     def _lexical(
         self, lexical: LexicalEvidence, document: str, document_ids: torch.Tensor, question: str
     ) -> torch.Tensor | None:
