@@ -1,8 +1,11 @@
 """Named ablations: the scoring variants that measured no gain, assembled from ``homer.scoring`` parts.
 
 They left ``HomerConfig`` (README "Design and measurements" has their numbers); a benchmark builds
-one with ``ablation(name, config)`` and hands it to ``HomerModel(scoring=...)``. One cache
-transform is here too, under trial: ``compact_positions`` (each kept token its own position).
+one with ``ablation(name)`` and hands it to ``HomerModel(recipe=Recipe(scoring=...))``. ``recipe_of``
+maps the research switches ``HomerConfig`` had until 2026-12 (``shared_root="flat"``, ``replay="tree"``,
+...) to the ``homer.strategies`` units that replaced them, for the rows measured with them and the
+benchmarks' flags. One cache transform is here too, under trial: ``compact_positions`` (each kept
+token its own position).
 """
 
 from __future__ import annotations
@@ -13,12 +16,20 @@ from typing import Any
 
 import torch
 
-from homer_integrations import HomerConfig, HomerModel
+from homer_integrations import HomerModel
 from homer_integrations.homer.compressed import CompressedDocument
 from homer_integrations.homer.decoder import DecoderStack
-from homer_integrations.homer.score_units import ScoreMemory, SentenceBonus, UnitBestAndMean, WordUnits
+from homer_integrations.homer.score_units import (
+    MaxPool,
+    ScoreMemory,
+    ScoreUnit,
+    SentenceBonus,
+    UnitBestAndMean,
+    WordUnits,
+)
 from homer_integrations.homer.scorers import EveryLayer, LastTokenScorer, QuestionAttentionScorer, RandomScorer
 from homer_integrations.homer.scoring import Scoring
+from homer_integrations.homer.strategies import REPLAYS, SHARED_ROOTS, Recipe
 
 
 def _swap_units(scoring: Scoring, unit: str) -> Scoring:
@@ -63,13 +74,13 @@ ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
     # question attention plus 4x its statement's mean (the sentence bonus over statements)
     "question_statement_mean": lambda _: _question_statement_mean(),
 }
-"""Ablations of the paper's last-token recipe (``HomerConfig(shared_scorer="last_token")``)."""
+"""Ablations of the package's last-token recipe (``Scoring.default()``, the last-token shared scorer)."""
 
 RECONSTRUCTION_ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
     # reconstruction probes every leaf layer and keeps each token's best (the default: the last one)
     "reconstruction_every_layer": lambda s: replace(s, scorer=replace(s.scorer, every_layer=True)),
     # the last-token recipe's units (max-pool over 3 tokens, word units, score memory) instead of the sentence bonus
-    "reconstruction_word_units": lambda s: replace(s, units=Scoring.from_config(HomerConfig()).units),
+    "reconstruction_word_units": lambda s: replace(s, units=Scoring.default().units),
     # the sentence bonus over statements (a colon does not end the unit) instead of sentences
     "reconstruction_statements": lambda s: _swap_units(s, "statement"),
     # the probe scores at model layer 9 (of Qwen2.5-0.5B's 24) and stops there, not at the leaves' last
@@ -84,11 +95,61 @@ RECONSTRUCTION_ABLATIONS: dict[str, Callable[[Scoring], Scoring]] = {
 """Ablations of the reconstruction-scored shared root (a ``Scoring`` whose scorer probes)."""
 
 
-def ablation(name: str, config: HomerConfig) -> Scoring:
-    """The named ablation of ``config``'s scoring recipe."""
+def ablation(name: str, base: Scoring | None = None) -> Scoring:
+    """The named ablation of ``base`` (default: the last-token recipe, ``Scoring.default()``)."""
     if name not in ABLATIONS:
         raise KeyError(f"unknown ablation {name!r}: one of {', '.join(ABLATIONS)}")
-    return ABLATIONS[name](Scoring.from_config(config))
+    return ABLATIONS[name](base or Scoring.default())
+
+
+SWITCHES = (
+    "shared_root",
+    "replay",
+    "reask_question",
+    "calibration_segments",
+    "shared_scorer",
+    "score_pooling",
+    "pool_unit",
+    "score_memory",
+)
+"""The research switches ``HomerConfig`` had until 2026-12, by their names there (``recipe_of``)."""
+
+
+def split_switches(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``settings`` split into ``HomerConfig`` fields and ``SWITCHES`` (for ``recipe_of``)."""
+    switches = {k: v for k, v in settings.items() if k in SWITCHES}
+    return {k: v for k, v in settings.items() if k not in SWITCHES}, switches
+
+
+def recipe_of(scoring: Scoring | None = None, **switches: Any) -> Recipe:
+    """The ``Recipe`` that runs what ``HomerConfig(**switches)`` ran, with ``scoring`` as ``HomerModel(scoring=)``
+    took it (its ``with_question()`` prunes for questions).
+
+    ``shared_root``, ``replay``: names in ``SHARED_ROOTS``, ``REPLAYS``; ``shared_scorer="last_token"``: the
+    shared root scores by ``Scoring.default()`` reshaped by ``score_pooling`` (default 3), ``pool_unit``
+    (``word``) and ``score_memory`` (True), questions by ``Scoring.for_questions()``. Under the
+    reconstruction scorer (the default) those three changed nothing but the cache key, and do nothing here.
+    """
+    unknown = set(switches) - set(SWITCHES)
+    if unknown:
+        raise KeyError(f"not a research switch: {sorted(unknown)} (one of {', '.join(SWITCHES)})")
+    parts: dict[str, Any] = {
+        k: switches[k] for k in ("reask_question", "calibration_segments") if switches.get(k) is not None
+    }
+    if switches.get("shared_root") is not None:
+        parts["shared_root"] = SHARED_ROOTS[switches["shared_root"]]
+    if switches.get("replay") is not None:
+        parts["replay"] = REPLAYS[switches["replay"]]
+    if scoring is not None:
+        parts["scoring"] = scoring
+    elif switches.get("shared_scorer", "reconstruction") == "last_token":
+        pooling, unit = switches.get("score_pooling", 3), switches.get("pool_unit", "word")
+        units: list[ScoreUnit] = [MaxPool(pooling)] if pooling > 1 else []
+        units += [WordUnits(unit)] if unit != "token" else []
+        units += [ScoreMemory()] if switches.get("score_memory", True) else []
+        parts["scoring"] = Scoring(LastTokenScorer(), tuple(units))
+        parts["question_scoring"] = Scoring.for_questions()
+    return Recipe(**parts)
 
 
 def compact_positions(stack: DecoderStack, doc: CompressedDocument) -> CompressedDocument:
@@ -105,7 +166,7 @@ def compact_positions(stack: DecoderStack, doc: CompressedDocument) -> Compresse
     if getattr(stack.family.backbone.rotary_emb, "attention_scaling", 1.0) != 1.0:
         raise ValueError("compact_positions: RoPE with attention scaling cannot be re-rotated")
     if doc.head_lengths is not None:
-        raise ValueError("compact_positions: a dense root only (it was measured on the flat root): shared_root='flat'")
+        raise ValueError("compact_positions: a dense root only (it was measured on the flat root): FlatRoot()")
     new = torch.arange(doc.num_tokens)
     tables = stack.rotary(doc.keys[0], new - doc.position_ids.cpu())
     keys = tuple(stack.family.rotate(k, tables[stack.family.rope_kind(layer)]) for layer, k in enumerate(doc.keys))

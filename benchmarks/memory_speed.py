@@ -102,7 +102,8 @@ def measure(method: str, tokens: int, model, tok, engine) -> dict:
         elif method == "homer":
             doc, *_ = engine.tiers.compress(layout.prefix, document, layout.suffix, mode="shared")
             row.update(kv_bytes=doc.stats.peak_kv_bytes, cache_tokens=doc.num_tokens)
-            row["root"] = "headwise" if doc.head_lengths is not None else engine.config.shared_root
+            # the default AutoRoot: head-wise, or the flat root where the model refuses it
+            row["root"] = "headwise" if doc.head_lengths is not None else "flat"
             row["prompt_tokens"] = doc.stats.prompt_tokens
         elif method == "tier":
             tier, _ = engine.tiers.leaf_tier(layout.prefix, document)

@@ -13,14 +13,14 @@ is in the document. Methods, each one engine per model with default settings (wh
 - ``shared``: one HOMER compression (``mode="shared"``, the default); each question after it.
 - ``query_aware``: HOMER's per-question path: the leaf tier built once (paid by the first question),
   then each question selects with itself in the suffix, replayed from the tier, and the selection is
-  re-read by a plain prefill (``replay="recompute"``, the default since 2026-11-26).
+  re-read by a plain prefill (``RecomputeReplay``, the default since 2026-11-26).
 - ``query_aware_stmt_max``: the same ranking a statement by its best token alone (ablation
   ``question_statement_max``; its rows were recorded as ``query_aware`` and renamed).
 - ``query_aware_stmt_mean``: the same with the question recipe of 2026-11-25 (ablation
   ``question_statement_mean``: a statement's mean attention instead of its best; its rows were
   recorded as ``query_aware`` and renamed).
 - ``query_aware_tree``: the recipe of 2026-11-25 replaying the paper's merge tree instead
-  (``replay="tree"``, the default before; its rows were recorded as ``query_aware`` and renamed).
+  (``TreeReplay``, the default before; its rows were recorded as ``query_aware`` and renamed).
 
 Rows (one per model, length, method and question) are appended to ``results/novel_qa_rows.jsonl``
 and skipped on a re-run, so the grid fills over several runs. Recorded per row: the answer,
@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ablations import ABLATIONS
+from ablations import ABLATIONS, recipe_of
 
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.question_sets import QuestionSet, question_set
@@ -111,15 +111,15 @@ def run(args: argparse.Namespace) -> None:
             method: HomerModel(
                 engine.model,
                 engine.tokenizer,
-                HomerConfig(replay=replay),
+                HomerConfig(),
                 model_name=name,
                 progress=False,
-                scoring=old_recipe,
+                recipe=recipe_of(old_recipe, replay=replay),
             )
             for method, replay in PINNED.items()
         }
         pinned["query_aware_stmt_max"] = HomerModel(
-            engine.model, engine.tokenizer, HomerConfig(), model_name=name, progress=False, scoring=best_only
+            engine.model, engine.tokenizer, HomerConfig(), model_name=name, progress=False, recipe=recipe_of(best_only)
         )
         for tokens in args.tokens:
             doc = excerpt(engine, text, tokens)

@@ -34,8 +34,11 @@ PLAN = {
     "qwen2.5-coder-0.5b-instruct": ([8000, 16000, 32000], ["plain", "query_aware", "shared"]),
 }
 # Ablations run at the length where the default still finds keys, so a drop shows.
-# name -> (HomerConfig overrides, scoring ablation in ablations.py or None, [(model, tokens)], method)
-PAPER_RECIPE = {"pool_unit": "token", "score_pooling": 1, "score_memory": False}
+# name -> (HomerConfig fields and research switches (ablations.recipe_of), scoring ablation in ablations.py
+# or None, [(model, tokens)], method)
+PAPER_RECIPE = {"shared_scorer": "last_token", "pool_unit": "token", "score_pooling": 1, "score_memory": False}
+"""The paper's last-token recipe, no units (its rows were measured before the reconstruction scorer became
+the default, under which these units had changed nothing but the cache key)."""
 ABLATIONS = {
     "paper_recipe": (
         PAPER_RECIPE,

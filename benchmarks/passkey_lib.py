@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
-from ablations import ablation
+from ablations import ablation, recipe_of, split_switches
 from transformers import DynamicCache
 
 from homer_integrations import HomerConfig, HomerModel
@@ -118,11 +118,14 @@ def run_sample(engine: HomerModel, method: str, sample: Sample, diagnostics: boo
     return row
 
 
-def engine_for(model, tokenizer, name: str, mode: str, scoring: str | None = None, **config) -> HomerModel:
-    """An engine for one variant: ``HomerConfig`` overrides and, optionally, a named scoring ablation."""
-    cfg = HomerConfig(mode=mode, system_prompt=INSTRUCTION, **config)
-    ablated = None if scoring is None else ablation(scoring, cfg)
-    return HomerModel(model, tokenizer, cfg, model_name=name, progress=False, scoring=ablated)
+def engine_for(model, tokenizer, name: str, mode: str, scoring: str | None = None, **settings) -> HomerModel:
+    """An engine for one variant: ``settings`` (``HomerConfig`` fields, and research switches by their old
+    names, ``ablations.recipe_of``) and, optionally, a named scoring ablation."""
+    fields, switches = split_switches(settings)
+    cfg = HomerConfig(mode=mode, system_prompt=INSTRUCTION, **fields)
+    ablated = None if scoring is None else ablation(scoring)
+    recipe = recipe_of(ablated, **switches)
+    return HomerModel(model, tokenizer, cfg, model_name=name, progress=False, recipe=recipe)
 
 
 __all__ = ["Sample", "asdict", "engine_for", "make_sample", "run_sample"]

@@ -71,7 +71,7 @@ HOMER_METHODS = (
 bonus over statements, so a needle's key and value are ranked as one unit);
 ``homer_query_aware`` the package's per-question path (question attention over statements, each ranked
 by its best token plus 4x its mean, ``UnitBestAndMean``, the recipe since 2026-11-26; the flat selection
-re-read by a plain prefill of the kept tokens: ``replay="recompute"``, the default since 2026-11-26;
+re-read by a plain prefill of the kept tokens: ``RecomputeReplay``, the default since 2026-11-26;
 rows run as ``homer_query_aware_stmt_best_mean`` were renamed to it); ``homer_query_aware_stmt_max``
 the same re-read with a statement's best token alone (ablation ``question_statement_max``; rows run as
 ``homer_query_aware_stmt_max`` and, for a day, ``homer_query_aware``); ``homer_query_aware_stmt_mean``
@@ -86,13 +86,13 @@ token and the recipe's word units; the package's per-question path before 2026-1
 ``homer_query_aware_qattn`` with the ``question_attention_sentences`` ablation (sentence units, which
 end at a colon). See ``_scoring``. ``_compact``: answering from ``ablations.compact_positions`` of the
 cache (each kept token its own position, 0..K-1). ``homer_shared_recompute``: the shared root's flat
-selection re-read by one plain prefill of the kept tokens (``shared_root="recompute"``).
+selection re-read by one plain prefill of the kept tokens (``RecomputeRoot``).
 ``homer_shared_probe9``: the shared root whose reconstruction probe scores at model layer 9 and stops
 there (ablation ``reconstruction_probe_layer_9``; ``research/probe_depth.py`` chose the layer on the
-tuning split). ``homer_shared_headwise``: the head-wise shared root (``shared_root="headwise"``: the flat
+tuning split). ``homer_shared_headwise``: the head-wise shared root (``HeadwiseRoot``: the flat
 selection of twice the budget re-read by a prefill, then each K/V head of each layer keeps its own
 tokens, KVzip's allocation, in a ragged cache of the budget's bytes; the package's default,
-``shared_root="auto"``, since 2026-11-27). ``homer_shared_headwise_whole``: the same with the whole
+``AutoRoot``, since 2026-11-27). ``homer_shared_headwise_whole``: the same with the whole
 document as candidates (one plain prefill of it where the window has room: KVzip's own input;
 ``headwise_root.CANDIDATES`` raised past the ratio); the package's recipe for an hour on 2026-11-27,
 it lost at 8k, 4x held out, and its rows were renamed from ``homer_shared_headwise``.
@@ -101,7 +101,7 @@ them, words cut (``headwise_root.WHOLE_WORDS = False``); the recipe until 2026-1
 renamed from ``homer_shared_headwise``.
 ``homer_shared_headwise_probe9``: the head-wise root whose candidates' reconstruction probe scores at
 model layer 9, so its leaves run only layers 0-9 (ablation ``reconstruction_probe_layer_9``).
-``homer_shared``: the flat shared root (``shared_root="flat"``)."""
+``homer_shared``: the flat shared root (``FlatRoot``)."""
 KVPRESS_METHODS = ("kvzip", "snapkv", "expected_attention", "streaming_llm", "knorm", "snapkv_question")
 METHODS = HOMER_METHODS + KVPRESS_METHODS
 ABLATION_METHODS = tuple(m for m in HOMER_METHODS if m not in ("plain", "homer_shared", "homer_query_aware"))
@@ -261,8 +261,11 @@ def homer_rows(args: argparse.Namespace) -> None:
         else:
             mcl = args.max_chunk_len or chunk_length(context_tokens, budget)
             mode = "shared" if args.method.startswith("homer_shared") else "query_aware"
-            config = HomerConfig(max_chunk_len=mcl, final_cache_len=budget, mode=mode, **_replay(args.method))
-            engine = HomerModel(model, tok, config, model_name=MODEL, progress=False)
+            from ablations import recipe_of
+
+            config = HomerConfig(max_chunk_len=mcl, final_cache_len=budget, mode=mode)
+            switches = _replay(args.method)
+            engine = HomerModel(model, tok, config, model_name=MODEL, progress=False, recipe=recipe_of(**switches))
             if args.method == "homer_shared_headwise_whole":
                 from homer_integrations.homer import headwise_root
 
@@ -271,9 +274,10 @@ def homer_rows(args: argparse.Namespace) -> None:
                 from homer_integrations.homer import headwise_root
 
                 headwise_root.WHOLE_WORDS = False  # the candidates as the selection kept them
-            scoring = _scoring(args, engine.tiers.scoring, config)
+            scoring = _scoring(args, engine.tiers.scoring)
             if scoring is not None:
-                engine = HomerModel(model, tok, config, model_name=MODEL, progress=False, scoring=scoring)
+                recipe = recipe_of(scoring, **switches)
+                engine = HomerModel(model, tok, config, model_name=MODEL, progress=False, recipe=recipe)
             if args.method.endswith("_compact"):
                 from ablations import with_compact_positions
 
@@ -321,9 +325,9 @@ RECOMPUTED = ("homer_query_aware_stmt_mean", "homer_query_aware_stmt_max")
 
 
 def _replay(method: str) -> dict[str, str]:
-    """``HomerConfig`` fields a method pins: ``homer_shared`` and its ablations the flat root (the default
-    before 2026-11-27, which all their rows measured), the per-question ablations replay the tree (as
-    measured)."""
+    """The research switches a method pins (``ablations.recipe_of``): ``homer_shared`` and its ablations the
+    flat root (the default before 2026-11-27, which all their rows measured), the per-question ablations
+    replay the tree (as measured)."""
     if method == "homer_shared_recompute":
         return {"shared_root": "recompute"}
     if method.startswith("homer_shared_headwise"):
@@ -335,8 +339,8 @@ def _replay(method: str) -> dict[str, str]:
     return {}
 
 
-def _scoring(args: argparse.Namespace, package: Any, config: Any) -> Any:
-    """The method's scoring when it is not the package's ``package`` under ``config`` (None: the package's).
+def _scoring(args: argparse.Namespace, package: Any) -> Any:
+    """The method's scoring when it is not the package's shared scoring ``package`` (None: the package's).
 
     ``_last_token``: questions prune by the paper's last-token recipe (ablation ``question_last_token``);
     ``_qattn``: by question attention ranked by sentences, which end at a colon (ablation
@@ -351,7 +355,7 @@ def _scoring(args: argparse.Namespace, package: Any, config: Any) -> Any:
     if args.method.endswith("_probe9"):
         return RECONSTRUCTION_ABLATIONS["reconstruction_probe_layer_9"](package)
     if args.method.endswith("_last_token"):
-        return ABLATIONS["question_last_token"](Scoring.from_config(config))
+        return ABLATIONS["question_last_token"](Scoring.default())
     if args.method.endswith("_qattn"):
         return ABLATIONS["question_attention_sentences"](package)
     if args.method == "homer_query_aware_stmt_max":

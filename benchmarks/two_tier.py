@@ -13,9 +13,9 @@ three questions:
 - ``shared``: one HOMER compression with the question-independent suffix; each question after it.
 - ``per_question``: one leaf tier (the leaves' layers over the document, no pruning); each question
   then replays pruning and the upper levels with itself in the suffix (``mode="query_aware"``,
-  ``replay="tree"``: the paper's question-aware tree).
+  ``TreeReplay``: the paper's question-aware tree).
 - ``per_question_flat``: the same tier; each question keeps the best tokens of all leaves by their
-  leaf scores and runs the upper layers once (``replay="flat"``).
+  leaf scores and runs the upper layers once (``FlatReplay``).
 
 Recorded per method: seconds to prepare the document, and per question the time to first token
 and in total, and whether the answer contains the fact. Nothing here was tuned on these samples:
@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ablations import ABLATIONS, RECONSTRUCTION_ABLATIONS, with_compact_positions
+from ablations import ABLATIONS, RECONSTRUCTION_ABLATIONS, recipe_of, with_compact_positions
 from passkey_lib import INSTRUCTION
 
 from homer_integrations import HomerConfig, HomerModel
@@ -74,14 +74,14 @@ METHODS = (
     "per_question_bestmean_recompute",
 )
 """``shared`` and ``per_question*`` use the paper's last-token scorer for the shared root
-(``shared_scorer="last_token"``), and ``per_question*`` rows prune for the question by the paper's
-last token too (ablation ``question_last_token``), except ``*_qsent``: the package's question
-recipe of 2026-11-25 (question attention plus 4x its statement's mean, ablation
+(``Scoring.default()``: ``shared_scorer="last_token"`` in ``recipe_of``), and ``per_question*`` rows prune
+for the question by the paper's last token too (ablation ``question_last_token``), except ``*_qsent``: the
+package's question recipe of 2026-11-25 (question attention plus 4x its statement's mean, ablation
 ``question_statement_mean``) and ``*_smax``: a statement's best question attention alone (ablation
 ``question_statement_max``, measured on 2026-11-26 as a candidate recipe); ``shared_recon`` scores the
 shared root's leaves by context reconstruction (KVzip) and ranks whole sentences (``SentenceBonus``;
 the package default);
-``shared_recon_flat`` selects its root from those leaf scores at once (``shared_root="flat"``, the
+``shared_recon_flat`` selects its root from those leaf scores at once (``FlatRoot``, the
 default) instead of pruning again at every merged node. ``*_words`` rows are the ablation with the
 last-token recipe's max-pooled word units (the default before the sentence bonus); the
 ``*_every_layer*`` rows the ablation that probes every leaf layer (KVzip's way), not the last one.
@@ -102,7 +102,7 @@ last-token scores by whole sentences (``RECONSTRUCTION_UNITS``, the shared root'
 max-pooled words: 3/6 against 5/6 on the same documents (it lost the code on one and the parrot and
 the town on the other), so it was not run on the held-out seeds. ``*_recompute`` rows: the flat
 selection (the shared root's, or the question's with the package recipe) re-read by one plain prefill
-of the kept tokens through every layer (``replay``/``shared_root="recompute"``, ``homer.recompute``).
+of the kept tokens through every layer (``RecomputeReplay``/``RecomputeRoot``, ``homer.recompute``).
 ``per_question_smax_recompute``: that re-read with a statement's best question attention alone
 instead of the sentence bonus's mean (ablation ``question_statement_max``);
 ``per_question_bestmean_recompute``: with a statement's best plus 4x its mean (``UnitBestAndMean``, the
@@ -212,13 +212,9 @@ def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
     parts = method.split("_")
     recon = "recon" in parts
     flat = "recompute" if "recompute" in parts else "flat" if "flat" in parts else "tree"
-    config = HomerConfig(
-        system_prompt=INSTRUCTION,
-        replay=flat,
-        shared_root=flat,
-        shared_scorer="reconstruction" if recon else "last_token",
-    )
-    engine = HomerModel(model, tok, config, model_name=name, progress=False)
+    config = HomerConfig(system_prompt=INSTRUCTION)
+    switches = {"replay": flat, "shared_root": flat, "shared_scorer": "reconstruction" if recon else "last_token"}
+    engine = HomerModel(model, tok, config, model_name=name, progress=False, recipe=recipe_of(**switches))
     scoring = engine.tiers.scoring
     if "words" in parts:
         scoring = RECONSTRUCTION_ABLATIONS["reconstruction_word_units"](scoring)
@@ -239,7 +235,7 @@ def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
     # otherwise: ablation ``question_last_token``), so a later package recipe never changes its rows
     explicit = method.startswith("per_question")
     if explicit or scoring != engine.tiers.scoring:
-        engine = HomerModel(model, tok, config, model_name=name, progress=False, scoring=scoring)
+        engine = HomerModel(model, tok, config, model_name=name, progress=False, recipe=recipe_of(scoring, **switches))
     if "compact" in parts:  # each kept token its own position (ablations.compact_positions)
         engine = with_compact_positions(engine)
     return engine, "shared" if method.startswith("shared") else "query_aware"

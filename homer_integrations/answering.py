@@ -27,7 +27,7 @@ class AnswerInfo:
     for plain prompts. ``input_tokens`` are the tokens fed after the cache (question, chat
     turns); ``document_tokens`` the tokens the cache stands for. ``mode`` says which tier served:
     ``shared`` (the one compressed root) or ``query_aware`` (pruning replayed from the leaf tier
-    with this question, the kept tokens read as ``HomerConfig.replay`` says). ``compress_seconds`` is
+    with this question, the kept tokens read as ``Recipe.replay`` says). ``compress_seconds`` is
     everything before the question was fed (lookups, compression or replay); ``document_seconds`` the
     part of it spent computing the cached entry (the shared root or the leaf tier), 0 when it came
     from the cache.

@@ -24,7 +24,7 @@ from homer_integrations.homer.compressed import CompressedDocument
 from homer_integrations.homer.config import HomerConfig, Mode, ModelDefaults, check_mode
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.generation import GenerationOptions
-from homer_integrations.homer.scoring import Scoring
+from homer_integrations.homer.strategies import Recipe
 from homer_integrations.models import DEFAULT_MODEL, embedded_defaults, load_model
 from homer_integrations.prompting import DEFAULT_MAX_DOCUMENT_TOKENS, Prompting
 from homer_integrations.quantization import Quantization
@@ -48,10 +48,10 @@ class HomerModel:
         disk_budget: most bytes a local ``store`` keeps (least recently used go first); alone, it
             turns on the default local directory.
         progress: show progress bars for compression and calibration.
-        scoring: what pruning ranks by (default: ``Scoring.from_config(config)``, the package's
-            recipe; shared roots then use ``with_reconstruction`` when ``shared_scorer`` says so);
-            for research and the ablations in ``benchmarks/``. It is part of every cache key, and
-            query-aware compressions use its ``with_question()`` (default: ``Scoring.for_questions()``).
+        recipe: how the caches are built (``homer.strategies.Recipe``: the shared root's builder, the
+            per-question replay, the scoring, the re-asked question, the calibration's size); the
+            default is the package's measured best. For research and the ablations in ``benchmarks/``;
+            what shapes a stored root (the shared root's builder, the scoring) is part of its cache key.
         max_document_tokens: most tokens a document may have (default 2,000,000; None: only the merge
             tree's bound). A longer one is refused with ``InputTooLongError`` (a ``ValueError``) before
             any of it is compressed; its tokens are counted in slices, so a 50 MB text is refused in
@@ -69,7 +69,7 @@ class HomerModel:
         document_cache: DocumentCache | None = None,
         calibration_dir: Path | None = None,
         progress: bool | None = None,
-        scoring: Scoring | None = None,
+        recipe: Recipe | None = None,
         store: str | Path | Store | bool | None = None,
         disk_budget: int | None = None,
         max_document_tokens: int | None = DEFAULT_MAX_DOCUMENT_TOKENS,
@@ -85,7 +85,16 @@ class HomerModel:
             defaults or embedded_defaults(model_name) or ModelDefaults.for_model(self.stack.num_layers, max_positions)
         )
         self.config = (config or HomerConfig()).resolve(self.stack.num_layers, max_positions, defaults)
-        self.prompting = Prompting(tokenizer, self.config, self.stack.num_layers, max_positions, max_document_tokens)
+        self.recipe = recipe or Recipe()
+        """How the caches are built (``homer.strategies.Recipe``)."""
+        self.prompting = Prompting(
+            tokenizer,
+            self.config,
+            self.stack.num_layers,
+            max_positions,
+            max_document_tokens,
+            reask_question=self.recipe.reask_question,
+        )
         """Token counts, prompt layouts and size limits."""
         self.tiers = DocumentTiers(
             model,
@@ -93,7 +102,7 @@ class HomerModel:
             self.stack,
             self.prompting,
             DocumentCache.open(store, disk_budget) if document_cache is None else document_cache,
-            scoring=scoring,
+            recipe=self.recipe,
             calibration_dir=calibration_dir,
             progress=progress,
         )
@@ -126,6 +135,7 @@ class HomerModel:
         disk_budget: int | None = None,
         quantize: Quantization | None = None,
         max_document_tokens: int | None = DEFAULT_MAX_DOCUMENT_TOKENS,
+        recipe: Recipe | None = None,
         **model_kwargs: Any,
     ) -> HomerModel:
         """Load a model by local path, hub id or embedded name (None = the embedded default model).
@@ -135,8 +145,8 @@ class HomerModel:
         documents are kept between questions and processes; by default (True) the package's cache
         directory on disk, as the CLI does, so no document is compressed twice; a directory or
         fsspec URL; None or False keeps them in memory only. ``document_cache`` replaces it.
-        ``quantize="int8"``: int8 linear layers on the CPU (faster decoding). ``max_document_tokens``:
-        see the class.
+        ``quantize="int8"``: int8 linear layers on the CPU (faster decoding). ``max_document_tokens``
+        and ``recipe``: see the class.
         """
         name = path_or_id or DEFAULT_MODEL
         model, tokenizer = load_model(name, dtype=dtype, device=device, quantize=quantize, **model_kwargs)
@@ -152,6 +162,7 @@ class HomerModel:
             store=store,
             disk_budget=disk_budget,
             max_document_tokens=max_document_tokens,
+            recipe=recipe,
         )
 
     def with_store(self, store: str | Path | Store | DocumentCache, disk_budget: int | None = None) -> HomerModel:
@@ -188,7 +199,7 @@ class HomerModel:
         ``mode`` picks the tier for this call (default: ``config.mode``): ``shared`` answers from
         the document's one compressed root; ``query_aware`` replays pruning from the document's
         leaf tier with the question in the suffix (the paper's question-aware compression, without
-        re-running the leaves over the document after the first question; ``config.replay`` says how
+        re-running the leaves over the document after the first question; ``recipe.replay`` says how
         the kept tokens are read);
         ``full`` answers from the whole prompt's uncompressed cache.
         ``generation``: ``GenerationOptions`` fields; ``response_format=`` (a JSON schema dict, a

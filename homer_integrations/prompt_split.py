@@ -285,8 +285,8 @@ def _split_at(
     rest = _remaining(content[:start], content[end:])
     rewritten = [dict(m) for m in msgs]
     rewritten[index]["content"] = DOCUMENT_MARK + rest
-    c = engine.config
-    spans = layout_around(markup(render(rewritten)), rest, c.document_suffix, mode == "query_aware", c.reask_question)
+    suffix, reask = engine.config.document_suffix, engine.prompting.reask_question
+    spans = layout_around(markup(render(rewritten)), rest, suffix, mode == "query_aware", reask)
     return PromptSplit(document, spans.prefix, spans.suffix, spans.continuation, found_by, mode)
 
 

@@ -64,7 +64,9 @@ class Prompting:
     """Token counts, prompt layouts and size limits for ``tokenizer`` under ``config`` (resolved).
 
     ``num_layers`` bounds the merge tree's height; ``context_window`` is the model's window;
-    ``max_document_tokens`` (None: only the merge tree's bound) is the most document tokens taken.
+    ``max_document_tokens`` (None: only the merge tree's bound) is the most document tokens taken;
+    ``reask_question``: a ``query_aware`` layout asks the question again after the cache
+    (``Recipe.reask_question``).
     """
 
     def __init__(
@@ -74,11 +76,14 @@ class Prompting:
         num_layers: int,
         context_window: int,
         max_document_tokens: int | None = DEFAULT_MAX_DOCUMENT_TOKENS,
+        *,
+        reask_question: bool = True,
     ) -> None:
         if max_document_tokens is not None and (type(max_document_tokens) is not int or max_document_tokens < 1):
             raise ValueError(f"max_document_tokens must be a whole number >= 1 or None, not {max_document_tokens!r}")
         self.tokenizer = tokenizer
         self.config = config
+        self.reask_question = reask_question
         self.num_layers = num_layers
         self.context_window = context_window
         self.document_limit = max_document_tokens
@@ -111,7 +116,7 @@ class Prompting:
         c = self.config
         query_aware = (check_mode(mode) or c.mode) == "query_aware"
         return render_layout(
-            self.tokenizer, question, c.document_suffix, query_aware, c.system_prompt, c.reask_question
+            self.tokenizer, question, c.document_suffix, query_aware, c.system_prompt, self.reask_question
         )
 
     @functools.cached_property

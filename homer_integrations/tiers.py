@@ -33,11 +33,11 @@ from homer_integrations.homer.config import HomerConfig, Mode, check_mode
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_fingerprint
 from homer_integrations.homer.flat import TierCompressor
-from homer_integrations.homer.headwise_root import compress_headwise, headwise_refusal
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.lexical import LexicalEvidence, Statements
 from homer_integrations.homer.prompt import encode, markup, unit_ids
 from homer_integrations.homer.scoring import REPEAT_PROMPT, Scoring
+from homer_integrations.homer.strategies import Recipe, Reread, RootSpan, SharedRoot, TreeRoot
 from homer_integrations.paths import PACKAGE_DATA, bundled_text, cache_root
 from homer_integrations.prompting import Prompting
 
@@ -62,15 +62,16 @@ class Compressed(NamedTuple):
 
 
 class DocumentTiers:
-    """Shared roots, full prefills and leaf tiers of one model and ``HomerConfig`` (resolved).
+    """Shared roots, full prefills and leaf tiers of one model, ``HomerConfig`` (resolved) and ``Recipe``.
 
     Args:
         model, tokenizer, stack: the loaded model, its tokenizer and its decoder stack.
         prompting: the engine's ``Prompting`` (layouts and size limits).
         document_cache: where entries live.
-        scoring: the recipe (default: ``Scoring.from_config(config)``); shared roots use its
-            reconstruction variant when ``config.shared_scorer`` says so. Query-aware compressions use
-            ``Scoring.for_questions()``, or the ``with_question()`` of a recipe given here.
+        recipe: how entries are built (``homer.strategies.Recipe``; default: the package's). Shared roots
+            prune by its ``scoring`` (None: ``Scoring.default()`` with reconstruction-scored leaves),
+            query-aware compressions by its ``question_scoring`` (None: ``Scoring.for_questions()``, or
+            the ``with_question()`` of a ``scoring`` given).
         calibration_dir: where computed calibration tables are kept.
         progress: show progress bars (None: tqdm decides).
     """
@@ -83,21 +84,22 @@ class DocumentTiers:
         prompting: Prompting,
         document_cache: DocumentCache,
         *,
-        scoring: Scoring | None = None,
+        recipe: Recipe | None = None,
         calibration_dir: Path | None = None,
         progress: bool | None = None,
     ) -> None:
         c = self.config = prompting.config
         self.stack, self.prompting, self.document_cache, self.progress = stack, prompting, document_cache, progress
-        recipe = scoring or Scoring.from_config(c)
-        self.question_scoring = recipe.with_question() if scoring is not None else Scoring.for_questions()
-        """What query-aware compressions (the question in the suffix) prune by."""
-        self.scoring = recipe
-        """What shared compressions prune by."""
+        self.recipe = recipe = recipe or Recipe()
+        """The shared root's builder, the replay, the scoring and the calibration's size."""
         self.repeat_ids = encode(tokenizer, REPEAT_PROMPT)
         """The reconstruction prompt [R] (a head-wise root's probe reads it before the repeated text)."""
-        if scoring is None and c.shared_scorer == "reconstruction":
-            self.scoring = recipe.with_reconstruction(self.repeat_ids)
+        given = recipe.scoring
+        self.scoring = Scoring.default().with_reconstruction(self.repeat_ids) if given is None else given
+        """What shared compressions prune by."""
+        derived = Scoring.for_questions() if given is None else given.with_question()
+        self.question_scoring = derived if recipe.question_scoring is None else recipe.question_scoring
+        """What query-aware compressions (the question in the suffix) prune by."""
         store = CalibrationStore(
             calibration_dir or cache_root() / "calibration", bundled_dir=PACKAGE_DATA / "calibration"
         )
@@ -105,14 +107,14 @@ class DocumentTiers:
             store,
             stack,
             c.max_chunk_len,
-            c.calibration_segments,
+            recipe.calibration_segments,
             tokenizer,
             needed=self.scoring.needs_calibration,
             text=lambda: bundled_text("northangerabbey"),
         )
         """The pruning bias table for this model and settings (``bias()``: computed once, then cached on disk)."""
         self.keys = entry_keys(
-            model, tokenizer, stack, c, self.scoring, self.question_scoring.unit, self.calibration.id
+            model, tokenizer, stack, c, recipe, self.scoring, self.question_scoring.unit, self.calibration.id
         )
         """Document-cache keys of these entries (``root``, ``full``, ``tier``)."""
         # A document's BM25 statements, asked for by every question on it (``_lexical``); keyed by the text.
@@ -120,7 +122,11 @@ class DocumentTiers:
         self.prune_observer: PruneObserver | None = None
         """Diagnostics: called with every node's ``PruneEvent`` during compressions computed from now on."""
         self.cache_spec, self.root_spec, self.full_cache_spec = entry_specs(
-            stack, c, prompting.context_window, getattr(model.get_output_embeddings(), "out_features", None)
+            stack,
+            c,
+            recipe.shared_root,
+            prompting.context_window,
+            getattr(model.get_output_embeddings(), "out_features", None),
         )
         """What each kind of entry looks like (``entry_specs``); disk cache entries are checked against it."""
 
@@ -191,7 +197,7 @@ class DocumentTiers:
             # nodes that many tokens longer than max_chunk_len, still far inside the model's window;
             # planning for a longer suffix made taller trees of half-empty leaves that scored lower).
             suffix_reserve=self.prompting.shared_suffix_len if query_aware else 0,
-            want_logits=query_aware and not c.reask_question,
+            want_logits=query_aware and not self.prompting.reask_question,
         )
         return TierCompressor(
             self.stack,
@@ -220,20 +226,19 @@ class DocumentTiers:
         if prunes:
             check_room(prefix_ids.numel() + suffix_ids.numel(), self.config.final_cache_len)
         compressor = self.compressor(prunes, query_aware=False, full=full)
+        root: SharedRoot = TreeRoot() if full else self.recipe.shared_root  # a full prefill prunes nothing
         with self._progress(document_ids.numel(), "HOMER compress") as bar:
-            words = self.unit_ids(document, document_ids, self.scoring.unit) if prunes else None
-            root = "tree" if full else self._shared_root(compressor, prefix_ids, suffix_ids)
-            if root == "tree":
-                result = compressor.compress(prefix_ids, document_ids, suffix_ids, progress=bar.update, word_ids=words)
-            elif root == "headwise" and prunes:
-                whole = self.unit_ids(document, document_ids, "word")
-                result = compress_headwise(
-                    compressor, prefix_ids, document_ids, suffix_ids, self.repeat_ids, bar.update, words, whole
-                )
-            else:
-                result = compressor.compress_flat(
-                    prefix_ids, document_ids, suffix_ids, bar.update, words, recompute=root == "recompute"
-                )
+            span = RootSpan(
+                prefix_ids,
+                document_ids,
+                suffix_ids,
+                word_ids=self.unit_ids(document, document_ids, self.scoring.unit) if prunes else None,
+                whole_words=lambda: self.unit_ids(document, document_ids, "word"),
+                repeat_ids=self.repeat_ids,
+                prunes=prunes,
+                progress=bar.update,
+            )
+            result = root.build(compressor, span)
         doc = _document(key, result, prompt_len, None)
         logger.info(
             "compressed %d document tokens into %d cache tokens in %.1fs (tree height %d)",
@@ -243,18 +248,6 @@ class DocumentTiers:
             doc.stats.tree_height,
         )
         return doc
-
-    def _shared_root(self, compressor: TierCompressor, prefix_ids: torch.Tensor, suffix_ids: torch.Tensor) -> str:
-        """``config.shared_root``, with ``auto`` resolved: ``headwise`` unless the model refuses it."""
-        if self.config.shared_root != "auto":
-            return self.config.shared_root
-        budget = compressor.settings.final_cache_len
-        fixed = prefix_ids.numel() + suffix_ids.numel()
-        refusal = headwise_refusal(self.stack, budget, self.repeat_ids.numel(), fixed)
-        if refusal is None:
-            return "headwise"
-        logger.info("shared_root='auto' uses the flat root: the head-wise root %s", refusal)
-        return "flat"
 
     def _build_tier(self, key: str, prefix: str, document: str) -> LeafTier:
         prefix_ids, document_ids, _ = self.prompting.encode_span(prefix, document, "")
@@ -287,17 +280,18 @@ class DocumentTiers:
             check_room(tier.num_tokens - tier.document_tokens + suffix_ids.numel(), self.config.final_cache_len)
         prunes = prompt_len > self.config.final_cache_len
         tier = tier.to(self.stack.device)
-        if self.config.replay == "recompute":
+
+        def reread() -> Reread:
             prefix_ids, document_ids, _ = self.prompting.encode_span(prefix, document, "")
             lexical = self.question_scoring.lexical
             extra = self._lexical(lexical, document, document_ids, question) if lexical and prunes else None
-            budget = self.config.final_cache_len - (0 if extra is None else extra.numel())
-            compressor = self.compressor(prunes, query_aware=True, final_cache_len=budget)
-            result = compressor.replay_recompute(tier, prefix_ids, document_ids, suffix_ids, extra=extra)
-        else:
-            compressor = self.compressor(prunes, query_aware=True)
-            replay = compressor.replay_flat if self.config.replay == "flat" else compressor.replay
-            result = replay(tier, suffix_ids)
+            return Reread(prefix_ids, document_ids, extra)
+
+        def compressor(reserved: int) -> TierCompressor:
+            budget = self.config.final_cache_len - reserved
+            return self.compressor(prunes, query_aware=True, final_cache_len=budget)
+
+        result = self.recipe.replay.replay(tier, suffix_ids, compressor, reread)
         key = hashlib.sha256(f"{tier.key}\0{json.dumps(markup(suffix).segments)}".encode()).hexdigest()
         return _document(key, result, prompt_len, question)
 
@@ -328,8 +322,11 @@ class EntrySpecs(NamedTuple):
     """``full`` entries: uncompressed, positions and length up to the model's window."""
 
 
-def entry_specs(stack: DecoderStack, config: HomerConfig, window: int, vocab_size: int | None) -> EntrySpecs:
-    """The ``EntrySpecs`` of ``config``'s entries on ``stack`` (``window``: the model's context window)."""
+def entry_specs(
+    stack: DecoderStack, config: HomerConfig, shared_root: SharedRoot, window: int, vocab_size: int | None
+) -> EntrySpecs:
+    """The ``EntrySpecs`` of ``config``'s entries on ``stack`` with ``shared_root`` (``window``: the model's
+    context window)."""
     tier = CacheSpec(
         num_layers=stack.num_layers,
         num_kv_heads=stack.num_kv_heads,
@@ -339,8 +336,7 @@ def entry_specs(stack: DecoderStack, config: HomerConfig, window: int, vocab_siz
         max_tokens=config.final_cache_len,
         vocab_size=vocab_size,
     )
-    rereads = config.shared_root not in ("flat", "tree")
-    root = replace(tier, max_positions=window) if rereads else tier
+    root = replace(tier, max_positions=window) if shared_root.rereads else tier
     return EntrySpecs(tier, root, replace(tier, max_positions=window, max_tokens=window))
 
 
@@ -349,12 +345,15 @@ def entry_keys(
     tokenizer: PreTrainedTokenizerBase,
     stack: DecoderStack,
     config: HomerConfig,
+    recipe: Recipe,
     scoring: Scoring,
     tier_unit: str,
     calibration_id: str,
 ) -> DocumentKeys:
     """Document-cache keys of ``config``'s entries: the model, tokenizer and algorithm they come from, and
-    what shapes a root (settings, ``scoring``, calibration) or a leaf tier (its plan, ``tier_unit``)."""
+    what shapes a root (settings, ``recipe.shared_root``, ``scoring``, calibration) or a leaf tier (its plan,
+    ``tier_unit``). ``recipe.replay`` and ``reask_question`` shape no stored entry: a leaf tier serves every
+    replay, and a replayed root is not stored."""
     identity = {
         "algorithm": ALGORITHM_VERSION,
         "model": weights_fingerprint(model),
@@ -362,9 +361,11 @@ def entry_keys(
         "dtype": str(stack.dtype),
     }
     root = {
-        "settings": config.model_dump(mode="json", exclude={"mode", "reask_question", "replay"}),
+        "settings": config.model_dump(mode="json", exclude={"mode"}),
+        "shared_root": repr(recipe.shared_root),
         "scoring": repr(scoring),
         "calibration": calibration_id,
+        "calibration_segments": recipe.calibration_segments,
     }
     tier = {
         "settings": {

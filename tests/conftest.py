@@ -122,9 +122,13 @@ def text(novel: str) -> str:
 def mode_engine(tokenizer, calibration, **config):
     """A fresh ``HomerModel`` over a tiny Llama (max_chunk_len 128), so its document cache shows what calls built."""
     from homer_integrations import HomerConfig, HomerModel
+    from homer_integrations.homer.strategies import Recipe
 
-    cfg = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2, **config)
-    return HomerModel(tiny_model(), tokenizer, cfg, model_name="tiny", calibration_dir=calibration, progress=False)
+    cfg = HomerConfig(max_chunk_len=128, warmup_layers=3, **config)
+    recipe = Recipe(calibration_segments=2)
+    return HomerModel(
+        tiny_model(), tokenizer, cfg, model_name="tiny", calibration_dir=calibration, progress=False, recipe=recipe
+    )
 
 
 def uncalibrated(pooling: int = 1, words: bool = False, memory: bool = False):

@@ -159,20 +159,15 @@ def test_mode_goes_with_every_question_and_the_summary_says_which_served(
         assert q2.startswith("Q2: cache hit in memory")
 
 
-def test_the_shared_root_is_chosen_on_the_command_line(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, passage: str, tiny_cli: list[str]
+def test_how_the_cache_is_built_is_not_a_command_line_option(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    # the shared root's builder and the other research switches are a Recipe (homer.strategies), not a flag
     book = tmp_path / "chapter1.txt"
-    book.write_text(passage, encoding="utf-8")
-    question = ["-q", "Who has taken Netherfield Park?", "--max-new-tokens", "2"]
-    flat = ask_json(capsys, str(book), *question, *tiny_cli)
-    headwise = ask_json(capsys, str(book), *question, *tiny_cli, "--shared-root", "headwise")
-    assert headwise["mode"] == "shared" and headwise["answers"][0]["answer"]
-    assert headwise["answers"][0]["document_tokens"] > 2 * headwise["answers"][0]["cache_tokens"], "it pruned"
-    assert headwise["answers"][0]["cache_tokens"] == flat["answers"][0]["cache_tokens"], "the same budget a head"
+    book.write_text("Some text.", encoding="utf-8")
     with pytest.raises(SystemExit) as exit_info:
-        main(["ask", str(book), *question, "--shared-root", "wide"])
-    assert exit_info.value.code == 2 and "'headwise'" in capsys.readouterr().err
+        main(["ask", str(book), "-q", "Who?", "--shared-root", "flat"])
+    assert exit_info.value.code == 2 and "unrecognized arguments: --shared-root" in capsys.readouterr().err
 
 
 def test_an_unknown_mode_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

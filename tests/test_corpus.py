@@ -19,7 +19,7 @@ from homer_integrations.models import SMOLLM2, converted_dir
 from tests.cache.conftest import s3_endpoint, s3_url  # noqa: F401 (fixtures: a real S3 API on 127.0.0.1)
 from tests.conftest import REPO, tiny_model
 
-CONFIG = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2)
+CONFIG = HomerConfig(max_chunk_len=128, warmup_layers=3)
 QUESTION = "Who is speaking?"
 
 

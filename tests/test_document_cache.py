@@ -27,9 +27,11 @@ from homer_integrations.document_cache import (
     document_nbytes,
     entry_checksum,
 )
+from homer_integrations.homer.strategies import FlatRoot, Recipe, TreeRoot
 from tests.conftest import REPO, tiny_model, uncalibrated
 
-CONFIG = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2, shared_root="flat")
+CONFIG = HomerConfig(max_chunk_len=128, warmup_layers=3)
+RECIPE = Recipe(shared_root=FlatRoot(), calibration_segments=2)
 """The flat root: these tests check the cache's mechanics on dense roots (head-wise ones: tests/homer)."""
 
 
@@ -38,9 +40,11 @@ def calib_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("calibration")
 
 
-def make_engine(tokenizer, calib_dir: Path, config: HomerConfig = CONFIG, **kwargs) -> HomerModel:
+def make_engine(
+    tokenizer, calib_dir: Path, config: HomerConfig = CONFIG, recipe: Recipe = RECIPE, **kwargs
+) -> HomerModel:
     model = kwargs.pop("model", None) or tiny_model("llama")
-    return HomerModel(model, tokenizer, config, calibration_dir=calib_dir, progress=False, **kwargs)
+    return HomerModel(model, tokenizer, config, calibration_dir=calib_dir, progress=False, recipe=recipe, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -543,7 +547,15 @@ def test_the_key_changes_with_every_component(tokenizer, calib_dir: Path, texts:
         "settings": make_engine(tokenizer, calib_dir, CONFIG.model_copy(update={"warmup_layers": 2})).tiers.keys.root(
             prefix, texts[0], suffix
         ),
-        "scoring": make_engine(tokenizer, calib_dir, scoring=uncalibrated()).tiers.keys.root(prefix, texts[0], suffix),
+        "scoring": make_engine(tokenizer, calib_dir, recipe=replace(RECIPE, scoring=uncalibrated())).tiers.keys.root(
+            prefix, texts[0], suffix
+        ),
+        "shared root": make_engine(
+            tokenizer, calib_dir, recipe=replace(RECIPE, shared_root=TreeRoot())
+        ).tiers.keys.root(prefix, texts[0], suffix),
+        "calibration segments": make_engine(
+            tokenizer, calib_dir, recipe=replace(RECIPE, calibration_segments=3)
+        ).tiers.keys.root(prefix, texts[0], suffix),
         "calibration": make_engine(
             tokenizer, calib_dir, CONFIG.model_copy(update={"max_chunk_len": 256})
         ).tiers.keys.root(prefix, texts[0], suffix),

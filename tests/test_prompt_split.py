@@ -9,6 +9,7 @@ import pytest
 
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.generation import GenerationOptions
+from homer_integrations.homer.strategies import Recipe
 from homer_integrations.prompt_split import (
     MIN_KNOWN_CHARS,
     _longer_than,
@@ -168,8 +169,9 @@ def test_plain_text_rendering_keeps_the_prompt_as_is(engine, book):
 
 @pytest.mark.parametrize("reask", [True, False])
 def test_query_aware_mode_compresses_the_question_with_the_document(tokenizer, book, reask):
-    cfg = HomerConfig(max_chunk_len=256, mode="query_aware", reask_question=reask)
-    engine = HomerModel(tiny_model(), tokenizer, cfg, model_name="t", progress=False)
+    cfg = HomerConfig(max_chunk_len=256, mode="query_aware")
+    recipe = Recipe(reask_question=reask)
+    engine = HomerModel(tiny_model(), tokenizer, cfg, model_name="t", progress=False, recipe=recipe)
     split = split_prompt(engine, user(STUFF.format(context=book, question="Who?")))
     assert split.suffix.startswith(engine.config.document_suffix) and "Question: Who?" in split.suffix
     # re-asking keeps the question after the cache as well; the paper leaves nothing to feed there
@@ -222,8 +224,11 @@ def test_an_unknown_mode_is_refused_clearly(engine, mode):
 
 
 def test_start_answer_runs_the_split_in_its_mode_like_engine_run(tokenizer, tmp_path, book):
-    cfg = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2)
-    engine = HomerModel(tiny_model(), tokenizer, cfg, calibration_dir=tmp_path, model_name="t", progress=False)
+    cfg = HomerConfig(max_chunk_len=128, warmup_layers=3)
+    recipe = Recipe(calibration_segments=2)
+    engine = HomerModel(
+        tiny_model(), tokenizer, cfg, calibration_dir=tmp_path, model_name="t", progress=False, recipe=recipe
+    )
     options = GenerationOptions(max_new_tokens=2)
     text = book[:3000]
     kinds = {}

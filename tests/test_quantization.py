@@ -5,10 +5,12 @@ import torch
 
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.fingerprint import weights_fingerprint
+from homer_integrations.homer.strategies import Recipe
 from homer_integrations.quantization import quantize
 from tests.conftest import tiny_model
 
-CFG = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2)
+CFG = HomerConfig(max_chunk_len=128, warmup_layers=3)
+RECIPE = Recipe(calibration_segments=2)
 
 
 @torch.inference_mode()
@@ -21,7 +23,9 @@ def test_int8_model_tracks_fp32_logits_and_gets_its_own_cache_keys(tokenizer, tm
     assert not torch.equal(a, b), "the int8 path really runs"
     assert weights_fingerprint(fp32) != weights_fingerprint(int8), "int8 caches never mix with fp32 ones"
 
-    engines = [HomerModel(m, tokenizer, CFG, calibration_dir=tmp_path, progress=False) for m in (fp32, int8)]
+    engines = [
+        HomerModel(m, tokenizer, CFG, calibration_dir=tmp_path, progress=False, recipe=RECIPE) for m in (fp32, int8)
+    ]
     assert engines[0].tiers.keys.root("p", "d", "s") != engines[1].tiers.keys.root("p", "d", "s")
     doc = engines[1].compress(novel[:3000])
     assert doc.num_tokens <= 128 and doc.stats.tree_height >= 2

@@ -67,21 +67,11 @@ def model_options(parser: argparse.ArgumentParser, *, quantize: bool = True) -> 
 
 
 def homer_options(parser: argparse.ArgumentParser, *, warmup: bool = True) -> None:
-    """``--max-chunk-len`` (and ``--warmup-layers``, ``--shared-root``): the HOMER settings a command may
-    change (``config``)."""
-    from typing import get_args
-
-    from homer_integrations.homer.config import SharedRoot
-
+    """``--max-chunk-len`` (and ``--warmup-layers``): the HOMER settings a command may change (``config``).
+    How the caches are built (``homer.strategies.Recipe``) is for research, not the command line."""
     parser.add_argument("--max-chunk-len", type=positive_int, metavar="N", help="HOMER chunk length (tokens)")
     if warmup:
         parser.add_argument("--warmup-layers", type=non_negative_int, metavar="N", help="HOMER warm-up layers")
-        parser.add_argument(
-            "--shared-root",
-            choices=get_args(SharedRoot),
-            help="how the shared cache is selected (default auto: headwise, where each attention head keeps its "
-            "own tokens, unless the model has sliding-window layers, then flat)",
-        )
 
 
 def max_file_option(parser: argparse.ArgumentParser) -> None:
@@ -145,7 +135,6 @@ def config(args: argparse.Namespace) -> HomerConfig:
     fields = {
         "max_chunk_len": getattr(args, "max_chunk_len", None),
         "warmup_layers": getattr(args, "warmup_layers", None),
-        "shared_root": getattr(args, "shared_root", None),
     }
     try:
         return HomerConfig(**{k: v for k, v in fields.items() if v is not None})

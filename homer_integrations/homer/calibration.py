@@ -36,6 +36,10 @@ logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 
+SEGMENTS = 48
+"""Segments of ``max_chunk_len`` tokens a computed table averages by default (``Calibration``'s ``segments``;
+an engine takes it from ``strategies.Recipe.calibration_segments``)."""
+
 
 @dataclass(frozen=True)
 class CalibrationKey:

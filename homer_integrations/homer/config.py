@@ -1,4 +1,4 @@
-"""``HomerConfig``: every HOMER setting, validated, with the reason in each error."""
+"""``HomerConfig``: the HOMER settings a user sets, validated, with the reason in each error."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Mode = Literal["shared", "query_aware", "full"]
-Replay = Literal["tree", "flat", "recompute"]
-SharedRoot = Literal["auto", "headwise", "flat", "recompute", "tree"]
 MODES: tuple[Mode, ...] = get_args(Mode)
 """The modes a call can pick: ``shared``, ``query_aware``, ``full``."""
 
@@ -21,14 +19,53 @@ def check_mode(mode: Any) -> Mode | None:
     return mode
 
 
-PoolUnit = Literal["token", "word"]
-SharedScorer = Literal["reconstruction", "last_token"]
-
 DEFAULT_DOCUMENT_SUFFIX = "\n\n(End of the document.)\n\n"
+
+_UNITS = {
+    "shared_root": {
+        "auto": "AutoRoot",
+        "headwise": "HeadwiseRoot",
+        "flat": "FlatRoot",
+        "recompute": "RecomputeRoot",
+        "tree": "TreeRoot",
+    },
+    "replay": {"recompute": "RecomputeReplay", "flat": "FlatReplay", "tree": "TreeReplay"},
+}
+_SCORING = ("scoring=Scoring(...)", "with the score units you want (Scoring.default(): the package's, homer.scoring)")
+REMOVED_FIELDS: dict[str, tuple[str, str]] = {
+    "reask_question": ("reask_question={value!r}", ""),
+    "score_pooling": _SCORING,
+    "pool_unit": _SCORING,
+    "score_memory": _SCORING,
+    "shared_scorer": (
+        "scoring=Scoring.default(), question_scoring=Scoring.for_questions()",
+        "for the last-token scorer (reconstruction is the default)",
+    ),
+    "replay": ("replay={unit}", ""),
+    "shared_root": ("shared_root={unit}", ""),
+    "calibration_segments": ("calibration_segments={value!r}", ""),
+}
+"""The research switches that left ``HomerConfig``: what replaces each in ``Recipe(...)``, and a note."""
+
+
+def removed_field_message(name: str, value: Any) -> str:
+    """Why ``name`` is refused and what replaces it in a ``Recipe`` (``REMOVED_FIELDS``), for ``value``."""
+    units = _UNITS.get(name, {})
+    unit = (
+        f"{units[value]}()"
+        if isinstance(value, str) and value in units
+        else " | ".join(f"{u}()" for u in units.values())
+    )
+    replacement, note = REMOVED_FIELDS[name]
+    recipe = f"Recipe({replacement.format(value=value, unit=unit)})"
+    return (
+        f"{name} was removed from HomerConfig; pass HomerModel(recipe={recipe}){' ' + note if note else ''} "
+        f"(Recipe and its units: homer_integrations.homer.strategies)"
+    )
 
 
 class HomerConfig(BaseModel):
-    """Settings of hierarchical context merging. ``None`` means "pick the default for this model".
+    """What a user sets for hierarchical context merging. ``None`` means "pick the default for this model".
 
     Attributes:
         max_chunk_len: MCL, tokens per chunk including prefix and suffix; no RoPE position
@@ -38,52 +75,16 @@ class HomerConfig(BaseModel):
         final_cache_len: tokens kept in the final cache (default: ``max_chunk_len``).
         mode: which cache answers (every answering call can override it): ``shared`` compresses
             the document once with a question-independent suffix, so one short cache serves every
-            question; ``query_aware`` puts the question in the suffix (paper), replaying pruning and
-            the upper levels per question from the document's leaf tier; ``full`` keeps the whole
+            question; ``query_aware`` puts the question in the suffix (paper), selecting per question
+            from the document's leaf tier and re-reading the kept tokens; ``full`` keeps the whole
             prompt uncompressed (a plain prefill, exact; the document must fit the model's window).
-        reask_question: ``query_aware`` only: the question steers pruning from the suffix and is
-            asked again after the cache, so the answer starts from the exact question rather than
-            from the merged suffix copies (default True; paper: False, the answer starts from the
-            root's last logits). See README "Design and measurements".
-        score_pooling: max-pool width over neighbouring document scores (default 3; paper: 1,
-            none). Default chosen on passkey data, see README "Design and measurements".
-        pool_unit: tokens of one ``word`` (numbers split into digits, names split into pieces)
-            share their best score and survive or go together (default ``word``; paper: ``token``,
-            which shreds multi-token numbers on small models).
-        score_memory: prune by the best standardised score a token got at any level so far
-            (default True; paper: False, each node judges afresh).
-        shared_scorer: how the ``shared`` root's leaves score their tokens without a question:
-            ``reconstruction`` (default; KVzip: the model repeats each leaf's piece after it, and a
-            token scores the most attention it gets while being repeated; about twice the leaf
-            compute) or ``last_token`` (paper: the calibrated attention of the fixed suffix's last
-            token). A tree root's merged nodes score by the last token. The reconstruction root
-            ranks whole sentences (``homer.scoring.RECONSTRUCTION_UNITS``: a token's score plus 4x
-            its sentence's mean), so ``score_pooling``, ``pool_unit`` and ``score_memory`` shape a
-            ``last_token`` root only. Question-aware pruning scores by every suffix row's most
-            attention and ranks whole statements by their best token and their mean
-            (``homer.scoring.Scoring.for_questions``).
-        replay: how ``query_aware`` rebuilds the root from the leaf tier: ``recompute`` (default)
-            keeps the ``final_cache_len`` best tokens of all leaves by their leaf scores (the question
-            in each leaf's suffix) and re-reads them with one plain prefill of the kept tokens
-            through every layer (``homer.recompute``); ``flat`` keeps the same tokens and runs only
-            the upper layers over them as one node; ``tree`` replays the paper's merge tree (each
-            level prunes again with the question). Two-tier test, held out: see README "Two tiers".
-        shared_root: how the ``shared`` root is selected: ``auto`` (default: ``headwise`` where
-            the model allows it, else ``flat``; RULER 8k held out, 24 paired samples each, it kept
-            +0.06 more than ``flat`` at 4x and at 8x), ``headwise`` (twice the budget selected as
-            ``flat`` selects and re-read, then each K/V head of each layer keeps its own tokens,
-            KVzip's allocation, in a ragged cache of the same bytes: ``homer.headwise_root``; needs
-            full attention in every layer), ``flat`` (each leaf's scores once, the best
-            ``final_cache_len`` tokens of the whole document, then the upper layers over that single
-            node, as ``replay="flat"``), ``recompute`` (that selection, re-read by a plain prefill of
-            the kept tokens) or ``tree`` (paper: every merged node prunes again by its last token).
-        calibration_segments: text segments of ``max_chunk_len`` tokens averaged by calibration.
         document_suffix: the fixed text after the document in ``shared`` mode.
         system_prompt: system message placed in the prefix (chat models).
 
-    The scorer itself and the variants that measured no gain (uncalibrated and random scorers,
-    more scoring rows, scoring every layer, sentence units) are ``homer.scoring.Scoring`` parts
-    that ``benchmarks/ablations.py`` assembles; see ``HomerModel(scoring=...)``.
+    How the caches are built (the shared root's builder, the per-question replay, the scoring, the
+    re-asked question, the calibration's size) is a ``homer.strategies.Recipe`` handed to
+    ``HomerModel(recipe=...)``: research switches whose defaults are the measured best. Passing one of
+    the fields they replaced (``REMOVED_FIELDS``) raises an error that names the replacement.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -92,16 +93,17 @@ class HomerConfig(BaseModel):
     warmup_layers: int | None = Field(default=None, ge=0)
     final_cache_len: int | None = Field(default=None, ge=16)
     mode: Mode = "shared"
-    reask_question: bool = True
-    score_pooling: int = Field(default=3, ge=1, le=63)
-    pool_unit: PoolUnit = "word"
-    score_memory: bool = True
-    shared_scorer: SharedScorer = "reconstruction"
-    replay: Replay = "recompute"
-    shared_root: SharedRoot = "auto"
-    calibration_segments: int = Field(default=48, ge=1, le=10_000)
     document_suffix: str = Field(default=DEFAULT_DOCUMENT_SUFFIX, min_length=1)
     system_prompt: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in REMOVED_FIELDS:
+                if name in data:
+                    raise ValueError(removed_field_message(name, data[name]))
+        return data
 
     @model_validator(mode="after")
     def _cache_fits_chunk(self) -> HomerConfig:

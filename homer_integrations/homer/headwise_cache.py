@@ -1,4 +1,4 @@
-"""A ragged cache: every K/V head of every layer keeps its own tokens (``shared_root="headwise"``).
+"""A ragged cache: every K/V head of every layer keeps its own tokens (``strategies.HeadwiseRoot``).
 
 transformers' caches hold one [B, Hkv, K, d] tensor per layer, the same K tokens in every head. A
 head-wise root keeps n[l, h] tokens in head h of layer l. ``HeadwiseLayer`` stores a layer's heads

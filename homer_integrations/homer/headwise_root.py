@@ -1,4 +1,4 @@
-"""The head-wise shared root (``shared_root="headwise"``): HOMER picks the candidates, each head keeps its own.
+"""The head-wise shared root (``strategies.HeadwiseRoot``): HOMER picks the candidates, each head keeps its own.
 
 RULER's needles are about half of their context, so no 4x cache that keeps one token set for every
 head holds all of them; KVzip (Kim et al. 2025), which lets each K/V head of each layer keep its own
@@ -70,7 +70,7 @@ def compress_headwise(
     fixed = prefix_ids.numel() + suffix_ids.numel()
     refusal = headwise_refusal(stack, compressor.settings.final_cache_len, prompt_ids.numel(), fixed)
     if refusal is not None:
-        raise ValueError(f"shared_root='headwise' {refusal}: use shared_root='flat'")
+        raise ValueError(f"the head-wise root {refusal}: use Recipe(shared_root=FlatRoot())")
     # CANDIDATES read at call time, not bound as a default: benchmarks' whole-document ablation raises it
     built = select_candidates(
         compressor,

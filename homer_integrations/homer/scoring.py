@@ -1,8 +1,9 @@
 """``Scoring``: one scorer and the score units after it; what a compression prunes by.
 
-The package's recipe comes from ``HomerConfig`` (``Scoring.from_config``); ablations and research
-variants build their own ``Scoring`` and hand it to ``HomerModel(scoring=...)``. Its ``repr`` names
-every part and parameter, so it is part of the document-cache key.
+The package's recipes are ``Scoring.default()`` (shared roots, with reconstruction-scored leaves) and
+``Scoring.for_questions()``; ablations and research variants build their own ``Scoring`` and hand it to
+``HomerModel(recipe=Recipe(scoring=...))`` (``homer.strategies``). Its ``repr`` names every part and
+parameter, so it is part of the document-cache key.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from homer_integrations.homer.chunk import Chunk
-from homer_integrations.homer.config import HomerConfig
 from homer_integrations.homer.lexical import LexicalEvidence
 from homer_integrations.homer.score_units import (
     MaxPool,
@@ -54,17 +54,12 @@ class Scoring:
     lexical: LexicalEvidence | None = None
 
     @classmethod
-    def from_config(cls, config: HomerConfig) -> Scoring:
-        """The package's recipe: calibrated last-token scores, max-pooled over ``score_pooling``
-        neighbours, word units (``pool_unit="word"``), score memory (``score_memory``)."""
-        units: list[ScoreUnit] = []
-        if config.score_pooling > 1:
-            units.append(MaxPool(config.score_pooling))
-        if config.pool_unit != "token":
-            units.append(WordUnits(config.pool_unit))
-        if config.score_memory:
-            units.append(ScoreMemory())
-        return cls(LastTokenScorer(), tuple(units))
+    def default(cls) -> Scoring:
+        """The package's last-token recipe: calibrated last-token scores, max-pooled over 3 neighbours,
+        whole words (numbers split into digits, names split into pieces survive or go together) and
+        score memory (the best standardised score a token got at any level so far). The package's shared
+        roots take its ``with_reconstruction``; ``Scoring()`` is the paper's (no units)."""
+        return cls(LastTokenScorer(), (MaxPool(3), WordUnits("word"), ScoreMemory()))
 
     @classmethod
     def for_questions(cls) -> Scoring:

@@ -1,4 +1,5 @@
-"""The cache transform under trial in benchmarks/ablations.py: ``compact_positions``."""
+"""benchmarks/ablations.py: the cache transform under trial (``compact_positions``) and ``recipe_of``, the old
+research switches' names mapped to ``homer.strategies`` units."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.compressed import CompressedDocument
 from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
+from homer_integrations.homer.scoring import Scoring
+from homer_integrations.homer.strategies import FlatReplay, FlatRoot, Recipe, RecomputeRoot, TreeReplay, TreeRoot
 from homer_integrations.tiers import _document
 from tests import conftest
 from tests.conftest import uncalibrated
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-from ablations import compact_positions, with_compact_positions
+from ablations import ablation, compact_positions, recipe_of, split_switches, with_compact_positions
 
 
 def ids(n: int, seed: int) -> torch.Tensor:
@@ -54,10 +57,33 @@ def test_a_document_in_one_leaf_is_left_as_it_was() -> None:
 
 def test_an_engine_answers_from_compacted_caches(tokenizer, text: str, tmp_path) -> None:
     model = conftest.tiny_model("qwen2", vocab_size=len(tokenizer))
-    config = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2, shared_root="flat")
-    engine = with_compact_positions(HomerModel(model, tokenizer, config, calibration_dir=tmp_path, progress=False))
+    config = HomerConfig(max_chunk_len=128, warmup_layers=3)
+    recipe = Recipe(shared_root=FlatRoot(), calibration_segments=2)
+    engine = HomerModel(model, tokenizer, config, calibration_dir=tmp_path, progress=False, recipe=recipe)
+    engine = with_compact_positions(engine)
     doc = engine.compress(text)
     assert doc.position_ids.tolist() == list(range(doc.num_tokens))
     stream = engine.run(text, "Who is Mr. Bingley?", max_new_tokens=3)
     stream.text()
     assert stream.info.output_tokens >= 1 and stream.info.cache_tokens == doc.num_tokens
+
+
+def test_the_old_switches_name_the_units_that_replaced_them() -> None:
+    assert recipe_of() == Recipe()
+    assert recipe_of(shared_root="tree", replay="flat") == Recipe(shared_root=TreeRoot(), replay=FlatReplay())
+    assert recipe_of(shared_root="recompute", replay="tree").shared_root == RecomputeRoot()
+    assert recipe_of(replay="tree").replay == TreeReplay()
+    switches = {"reask_question": False, "calibration_segments": 4}
+    assert recipe_of(**switches) == Recipe(**switches)
+    last_token = recipe_of(shared_scorer="last_token")
+    assert last_token.scoring == Scoring.default() and last_token.question_scoring == Scoring.for_questions()
+    paper = recipe_of(shared_scorer="last_token", pool_unit="token", score_pooling=1, score_memory=False)
+    assert paper.scoring == Scoring(), "the paper's recipe: no units"
+    # under the reconstruction scorer (the default) the last-token units changed nothing but the key
+    assert recipe_of(pool_unit="token", score_pooling=1, score_memory=False) == Recipe()
+    given = ablation("random_pruning")
+    assert recipe_of(given, shared_scorer="last_token", replay="flat") == Recipe(scoring=given, replay=FlatReplay())
+    assert split_switches({"max_chunk_len": 2048, "reask_question": False}) == (
+        {"max_chunk_len": 2048},
+        {"reask_question": False},
+    )

@@ -49,9 +49,11 @@ def test_chunks_run_alone_at_their_document_positions(tokenizer, novel, tmp_path
     from headwise_probe import encode_chunks
 
     from homer_integrations import HomerConfig, HomerModel
+    from homer_integrations.homer.strategies import Recipe
 
-    config = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2, final_cache_len=64)
-    engine = HomerModel(tiny_model("llama"), tokenizer, config, calibration_dir=tmp_path, progress=False)
+    config = HomerConfig(max_chunk_len=128, warmup_layers=3, final_cache_len=64)
+    recipe = Recipe(calibration_segments=2)
+    engine = HomerModel(tiny_model("llama"), tokenizer, config, calibration_dir=tmp_path, progress=False, recipe=recipe)
     prefix, document, suffix = engine.tiers.prompting.encode_span("Context:\n", novel[:1200], "\nEnd.")
     compressor = engine.tiers.compressor(True, query_aware=False)
     P, N, S = prefix.numel(), document.numel(), suffix.numel()

@@ -194,12 +194,16 @@ import json, sys, time
 started = time.perf_counter()
 from tests.conftest import tiny_model
 from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.homer.strategies import FlatRoot, Recipe
 from homer_integrations.models import SMOLLM2, load_embedded
 
 url, calib, text = sys.argv[1], sys.argv[2], open(sys.argv[3]).read()
-config = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2, shared_root="flat")
+config = HomerConfig(max_chunk_len=128, warmup_layers=3)
+recipe = Recipe(shared_root=FlatRoot(), calibration_segments=2)
 tokenizer = load_embedded(SMOLLM2)[1]
-engine = HomerModel(tiny_model("llama"), tokenizer, config, calibration_dir=calib, progress=False, store=url)
+engine = HomerModel(
+    tiny_model("llama"), tokenizer, config, calibration_dir=calib, progress=False, store=url, recipe=recipe
+)
 stream = engine.run(text, "Who wrote the letter?", max_new_tokens=6)
 answer = stream.text()
 print(json.dumps({"answer": answer, "source": stream.info.cache_source,

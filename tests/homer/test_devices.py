@@ -18,6 +18,7 @@ from homer_integrations.document_cache import DocumentCache
 from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.kv import cache_from_tensors
+from homer_integrations.homer.strategies import Recipe
 from tests import conftest
 from tests.conftest import uncalibrated
 
@@ -90,13 +91,19 @@ def test_the_engine_answers_and_keeps_a_half_precision_cache_on_disk(
     device: str, dtype: torch.dtype, attn: str, tokenizer, novel: str, tmp_path
 ) -> None:
     model = model_on("llama", device, dtype, attn, vocab_size=len(tokenizer))
-    config = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2)
+    config = HomerConfig(max_chunk_len=128, warmup_layers=3)
     text = novel[:3000]
 
     def engine() -> HomerModel:  # a new engine and cache object over the same directory: a fresh process
         cache = DocumentCache(tmp_path)
         return HomerModel(
-            model, tokenizer, config, calibration_dir=tmp_path / "cal", progress=False, document_cache=cache
+            model,
+            tokenizer,
+            config,
+            calibration_dir=tmp_path / "cal",
+            progress=False,
+            document_cache=cache,
+            recipe=Recipe(calibration_segments=2),
         )
 
     first = engine().run(text, "Who is Mr. Bingley?", max_new_tokens=4)

@@ -7,6 +7,7 @@ from pydantic import ValidationError
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.config import ModelDefaults
 from homer_integrations.homer.prompt import encode
+from homer_integrations.homer.strategies import Recipe
 from homer_integrations.models import EMBEDDED_MODELS, embedded_defaults
 from homer_integrations.paths import PACKAGE_DATA
 from tests.conftest import tiny_model
@@ -14,9 +15,14 @@ from tests.conftest import tiny_model
 
 @pytest.fixture(scope="module")
 def engine(tokenizer, tmp_path_factory):
-    cfg = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2)
+    cfg = HomerConfig(max_chunk_len=128, warmup_layers=3)
     return HomerModel(
-        tiny_model("llama"), tokenizer, cfg, calibration_dir=tmp_path_factory.mktemp("calib"), progress=False
+        tiny_model("llama"),
+        tokenizer,
+        cfg,
+        calibration_dir=tmp_path_factory.mktemp("calib"),
+        progress=False,
+        recipe=Recipe(calibration_segments=2),
     )
 
 
@@ -92,10 +98,9 @@ def test_stop_strings_are_cut(engine, long_text):
 
 @pytest.mark.parametrize("reask", [True, False])
 def test_query_aware_mode_binds_the_question(tokenizer, tmp_path, long_text, reask):
-    cfg = HomerConfig(
-        max_chunk_len=128, warmup_layers=3, calibration_segments=2, mode="query_aware", reask_question=reask
-    )
-    qa = HomerModel(tiny_model("llama"), tokenizer, cfg, calibration_dir=tmp_path, progress=False)
+    cfg = HomerConfig(max_chunk_len=128, warmup_layers=3, mode="query_aware")
+    recipe = Recipe(calibration_segments=2, reask_question=reask)
+    qa = HomerModel(tiny_model("llama"), tokenizer, cfg, calibration_dir=tmp_path, progress=False, recipe=recipe)
     with pytest.raises(ValueError, match="question"):
         qa.compress(long_text)
     doc = qa.compress(long_text, question="Who?")

@@ -10,13 +10,36 @@ from homer_integrations.document_cache import DocumentCache
 from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.prompt import encode
-from homer_integrations.homer.scoring import REPEAT_PROMPT
+from homer_integrations.homer.scoring import REPEAT_PROMPT, Scoring
+from homer_integrations.homer.strategies import (
+    SHARED_ROOTS,
+    AutoRoot,
+    FlatReplay,
+    FlatRoot,
+    HeadwiseRoot,
+    Recipe,
+    RecomputeReplay,
+    RecomputeRoot,
+    TreeReplay,
+    TreeRoot,
+)
 from tests.conftest import tiny_model
 
-CFG = dict(max_chunk_len=128, warmup_layers=3, calibration_segments=2)
+CFG = dict(max_chunk_len=128, warmup_layers=3)
+LAST_TOKEN = dict(scoring=Scoring.default(), question_scoring=Scoring.for_questions())
+"""The paper's last-token shared scorer, questions pruned by the package's question recipe."""
 
 
-def make_engine(tokenizer, calib, cache=None, **overrides) -> HomerModel:
+def recipe_of(**switches) -> Recipe:
+    """A ``Recipe`` with these switches and a two-segment calibration (fast on the tiny model)."""
+    return Recipe(calibration_segments=2, **switches)
+
+
+FAST = recipe_of()
+"""The package's recipe."""
+
+
+def make_engine(tokenizer, calib, cache=None, recipe: Recipe = FAST, **overrides) -> HomerModel:
     return HomerModel(
         tiny_model("llama"),
         tokenizer,
@@ -24,6 +47,7 @@ def make_engine(tokenizer, calib, cache=None, **overrides) -> HomerModel:
         calibration_dir=calib,
         document_cache=cache,
         progress=False,
+        recipe=recipe,
     )
 
 
@@ -76,7 +100,7 @@ def test_a_first_query_aware_question_computes_no_calibration(tokenizer, text, t
 def test_replayed_compression_equals_a_query_aware_compression_from_scratch(tokenizer, calib, text):
     # the calibrated scorer, real word units and score memory, a real chat layout
     # (with the last-token shared scorer: no reconstruction prior in the tier)
-    engine = make_engine(tokenizer, calib, mode="query_aware", shared_scorer="last_token", replay="tree")
+    engine = make_engine(tokenizer, calib, mode="query_aware", recipe=recipe_of(replay=TreeReplay(), **LAST_TOKEN))
     question = "Who is Mr. Bingley?"
     replayed = engine.compress(text[:4000], question=question)
     layout = engine.prompting.layout(question)
@@ -177,7 +201,7 @@ def test_the_leaf_tier_splits_the_document_as_the_shared_root_does(tokenizer, ca
 
 
 def test_reconstruction_root_is_one_depth_first_compression(tokenizer, calib, text):
-    base = make_engine(tokenizer, calib, shared_scorer="last_token")
+    base = make_engine(tokenizer, calib, recipe=recipe_of(**LAST_TOKEN))
     engine = make_engine(tokenizer, calib)  # the default shared scorer: reconstruction
     scoring = base.tiers.scoring.with_reconstruction(encode(tokenizer, REPEAT_PROMPT))
     assert engine.tiers.scoring == scoring == scoring.with_reconstruction(encode(tokenizer, REPEAT_PROMPT))
@@ -198,10 +222,13 @@ def test_reconstruction_root_is_one_depth_first_compression(tokenizer, calib, te
 
 @pytest.mark.parametrize("mode", ["query_aware", "shared"])
 def test_recompute_answers_as_generate_over_the_kept_tokens(tokenizer, calib, text, mode):
-    """``replay``/``shared_root="recompute"``: the cache is the plain prefill of the tokens the flat
+    """``RecomputeReplay``/``RecomputeRoot``: the cache is the plain prefill of the tokens the flat
     selection kept, so the engine answers exactly as transformers' ``generate`` over that prompt."""
-    engine = make_engine(tokenizer, calib, mode=mode, replay="recompute", shared_root="recompute", final_cache_len=64)
-    flat = make_engine(tokenizer, calib, mode=mode, replay="flat", shared_root="flat", final_cache_len=64)
+    recomputes = recipe_of(replay=RecomputeReplay(), shared_root=RecomputeRoot())
+    engine = make_engine(tokenizer, calib, mode=mode, recipe=recomputes, final_cache_len=64)
+    flat = make_engine(
+        tokenizer, calib, mode=mode, recipe=recipe_of(replay=FlatReplay(), shared_root=FlatRoot()), final_cache_len=64
+    )
     question = "Who is Mr. Bingley?"
     doc = engine.compress(text, question=question if mode == "query_aware" else None)
     assert doc.stats.tree_height >= 2 and doc.stats.cache_tokens == 64
@@ -220,7 +247,7 @@ def test_recompute_answers_as_generate_over_the_kept_tokens(tokenizer, calib, te
 
 @pytest.mark.parametrize("shared_root", ["flat", "tree"])
 def test_shared_root_selection_is_a_setting_of_the_key(tokenizer, calib, text, shared_root):
-    engine = make_engine(tokenizer, calib, shared_root=shared_root, final_cache_len=64)
+    engine = make_engine(tokenizer, calib, recipe=recipe_of(shared_root=SHARED_ROOTS[shared_root]), final_cache_len=64)
     events = []
     engine.tiers.prune_observer = events.append
     doc = engine.compress(text)
@@ -230,10 +257,10 @@ def test_shared_root_selection_is_a_setting_of_the_key(tokenizer, calib, text, s
         assert len(layers) == 1
     else:  # the paper's tree prunes again at the merged nodes' layers
         assert len(layers) > 1
-    other = "tree" if shared_root == "flat" else "flat"
-    assert engine.tiers.keys.root("a", "b", "c") != make_engine(tokenizer, calib, shared_root=other).tiers.keys.root(
-        "a", "b", "c"
+    other = make_engine(
+        tokenizer, calib, recipe=recipe_of(shared_root=TreeRoot() if shared_root == "flat" else FlatRoot())
     )
+    assert engine.tiers.keys.root("a", "b", "c") != other.tiers.keys.root("a", "b", "c")
 
 
 def test_a_stored_tier_is_memory_mapped_and_not_counted_against_the_memory_budget(tokenizer, calib, text, tmp_path):
@@ -345,9 +372,10 @@ def test_headwise_root_spends_the_dense_roots_bytes_per_head_and_answers_the_sam
     tokenizer, calib, text, tmp_path
 ):
     question = "Who is Mr. Bingley?"
-    engine = make_engine(tokenizer, calib, DocumentCache(tmp_path), shared_root="headwise", final_cache_len=64)
+    headwise = recipe_of(shared_root=HeadwiseRoot())
+    engine = make_engine(tokenizer, calib, DocumentCache(tmp_path), headwise, final_cache_len=64)
     doc = engine.compress(text)
-    dense = make_engine(tokenizer, calib, shared_root="flat", final_cache_len=64).compress(text)
+    dense = make_engine(tokenizer, calib, recipe=recipe_of(shared_root=FlatRoot()), final_cache_len=64).compress(text)
     lengths = doc.head_lengths
     assert lengths is not None and lengths.shape == (6, 2) and len(set(lengths.flatten().tolist())) > 1
     assert int(lengths.sum()) == 6 * 2 * 64, "L x Hkv x the budget, spread as the heads need"
@@ -359,16 +387,18 @@ def test_headwise_root_spends_the_dense_roots_bytes_per_head_and_answers_the_sam
     expected = first.text()
     assert first.info.cache_tokens == 64 and expected
 
-    reader = make_engine(tokenizer, calib, DocumentCache(tmp_path), shared_root="headwise", final_cache_len=64)
+    reader = make_engine(tokenizer, calib, DocumentCache(tmp_path), headwise, final_cache_len=64)
     again = reader.run(text, question, max_new_tokens=6)
     assert again.text() == expected and again.info.cache_source == "disk"
 
 
 def test_headwise_root_refuses_a_model_with_sliding_windows(tokenizer, calib, text):
     model = tiny_model("mistral", sliding_window=96)
-    cfg = HomerConfig(**{**CFG, "shared_root": "headwise", "final_cache_len": 64})
-    engine = HomerModel(model, tokenizer, cfg, calibration_dir=calib, progress=False)
-    with pytest.raises(ValueError, match="sliding window: use shared_root='flat'"):
+    cfg = HomerConfig(**{**CFG, "final_cache_len": 64})
+    engine = HomerModel(
+        model, tokenizer, cfg, calibration_dir=calib, progress=False, recipe=recipe_of(shared_root=HeadwiseRoot())
+    )
+    with pytest.raises(ValueError, match=r"sliding window: use Recipe\(shared_root=FlatRoot\(\)\)"):
         engine.compress(text)
 
 
@@ -376,19 +406,22 @@ def test_auto_root_is_headwise_where_the_model_allows_and_flat_where_it_has_slid
     tokenizer, calib, text, caplog
 ):
     auto = make_engine(tokenizer, calib, final_cache_len=64)
-    assert auto.config.shared_root == "auto", "the default"
+    assert auto.recipe.shared_root == AutoRoot() and Recipe().shared_root == AutoRoot(), "the default"
     doc = auto.compress(text)
-    headwise = make_engine(tokenizer, calib, shared_root="headwise", final_cache_len=64).compress(text)
+    headwise = make_engine(tokenizer, calib, recipe=recipe_of(shared_root=HeadwiseRoot()), final_cache_len=64).compress(
+        text
+    )
     assert doc.head_lengths is not None and torch.equal(doc.head_lengths, headwise.head_lengths)
     assert all(torch.equal(a, b) for a, b in zip(doc.keys, headwise.keys, strict=True))
 
     model = tiny_model("mistral", sliding_window=96)
     auto_cfg = HomerConfig(**{**CFG, "final_cache_len": 64})
-    windowed = HomerModel(model, tokenizer, auto_cfg, calibration_dir=calib, progress=False)
+    windowed = HomerModel(model, tokenizer, auto_cfg, calibration_dir=calib, progress=False, recipe=recipe_of())
     with caplog.at_level("INFO", logger="homer_integrations"):
         doc = windowed.compress(text)
-    flat_cfg = HomerConfig(**{**CFG, "final_cache_len": 64, "shared_root": "flat"})
-    flat = HomerModel(model, tokenizer, flat_cfg, calibration_dir=calib, progress=False).compress(text)
+    flat = HomerModel(
+        model, tokenizer, auto_cfg, calibration_dir=calib, progress=False, recipe=recipe_of(shared_root=FlatRoot())
+    ).compress(text)
     assert doc.head_lengths is None and "uses the flat root" in caplog.text and "sliding window" in caplog.text
     assert all(torch.equal(a, b) for a, b in zip(doc.keys, flat.keys, strict=True))
 

@@ -5,14 +5,16 @@ import torch
 
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.headwise_root import select_candidates
+from homer_integrations.homer.strategies import Recipe
 from tests.conftest import tiny_model
 
 
 @pytest.fixture(scope="module")
 def engine(tokenizer, tmp_path_factory) -> HomerModel:
-    config = HomerConfig(max_chunk_len=128, warmup_layers=3, calibration_segments=2, final_cache_len=64)
+    config = HomerConfig(max_chunk_len=128, warmup_layers=3, final_cache_len=64)
     calib = tmp_path_factory.mktemp("calib")
-    return HomerModel(tiny_model("llama"), tokenizer, config, calibration_dir=calib, progress=False)
+    recipe = Recipe(calibration_segments=2)
+    return HomerModel(tiny_model("llama"), tokenizer, config, calibration_dir=calib, progress=False, recipe=recipe)
 
 
 def candidates(engine: HomerModel, text: str, **kw):

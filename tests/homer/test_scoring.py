@@ -1,4 +1,4 @@
-"""``Scoring``: the package recipe from ``HomerConfig``, unit order, and the engine's use of it."""
+"""``Scoring``: the package's recipe, unit order, and the engine's use of it."""
 
 import pytest
 import torch
@@ -8,15 +8,15 @@ from homer_integrations.homer.prompt import encode
 from homer_integrations.homer.score_units import MaxPool, ScoreMemory, SentenceBonus, WordUnits
 from homer_integrations.homer.scorers import LastTokenScorer, RandomScorer
 from homer_integrations.homer.scoring import RECONSTRUCTION_UNITS, REPEAT_PROMPT, Scoring
+from homer_integrations.homer.strategies import Recipe
 from tests.conftest import tiny_model
 from tests.homer.test_score_units import chunk
 
 
-def test_config_recipe_and_the_papers():
-    assert Scoring.from_config(HomerConfig()) == Scoring(LastTokenScorer(), (MaxPool(3), WordUnits(), ScoreMemory()))
-    paper = HomerConfig(pool_unit="token", score_pooling=1, score_memory=False)
-    assert Scoring.from_config(paper) == Scoring() == Scoring(LastTokenScorer(calibrated=True), ())
-    assert Scoring.from_config(HomerConfig()).unit == "word" and Scoring().unit == "token"
+def test_the_package_recipe_and_the_papers():
+    assert Scoring.default() == Scoring(LastTokenScorer(), (MaxPool(3), WordUnits(), ScoreMemory()))
+    assert Scoring() == Scoring(LastTokenScorer(calibrated=True), ()), "the paper's: no units"
+    assert Scoring.default().unit == "word" and Scoring().unit == "token"
     assert Scoring().needs_calibration and not Scoring(RandomScorer()).needs_calibration
 
 
@@ -35,12 +35,16 @@ def test_engine_scoring_skips_calibration_and_enters_the_cache_key(tokenizer, tm
     config = HomerConfig(max_chunk_len=128, warmup_layers=3)
     model = tiny_model("llama")
     random = HomerModel(
-        model, tokenizer, config, calibration_dir=tmp_path, progress=False, scoring=Scoring(RandomScorer())
+        model,
+        tokenizer,
+        config,
+        calibration_dir=tmp_path,
+        progress=False,
+        recipe=Recipe(scoring=Scoring(RandomScorer())),
     )
     assert random.tiers.calibration.bias() is None and not list(tmp_path.iterdir()), "no calibration computed"
-    other = HomerModel(
-        model, tokenizer, config, calibration_dir=tmp_path, progress=False, scoring=Scoring(RandomScorer(seed=1))
-    )
+    seeded = Recipe(scoring=Scoring(RandomScorer(seed=1)))
+    other = HomerModel(model, tokenizer, config, calibration_dir=tmp_path, progress=False, recipe=seeded)
     assert random.tiers.keys.root("p", "doc", "s") != other.tiers.keys.root("p", "doc", "s")
     doc = random.compress("word " * 400, question="")
     assert doc.stats.cache_tokens <= 128 and doc.stats.document_tokens > 128
@@ -49,12 +53,16 @@ def test_engine_scoring_skips_calibration_and_enters_the_cache_key(tokenizer, tm
 def test_one_split_per_scoring_and_the_reconstruction_roots_units(tokenizer):
     with pytest.raises(ValueError, match="more than one way"):
         Scoring(units=(WordUnits("word"), SentenceBonus()))
-    recipe = Scoring.from_config(HomerConfig())
+    recipe = Scoring.default()
     root = recipe.with_reconstruction(encode(tokenizer, REPEAT_PROMPT))
     assert root.units == RECONSTRUCTION_UNITS and root.unit == "sentence"
     engine = HomerModel(tiny_model("llama"), tokenizer, HomerConfig(max_chunk_len=128, warmup_layers=3), progress=False)
     assert engine.tiers.scoring == root, "shared roots: reconstruction and sentence units"
     assert engine.tiers.question_scoring == Scoring.for_questions(), "questions: question attention"
     assert engine.tiers.question_scoring.unit == "statement", "a key and its value rank as one unit"
-    given = HomerModel(tiny_model("llama"), tokenizer, HomerConfig(max_chunk_len=128, warmup_layers=3), scoring=recipe)
+    config = HomerConfig(max_chunk_len=128, warmup_layers=3)
+    given = HomerModel(tiny_model("llama"), tokenizer, config, recipe=Recipe(scoring=recipe))
     assert given.tiers.question_scoring == recipe.with_question(), "a given recipe keeps its units for questions"
+    both = Recipe(scoring=recipe, question_scoring=Scoring.for_questions())
+    last_token = HomerModel(tiny_model("llama"), tokenizer, config, recipe=both)
+    assert last_token.tiers.scoring == recipe and last_token.tiers.question_scoring == Scoring.for_questions()

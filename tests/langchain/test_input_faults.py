@@ -11,6 +11,7 @@ import pytest
 from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, RemoveMessage, SystemMessage
 
 from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.homer.strategies import Recipe
 from homer_integrations.langchain import ChatHomer
 from tests.conftest import tiny_model
 
@@ -28,9 +29,14 @@ NOT_TEXT = {
 
 @pytest.fixture(scope="module")
 def chat(tokenizer, tmp_path_factory) -> ChatHomer:
-    cfg = HomerConfig(max_chunk_len=128, warmup_layers=2, calibration_segments=1)
+    cfg = HomerConfig(max_chunk_len=128, warmup_layers=2)
     engine = HomerModel(
-        tiny_model("llama"), tokenizer, cfg, calibration_dir=tmp_path_factory.mktemp("calibration"), progress=False
+        tiny_model("llama"),
+        tokenizer,
+        cfg,
+        calibration_dir=tmp_path_factory.mktemp("calibration"),
+        progress=False,
+        recipe=Recipe(calibration_segments=1),
     )
     return ChatHomer(engine=engine, max_tokens=4)
 

@@ -17,6 +17,7 @@ from llama_index.core.base.llms.types import (
 )
 
 from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.homer.strategies import Recipe
 from homer_integrations.llama_index import HomerLLM
 from tests.conftest import tiny_model
 
@@ -34,9 +35,14 @@ BLOCKS = {
 
 @pytest.fixture(scope="module")
 def llm(tokenizer, tmp_path_factory) -> HomerLLM:
-    cfg = HomerConfig(max_chunk_len=128, warmup_layers=2, calibration_segments=1)
+    cfg = HomerConfig(max_chunk_len=128, warmup_layers=2)
     engine = HomerModel(
-        tiny_model("llama"), tokenizer, cfg, calibration_dir=tmp_path_factory.mktemp("calibration"), progress=False
+        tiny_model("llama"),
+        tokenizer,
+        cfg,
+        calibration_dir=tmp_path_factory.mktemp("calibration"),
+        progress=False,
+        recipe=Recipe(calibration_segments=1),
     )
     return HomerLLM(engine=engine, num_output=4)
 

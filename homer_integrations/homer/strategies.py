@@ -1,0 +1,262 @@
+"""How HOMER builds what ``HomerConfig`` asks for: the shared root's builder, the per-question replay, and
+the ``Recipe`` that holds them with the scoring and the two remaining research switches.
+
+A user sets ``HomerConfig`` (six fields); the defaults here are the measured best, and the variants that
+lost their measurements stay reachable for ``benchmarks/`` and ``research/``:
+``HomerModel(recipe=Recipe(shared_root=TreeRoot(), replay=FlatReplay()))``. Each unit is a frozen
+dataclass whose ``repr`` names it and its parameters, so it can be part of a document-cache key, as
+``Scoring`` is.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import ClassVar, NamedTuple, Protocol, runtime_checkable
+
+import torch
+
+from homer_integrations.homer.calibration import SEGMENTS
+from homer_integrations.homer.compressor import CompressionResult, ProgressFn
+from homer_integrations.homer.flat import TierCompressor
+from homer_integrations.homer.headwise_root import compress_headwise, headwise_refusal
+from homer_integrations.homer.leaf_tier import LeafTier
+from homer_integrations.homer.scoring import Scoring
+
+logger = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------------- shared roots
+@dataclass(frozen=True)
+class RootSpan:
+    """What a shared root is built from: prefix [P], document [N] and suffix [S] token ids.
+
+    ``word_ids`` [N]: each document token's unit for the shared scoring (None: single tokens, or no
+    pruning); ``whole_words()`` [N]: each token's word (computed only by a root that asks for it);
+    ``repeat_ids`` [R]: the reconstruction prompt; ``prunes``: the prompt exceeds ``final_cache_len``.
+    """
+
+    prefix_ids: torch.Tensor
+    document_ids: torch.Tensor
+    suffix_ids: torch.Tensor
+    word_ids: torch.Tensor | None
+    whole_words: Callable[[], torch.Tensor | None]
+    repeat_ids: torch.Tensor
+    prunes: bool
+    progress: ProgressFn | None = None
+
+
+@runtime_checkable
+class SharedRoot(Protocol):
+    """How the ``shared`` root is selected from the document. ``rereads``: the kept tokens are re-read by a
+    plain prefill, which numbers them up to the model's window (the cache entry's position limit)."""
+
+    rereads: ClassVar[bool]
+
+    def build(self, compressor: TierCompressor, span: RootSpan) -> CompressionResult:
+        """The root of ``span`` in ``compressor.settings.final_cache_len`` tokens."""
+        ...
+
+
+@dataclass(frozen=True)
+class TreeRoot:
+    """The paper's merge tree: every merged node prunes again by its last token (also the ``full``
+    prefill's builder, which prunes nothing)."""
+
+    rereads: ClassVar[bool] = False
+
+    def build(self, compressor: TierCompressor, span: RootSpan) -> CompressionResult:
+        return compressor.compress(
+            span.prefix_ids, span.document_ids, span.suffix_ids, progress=span.progress, word_ids=span.word_ids
+        )
+
+
+@dataclass(frozen=True)
+class FlatRoot:
+    """Each leaf's scores once, the best ``final_cache_len`` tokens of the whole document, then the upper
+    layers over that single node (as ``FlatReplay``)."""
+
+    rereads: ClassVar[bool] = False
+
+    def build(self, compressor: TierCompressor, span: RootSpan) -> CompressionResult:
+        return compressor.compress_flat(
+            span.prefix_ids, span.document_ids, span.suffix_ids, span.progress, span.word_ids
+        )
+
+
+@dataclass(frozen=True)
+class RecomputeRoot:
+    """``FlatRoot``'s selection, re-read by one plain prefill of the kept tokens (``homer.recompute``)."""
+
+    rereads: ClassVar[bool] = True
+
+    def build(self, compressor: TierCompressor, span: RootSpan) -> CompressionResult:
+        return compressor.compress_flat(
+            span.prefix_ids, span.document_ids, span.suffix_ids, span.progress, span.word_ids, recompute=True
+        )
+
+
+@dataclass(frozen=True)
+class HeadwiseRoot:
+    """Twice the budget selected as ``FlatRoot`` selects and re-read, then each K/V head of each layer keeps
+    its own tokens (KVzip's allocation) in a ragged cache of the same bytes (``homer.headwise_root``);
+    needs full attention in every layer. A prompt within the budget is kept whole, as ``FlatRoot`` does."""
+
+    rereads: ClassVar[bool] = True
+
+    def build(self, compressor: TierCompressor, span: RootSpan) -> CompressionResult:
+        if not span.prunes:
+            return FlatRoot().build(compressor, span)
+        return compress_headwise(
+            compressor,
+            span.prefix_ids,
+            span.document_ids,
+            span.suffix_ids,
+            span.repeat_ids,
+            span.progress,
+            span.word_ids,
+            span.whole_words(),
+        )
+
+
+@dataclass(frozen=True)
+class AutoRoot:
+    """The default: ``HeadwiseRoot`` where the model allows it, else ``FlatRoot`` (RULER 8k held out, 24
+    paired samples each: head-wise kept +0.06 more than flat at 4x and at 8x)."""
+
+    rereads: ClassVar[bool] = True
+    """A head-wise root re-reads; the entry's position limit must allow it."""
+
+    def build(self, compressor: TierCompressor, span: RootSpan) -> CompressionResult:
+        return self.choose(compressor, span).build(compressor, span)
+
+    def choose(self, compressor: TierCompressor, span: RootSpan) -> SharedRoot:
+        """``HeadwiseRoot`` unless ``headwise_refusal`` names a reason, then ``FlatRoot`` (logged)."""
+        fixed = span.prefix_ids.numel() + span.suffix_ids.numel()
+        budget = compressor.settings.final_cache_len
+        refusal = headwise_refusal(compressor.stack, budget, span.repeat_ids.numel(), fixed)
+        if refusal is None:
+            return HeadwiseRoot()
+        logger.info("AutoRoot uses the flat root: the head-wise root %s", refusal)
+        return FlatRoot()
+
+
+SHARED_ROOTS: dict[str, SharedRoot] = {
+    "auto": AutoRoot(),
+    "headwise": HeadwiseRoot(),
+    "flat": FlatRoot(),
+    "recompute": RecomputeRoot(),
+    "tree": TreeRoot(),
+}
+"""Each shared root by the name the removed ``HomerConfig.shared_root`` gave it (benchmarks' flags)."""
+
+
+# ------------------------------------------------------------------------------------- replays
+class Reread(NamedTuple):
+    """A re-read's inputs: prefix [P] and document [N] token ids (a leaf tier keeps no ids), and ``extra`` [E],
+    document token indices kept beside the selection whatever it chose (``lexical.LexicalEvidence``)."""
+
+    prefix_ids: torch.Tensor
+    document_ids: torch.Tensor
+    extra: torch.Tensor | None
+
+
+CompressorFor = Callable[[int], TierCompressor]
+"""A query-aware compressor that selects ``final_cache_len`` less this many reserved tokens."""
+
+
+@runtime_checkable
+class Replay(Protocol):
+    """How ``query_aware`` rebuilds the root from the document's leaf tier for one question's suffix."""
+
+    def replay(
+        self, tier: LeafTier, suffix_ids: torch.Tensor, compressor: CompressorFor, reread: Callable[[], Reread]
+    ) -> CompressionResult:
+        """The root of ``tier``'s document with ``suffix_ids`` [S] (which holds the question); ``reread()``
+        gives what a prefill of the kept tokens needs (computed only by a replay that re-reads)."""
+        ...
+
+
+@dataclass(frozen=True)
+class RecomputeReplay:
+    """The default: the ``final_cache_len`` best tokens of all leaves by their leaf scores (the question in
+    each leaf's suffix), re-read by one plain prefill of the kept tokens through every layer
+    (``homer.recompute``); ``extra`` evidence tokens take their share of the same budget."""
+
+    def replay(
+        self, tier: LeafTier, suffix_ids: torch.Tensor, compressor: CompressorFor, reread: Callable[[], Reread]
+    ) -> CompressionResult:
+        prefix_ids, document_ids, extra = reread()
+        reserved = 0 if extra is None else extra.numel()
+        return compressor(reserved).replay_recompute(tier, prefix_ids, document_ids, suffix_ids, extra=extra)
+
+
+@dataclass(frozen=True)
+class FlatReplay:
+    """``RecomputeReplay``'s selection, run through the upper layers only, as one node."""
+
+    def replay(
+        self, tier: LeafTier, suffix_ids: torch.Tensor, compressor: CompressorFor, reread: Callable[[], Reread]
+    ) -> CompressionResult:
+        return compressor(0).replay_flat(tier, suffix_ids)
+
+
+@dataclass(frozen=True)
+class TreeReplay:
+    """The paper's merge tree replayed: each level prunes again with the question."""
+
+    def replay(
+        self, tier: LeafTier, suffix_ids: torch.Tensor, compressor: CompressorFor, reread: Callable[[], Reread]
+    ) -> CompressionResult:
+        return compressor(0).replay(tier, suffix_ids)
+
+
+REPLAYS: dict[str, Replay] = {"recompute": RecomputeReplay(), "flat": FlatReplay(), "tree": TreeReplay()}
+"""Each replay by the name the removed ``HomerConfig.replay`` gave it (benchmarks' flags)."""
+
+
+# ------------------------------------------------------------------------------------- the recipe
+@dataclass(frozen=True)
+class Recipe:
+    """Every research switch of one engine, ``HomerModel(recipe=...)``; the defaults are the package's.
+
+    Args:
+        shared_root: how the ``shared`` root is selected (``SHARED_ROOTS``). Part of the root's cache key.
+        replay: how ``query_aware`` rebuilds the root from the leaf tier (``REPLAYS``). In no cache key:
+            the leaf tier is the same for every replay, and a replayed root is never stored.
+        scoring: what shared roots prune by (None: the package's, ``Scoring.default()`` with
+            reconstruction-scored leaves, ``Scoring.with_reconstruction``; ``Scoring.default()`` itself is
+            the paper's last-token shared scorer). Part of the root's cache key.
+        question_scoring: what query-aware compressions prune by (None: ``Scoring.for_questions()`` when
+            ``scoring`` is None, else ``scoring.with_question()``).
+        reask_question: ``query_aware`` only: the question is asked again after the cache, so the answer
+            starts from the exact question (default True; paper: False, the answer starts from the root's
+            last logits). A switch of the prompt layout (``Prompting``) for every replay alike, so it sits
+            here rather than in one replay unit.
+        calibration_segments: segments a missing calibration table averages (``Calibration(segments=)``):
+            the table is keyed by model, RoPE, chunk length and dtype only, so this is how a table is
+            computed, not which one is read; tests lower it. Kept in the root's key, as before.
+    """
+
+    shared_root: SharedRoot = field(default_factory=AutoRoot)
+    replay: Replay = field(default_factory=RecomputeReplay)
+    scoring: Scoring | None = None
+    question_scoring: Scoring | None = None
+    reask_question: bool = True
+    calibration_segments: int = SEGMENTS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.shared_root, SharedRoot):
+            raise TypeError(
+                f"Recipe.shared_root must be a SharedRoot ({', '.join(SHARED_ROOTS)}), not {self.shared_root!r}"
+            )
+        if not isinstance(self.replay, Replay):
+            raise TypeError(f"Recipe.replay must be a Replay ({', '.join(REPLAYS)}), not {self.replay!r}")
+        for name in ("scoring", "question_scoring"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Scoring):
+                raise TypeError(f"Recipe.{name} must be a homer.scoring.Scoring or None, not {value!r}")
+        segments = self.calibration_segments
+        if type(segments) is not int or not 1 <= segments <= 10_000:
+            raise ValueError(f"Recipe.calibration_segments must be a whole number from 1 to 10000, not {segments!r}")
