@@ -27,6 +27,7 @@ from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.generation import GenerationOptions
 from homer_integrations.homer.scorers import LastTokenScorer
 from homer_integrations.homer.scoring import Scoring
+from homer_integrations.homer.strategies import Recipe
 from homer_integrations.models import GEMMA3_270M, load_embedded
 
 PREFIX = (
@@ -90,14 +91,13 @@ def main() -> None:
     global_layers = tuple(i for i, t in enumerate(model.config.layer_types) if t == "full_attention")
     scoring = None
     if args.scorer == "global":
-        base = Scoring.from_config(HomerConfig())
+        base = Scoring.default()
         scoring = Scoring(GlobalLayerScorer(global_layers=global_layers), base.units)
     summary = []
     for mode, chunk in runs:
-        config = HomerConfig(
-            max_chunk_len=chunk or max(args.chunk), warmup_layers=args.warmup, calibration_segments=16, mode="shared"
-        )
-        engine = HomerModel(model, tokenizer, config, model_name=GEMMA3_270M.name, progress=False, scoring=scoring)
+        config = HomerConfig(max_chunk_len=chunk or max(args.chunk), warmup_layers=args.warmup, mode="shared")
+        recipe = Recipe(scoring=scoring, calibration_segments=16)
+        engine = HomerModel(model, tokenizer, config, model_name=GEMMA3_270M.name, progress=False, recipe=recipe)
         engine.tiers.calibration.bias()  # computed (or loaded) once, outside the timings
         hits, seconds = 0, 0.0
         for sample in samples:

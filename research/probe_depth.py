@@ -39,6 +39,7 @@ from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.kv import cache_from_tensors
 from homer_integrations.homer.probing import probe_scores
 from homer_integrations.homer.scorers import ReconstructionScorer, ScoreInput
+from homer_integrations.homer.strategies import Recipe
 from homer_integrations.models import load_model
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # results stay with the benchmarks
@@ -108,7 +109,8 @@ def time_roots(model: Any, tok: Any, args: argparse.Namespace) -> None:
             if name != "last":
                 package = probe.tiers.scoring
                 scoring = replace(package, scorer=replace(package.scorer, probe_layer=args.time_layer))
-            engine = HomerModel(model, tok, config, model_name=ruler.MODEL, progress=False, scoring=scoring)
+            recipe = Recipe(scoring=scoring)
+            engine = HomerModel(model, tok, config, model_name=ruler.MODEL, progress=False, recipe=recipe)
             start = time.perf_counter()
             engine.tiers.compress(prompt.prefix, prompt.document, prompt.suffix, None, "shared")
             seconds[name].append(round(time.perf_counter() - start, 2))

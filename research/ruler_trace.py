@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # ruler, ruler_tasks, ablations
 import ruler
 import ruler_tasks
-from ablations import ABLATIONS
+from ablations import ABLATIONS, recipe_of
 
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.generation import GenerationOptions
@@ -40,10 +40,10 @@ from homer_integrations.homer.scoring import Scoring
 from homer_integrations.models import load_model
 
 
-def scoring_for(name: str, config: HomerConfig) -> Scoring | None:
+def scoring_for(name: str) -> Scoring | None:
     if not name:
         return None
-    base = Scoring.from_config(config)
+    base = Scoring.default()
     if name == "last_sent":
         return replace(base, units=(SentenceBonus(), ScoreMemory()))
     ablation = {
@@ -107,12 +107,9 @@ def main() -> None:
         for variant in args.variants:
             replay, _, name = variant.partition(":")
             mode = "shared" if replay == "shared" else "query_aware"
-            config = ruler.sample_config(
-                probe, sample, args.ratio, mode=mode, **({} if mode == "shared" else {"replay": replay})
-            )
-            engine = HomerModel(
-                model, tok, config, model_name=ruler.MODEL, progress=False, scoring=scoring_for(name, config)
-            )
+            config = ruler.sample_config(probe, sample, args.ratio, mode=mode)
+            recipe = recipe_of(scoring_for(name), **({} if mode == "shared" else {"replay": replay}))
+            engine = HomerModel(model, tok, config, model_name=ruler.MODEL, progress=False, recipe=recipe)
             prompt = ruler.homer_prompt(engine, sample, mode)
             question = sample.question.lstrip() if mode == "query_aware" else None
             doc = engine.tiers.compress(prompt.prefix, text, prompt.suffix, question, mode).document

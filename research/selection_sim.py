@@ -55,9 +55,9 @@ def record(args: argparse.Namespace) -> None:
             continue
         sample = make_sample(tok, args.tokens, seed)
         engine, _ = engine_for("per_question_flat" if args.question_aware else "shared_recon_flat", model, tok, MODEL)
-        engine = type(engine)(
-            model, tok, engine.config, model_name=MODEL, progress=False, scoring=replace(engine.tiers.scoring, units=())
-        )
+        # the same switches, scoring without units (its with_question() prunes for questions)
+        recipe = replace(engine.recipe, scoring=replace(engine.tiers.scoring, units=()), question_scoring=None)
+        engine = type(engine)(model, tok, engine.config, model_name=MODEL, progress=False, recipe=recipe)
         ids = encode(tok, sample.document)
         facts = []
         for (template, _, _), value in zip(FACTS, sample.answers, strict=True):
