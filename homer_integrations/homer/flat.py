@@ -75,6 +75,44 @@ class TierCompressor(LeafTierCompressor):
         return self._recomputed(selected, prefix_ids, document_ids, suffix_ids, plan, start, extra=extra)
 
     @torch.inference_mode()
+    def document_scores(self, tier: LeafTier, suffix_ids: torch.Tensor) -> torch.Tensor:
+        """Every document token's selection score [N] with this suffix [S]: each leaf scored from the tier
+        (the question in its suffix), the scoring's units but memory applied, standardised per leaf:
+        the scores ``replay_recompute``'s flat selection ranks, for a selection of its own."""
+        plan, schedule = self._replay_plan(tier, suffix_ids)
+        layers = schedule.layers_at(0)
+        if batchable(self.stack, layers):
+            leaf = self._scored_leaves(tier, suffix_ids, plan, layers)
+        else:
+            leaf = self._tier_leaves(tier, suffix_ids, plan, schedule)
+        scoring = self.scoring.without(ScoreMemory)
+        scores = torch.empty(tier.document_tokens)
+        for index in range(plan.num_leaves):
+            chunk, raw = leaf(index, 0)  # a target of 0: every leaf is scored
+            assert raw is not None
+            doc = chunk.origin >= 0
+            ranked = standardise(scoring.rank(raw, chunk, self._words(chunk)), chunk.reducible)
+            scores[chunk.origin[doc]] = ranked[doc.to(ranked.device)].float().cpu()
+        return scores
+
+    @torch.inference_mode()
+    def reread(
+        self,
+        tier: LeafTier,
+        prefix_ids: torch.Tensor,
+        document_ids: torch.Tensor,
+        kept: torch.Tensor,
+        suffix_ids: torch.Tensor,
+        started: float,
+    ) -> CompressionResult:
+        """One plain prefill of prefix [P] + ``document_ids[kept]`` ([K] ascending) + suffix [S]
+        (``recompute.prefill_kept``), reported with the tier's split; ``started``: when the question's
+        work began (``time.perf_counter()``)."""
+        result = prefill_kept(self.stack, self.settings, prefix_ids, document_ids, kept, suffix_ids)
+        plan = tier.plan.with_suffix(suffix_ids.numel())
+        return replace(result, plan=plan, seconds=time.perf_counter() - started)
+
+    @torch.inference_mode()
     def compress_flat(
         self,
         prefix_ids: torch.Tensor,

@@ -1,0 +1,87 @@
+"""Passages: statements grouped into passages, ranked by attention and BM25 together, kept whole."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from homer_integrations.homer.passages import Passages, PassageSelection, spans
+from homer_integrations.homer.prompt import encode, unit_ids
+from homer_integrations.homer.scoring import Scoring
+from tests.conftest import tiny_model
+from tests.homer.tier_helpers import compressor, ids
+
+TEXT = (
+    "The garden was quiet that morning. Nobody had seen the gardener since Tuesday.\n\n"
+    "The parcel from Bristol held exactly seventeen silver spoons. The cook said nothing about it.\n\n"
+    "Rain fell over the hills until dusk. The vicar walked home along the river. "
+    "His sister had gone to Bath for the winter.\n\n"
+    "Nobody in the village knew why the mill had stopped."
+)
+
+
+def test_spans_keep_statements_whole_within_the_size_and_end_at_paragraphs() -> None:
+    counts = torch.tensor([4, 2, 2, 9, 5, 1])
+    starts, stops = spans(counts, [False] * 6, tokens=8, overlap=0)
+    # 4+2+2 fill one passage; 9 is cut into 8 and 1; 1+5+1
+    assert starts.tolist() == [0, 8, 16] and stops.tolist() == [8, 16, 23]
+    starts, _ = spans(counts, [True, False, False, False, False, False], tokens=8, overlap=0)
+    assert starts.tolist() == [0, 4, 8, 16], "a half-full passage ends with its paragraph"
+    starts, _ = spans(counts, [False, True, False, False, False, False], tokens=16, overlap=0)
+    assert starts.tolist() == [0, 8], "not before it is half full"
+    starts, stops = spans(counts, [False] * 6, tokens=8, overlap=3)
+    assert starts.tolist() == [0, 5, 13] and stops.tolist() == [8, 16, 23], "each passage reads 3 tokens back"
+    with pytest.raises(ValueError, match="overlap"):
+        spans(counts, [False] * 6, tokens=8, overlap=-1)
+
+
+@pytest.fixture(scope="module")
+def passages(tokenizer) -> tuple[Passages, torch.Tensor]:
+    document_ids = encode(tokenizer, TEXT)
+    statements = unit_ids(tokenizer, TEXT, "statement")
+    return PassageSelection(tokens=24, overlap=4).passages(tokenizer, document_ids, statements), document_ids
+
+
+def test_passages_cover_the_document_and_bm25_finds_the_asked_one(passages, tokenizer) -> None:
+    found, document_ids = passages
+    assert len(found) >= 3 and int(found.starts[0]) == 0 and int(found.stops[-1]) == document_ids.numel()
+    assert bool((found.starts[1:] <= found.stops[:-1]).all()), "no token falls between passages"
+    (hit, *_) = found.index.search("How many silver spoons were in the parcel from Bristol?", 3)
+    assert "seventeen silver spoons" in tokenizer.decode(document_ids[found.tokens(hit.index)].tolist())
+
+
+def test_selection_fuses_attention_and_bm25_and_keeps_whole_passages_within_budget(passages, tokenizer) -> None:
+    found, document_ids = passages
+    question = "How many silver spoons were in the parcel from Bristol?"
+    bm25_best = found.index.search(question, 1)[0].index
+    scores = torch.zeros(document_ids.numel())
+    attended = (bm25_best + 2) % len(found)
+    scores[int(found.stops[attended]) - 5] = 5.0  # inside no other passage's overlap  # attention's best passage is another one
+    ranking = PassageSelection(tokens=24, overlap=4).ranking(question, scores, found)
+    assert set(ranking[:2]) == {bm25_best, attended}, "each signal's best passage leads the fusion"
+    budget = int((found.stops - found.starts)[[bm25_best, attended]].sum())
+    kept = PassageSelection(tokens=24, overlap=4).select(question, scores, found, budget)
+    assert torch.equal(kept, kept.unique()) and kept.numel() <= budget
+    for passage in (bm25_best, attended):
+        assert set(found.tokens(passage).tolist()) <= set(kept.tolist()), "whole passages"
+    with pytest.raises(ValueError, match="fits"):
+        PassageSelection(tokens=24, overlap=4).select(question, scores, found, budget=2)
+    with pytest.raises(ValueError, match="at least 16"):
+        PassageSelection(tokens=8)
+
+
+def test_document_scores_are_what_the_flat_selection_ranks() -> None:
+    """The recompute replay keeps the best tokens by exactly these scores."""
+    model = tiny_model("qwen2", vocab_size=256)
+    prefix, doc, suffix = ids(model, 5, 1), ids(model, 600, 2), ids(model, 6, 3)
+    comp = compressor(model, final_cache_len=96, scoring=Scoring.for_questions())
+    words = torch.arange(doc.numel()) // 3
+    tier = comp.build_leaf_tier(prefix, doc, word_ids=words)
+    scores = comp.document_scores(tier, suffix)
+    assert scores.shape == (doc.numel(),) and bool(scores.isfinite().all())
+    result = comp.replay_recompute(tier, prefix, doc, suffix)
+    kept = torch.zeros(doc.numel(), dtype=torch.bool)
+    kept[result.origin[result.origin >= 0]] = True
+    assert float(scores[kept].min()) >= float(scores[~kept].max()) - 1e-5, "the kept tokens are the best scored"
+    again = comp.reread(tier, prefix, doc, kept.nonzero()[:, 0], suffix, 0.0)
+    torch.testing.assert_close(again.next_token_logits, result.next_token_logits)
