@@ -56,7 +56,7 @@ def test_selection_fuses_attention_and_bm25_and_keeps_whole_passages_within_budg
     bm25_best = found.index.search(question, 1)[0].index
     scores = torch.zeros(document_ids.numel())
     attended = (bm25_best + 2) % len(found)
-    scores[int(found.stops[attended]) - 5] = 5.0  # inside no other passage's overlap  # attention's best passage is another one
+    scores[int(found.stops[attended]) - 5] = 5.0  # attention prefers another passage (outside any overlap)
     ranking = PassageSelection(tokens=24, overlap=4).ranking(question, scores, found)
     assert set(ranking[:2]) == {bm25_best, attended}, "each signal's best passage leads the fusion"
     budget = int((found.stops - found.starts)[[bm25_best, attended]].sum())
