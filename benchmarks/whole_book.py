@@ -13,8 +13,12 @@ and is reported by split, kind and depth. Methods, the same model and token budg
 
 - ``query_aware``: ``HomerModel.answer(book, q, mode="query_aware")`` with a store (the package's
   default): the leaf tier built once (paid by the first question, kept on disk), then each
-  question selects ``final_cache_len`` tokens with itself in the suffix and re-reads them.
-- ``hybrid``: ``query_aware`` whose selection also keeps the statements BM25 ranks best for the
+  question keeps the whole passages that question attention and BM25 rank best together
+  (``homer.passages``, the default replay past the model's window) and re-reads them.
+- ``tokens``: the per-question path before passages (``RecomputeReplay``): the ``final_cache_len``
+  best single statements by question attention, re-read (the rows before 2026-12-02 named
+  ``query_aware`` were this method and are relabelled).
+- ``hybrid``: ``tokens`` whose selection also keeps the statements BM25 ranks best for the
   question (``homer.lexical.LexicalEvidence``: at most a quarter of the same budget), from the same tier.
 - ``shared``: the book's one question-agnostic root (``mode="shared"``), built once.
 - ``bm25``: the retrieval route the package ships (``HomerRouter``'s: ``RecursiveCharacterTextSplitter``
@@ -44,6 +48,7 @@ import torch
 
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.lexical import LexicalEvidence
+from homer_integrations.homer.strategies import AutoReplay, RecomputeReplay
 from homer_integrations.paths import bundled_text
 from homer_integrations.question_sets import question_set
 
@@ -51,7 +56,7 @@ HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 ROWS = RESULTS / "whole_book_rows.jsonl"
 FACTS = HERE / "book_facts.json"
-METHODS = ("query_aware", "hybrid", "shared", "bm25")
+METHODS = ("query_aware", "tokens", "hybrid", "shared", "bm25")
 CHUNK_CHARS, CHUNK_OVERLAP = 800, 100  # HomerRouter's defaults
 
 
@@ -168,7 +173,9 @@ def run(args: argparse.Namespace) -> None:
             else:
                 lexical = LexicalEvidence() if method == "hybrid" else None
                 engine.tiers.question_scoring = replace(engine.tiers.question_scoring, lexical=lexical)
-                mode = "query_aware" if method == "hybrid" else method
+                replay = RecomputeReplay() if method in ("tokens", "hybrid") else AutoReplay()
+                engine.tiers.recipe = replace(engine.tiers.recipe, replay=replay)
+                mode = "query_aware" if method in ("tokens", "hybrid") else method
                 stream = engine.run(text, item.question, mode=mode, max_new_tokens=args.max_new_tokens)
                 answer = stream.text()
                 info = stream.info

@@ -35,6 +35,7 @@ from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_
 from homer_integrations.homer.flat import TierCompressor
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.lexical import LexicalEvidence, Statements
+from homer_integrations.homer.passages import Passages, PassageSelection
 from homer_integrations.homer.prompt import encode, markup, unit_ids
 from homer_integrations.homer.scoring import REPEAT_PROMPT, Scoring
 from homer_integrations.homer.strategies import Recipe, Reread, RootSpan, SharedRoot, TreeRoot
@@ -119,6 +120,7 @@ class DocumentTiers:
         """Document-cache keys of these entries (``root``, ``full``, ``tier``)."""
         # A document's BM25 statements, asked for by every question on it (``_lexical``); keyed by the text.
         self._statements = functools.lru_cache(maxsize=4)(self._index_statements)
+        self._passages = functools.lru_cache(maxsize=4)(self._index_passages)
         self.prune_observer: PruneObserver | None = None
         """Diagnostics: called with every node's ``PruneEvent`` during compressions computed from now on."""
         self.cache_spec, self.root_spec, self.full_cache_spec = entry_specs(
@@ -285,7 +287,8 @@ class DocumentTiers:
             prefix_ids, document_ids, _ = self.prompting.encode_span(prefix, document, "")
             lexical = self.question_scoring.lexical
             extra = self._lexical(lexical, document, document_ids, question) if lexical and prunes else None
-            return Reread(prefix_ids, document_ids, extra)
+            window = self.prompting.context_window
+            return Reread(prefix_ids, document_ids, extra, question, window, lambda p: self._passages(document, p))
 
         def compressor(reserved: int) -> TierCompressor:
             budget = self.config.final_cache_len - reserved
@@ -303,6 +306,11 @@ class DocumentTiers:
         if statements is None:
             return None
         return lexical.tokens(question, statements, self.config.final_cache_len)
+
+    def _index_passages(self, document: str, selection: PassageSelection) -> Passages | None:
+        _, document_ids, _ = self.prompting.encode_span("", document, "")
+        units = self.unit_ids(document, document_ids, "statement")
+        return None if units is None else selection.passages(self.prompting.tokenizer, document_ids, units)
 
     def _index_statements(self, document: str) -> Statements | None:
         _, document_ids, _ = self.prompting.encode_span("", document, "")

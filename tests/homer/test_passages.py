@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
 from homer_integrations.homer.passages import Passages, PassageSelection, spans
 from homer_integrations.homer.prompt import encode, unit_ids
 from homer_integrations.homer.scoring import Scoring
-from tests.conftest import tiny_model
+from tests.conftest import mode_engine, tiny_model
 from tests.homer.tier_helpers import compressor, ids
 
 TEXT = (
@@ -85,3 +87,39 @@ def test_document_scores_are_what_the_flat_selection_ranks() -> None:
     assert float(scores[kept].min()) >= float(scores[~kept].max()) - 1e-5, "the kept tokens are the best scored"
     again = comp.reread(tier, prefix, doc, kept.nonzero()[:, 0], suffix, 0.0)
     torch.testing.assert_close(again.next_token_logits, result.next_token_logits)
+
+
+def _runs(origin: torch.Tensor) -> list[int]:
+    """Lengths of the runs of consecutive document indices among the kept ones."""
+    kept = origin[origin >= 0]
+    breaks = (kept[1:] != kept[:-1] + 1).nonzero()[:, 0].tolist()
+    edges = [-1, *breaks, kept.numel() - 1]
+    return [b - a for a, b in itertools.pairwise(edges)]
+
+
+def test_past_the_window_the_default_replay_rereads_whole_passages(tokenizer, calibration, novel) -> None:
+    from homer_integrations.homer.strategies import AutoReplay, PassageReplay, Recipe, RecomputeReplay
+
+    engine = mode_engine(tokenizer, calibration)
+    small = PassageReplay(PassageSelection(tokens=24, overlap=8))  # the tiny engine keeps 128 tokens
+    engine.tiers.recipe = Recipe(replay=AutoReplay(small), calibration_segments=2)
+    book = novel[20_000:32_000]
+    question = "Who walked to Meryton with the sisters?"
+    assert engine.prompting.count_tokens(book) > engine.context_window, "the document is past the window"
+    passages = engine.compress(book, question=question, mode="query_aware")
+    assert min(_runs(passages.origin)) >= 16, "whole passages, not scattered statements"
+    tokens = mode_engine(tokenizer, calibration)
+    tokens.tiers.recipe = Recipe(replay=RecomputeReplay(), calibration_segments=2)
+    scattered = tokens.compress(book, question=question, mode="query_aware")
+    assert len(_runs(scattered.origin)) > 2 * len(_runs(passages.origin))
+    assert passages.num_tokens <= 128
+
+
+def test_within_the_window_the_default_replay_is_the_token_selection(tokenizer, calibration, text) -> None:
+    from homer_integrations.homer.strategies import Recipe, RecomputeReplay
+
+    question = "Who is in want of a wife?"
+    default = mode_engine(tokenizer, calibration, final_cache_len=96).compress(text, question=question)
+    engine = mode_engine(tokenizer, calibration, final_cache_len=96)
+    engine.tiers.recipe = Recipe(replay=RecomputeReplay(), calibration_segments=2)
+    assert torch.equal(default.origin, engine.compress(text, question=question).origin)

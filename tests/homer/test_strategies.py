@@ -11,10 +11,10 @@ from homer_integrations.homer.scoring import Scoring
 from homer_integrations.homer.strategies import (
     REPLAYS,
     SHARED_ROOTS,
+    AutoReplay,
     AutoRoot,
     FlatReplay,
     Recipe,
-    RecomputeReplay,
     TreeRoot,
 )
 from tests.conftest import tiny_model
@@ -93,8 +93,15 @@ def test_units_are_named_by_their_repr_and_the_recipe_checks_its_parts():
         "RecomputeRoot()",
         "TreeRoot()",
     ]
-    assert [repr(u) for u in REPLAYS.values()] == ["RecomputeReplay()", "FlatReplay()", "TreeReplay()"]
-    assert Recipe() == Recipe(shared_root=AutoRoot(), replay=RecomputeReplay(), calibration_segments=48)
+    passages = "PassageReplay(selection=PassageSelection(tokens=128, overlap=48, fusion=60))"
+    assert [repr(u) for u in REPLAYS.values()] == [
+        f"AutoReplay(passages={passages})",
+        "RecomputeReplay()",
+        passages,
+        "FlatReplay()",
+        "TreeReplay()",
+    ]
+    assert Recipe() == Recipe(shared_root=AutoRoot(), replay=AutoReplay(), calibration_segments=48)
     assert replace(Recipe(), replay=FlatReplay()) != Recipe()
     with pytest.raises(TypeError, match=r"Recipe\.shared_root must be a SharedRoot"):
         Recipe(shared_root="flat")  # type: ignore[arg-type]
