@@ -65,12 +65,7 @@ class TierCompressor(LeafTierCompressor):
         if tier.plan.height == 0:
             return self.replay_flat(tier, suffix_ids, progress)
         start = time.perf_counter()
-        plan, schedule = self._replay_plan(tier, suffix_ids)
-        layers = schedule.layers_at(0)
-        if batchable(self.stack, layers):
-            leaves = self._scored_leaves(tier, suffix_ids, plan, layers)
-        else:
-            leaves = self._tier_leaves(tier, suffix_ids, plan, schedule)
+        plan, schedule, leaves = self._question_leaves(tier, suffix_ids)
         selected = self._select_flat(leaves, plan, schedule, progress, scores_only=True)
         return self._recomputed(selected, prefix_ids, document_ids, suffix_ids, plan, start, extra=extra)
 
@@ -79,12 +74,7 @@ class TierCompressor(LeafTierCompressor):
         """Every document token's selection score [N] with this suffix [S]: each leaf scored from the tier
         (the question in its suffix), the scoring's units but memory applied, standardised per leaf:
         the scores ``replay_recompute``'s flat selection ranks, for a selection of its own."""
-        plan, schedule = self._replay_plan(tier, suffix_ids)
-        layers = schedule.layers_at(0)
-        if batchable(self.stack, layers):
-            leaf = self._scored_leaves(tier, suffix_ids, plan, layers)
-        else:
-            leaf = self._tier_leaves(tier, suffix_ids, plan, schedule)
+        plan, _, leaf = self._question_leaves(tier, suffix_ids)
         scoring = self.scoring.without(ScoreMemory)
         scores = torch.empty(tier.document_tokens)
         for index in range(plan.num_leaves):
@@ -159,6 +149,15 @@ class TierCompressor(LeafTierCompressor):
             selected = self._select_flat(leaf, plan, schedule, progress, scores_only=True)
             return self._recomputed(selected, prefix_ids, document_ids, suffix_ids, plan, start, whole)
         return self._result(self._flat(leaf, plan, schedule, progress), plan, schedule, start)
+
+    def _question_leaves(self, tier: LeafTier, suffix_ids: torch.Tensor) -> tuple[ChunkPlan, LayerSchedule, FlatLeafFn]:
+        """The tier's split and schedule with this suffix, and its leaves scored with it (in one batched
+        pass where the leaf layers allow it)."""
+        plan, schedule = self._replay_plan(tier, suffix_ids)
+        layers = schedule.layers_at(0)
+        if batchable(self.stack, layers):
+            return plan, schedule, self._scored_leaves(tier, suffix_ids, plan, layers)
+        return plan, schedule, self._tier_leaves(tier, suffix_ids, plan, schedule)
 
     def _scored_leaves(self, tier: LeafTier, suffix_ids: torch.Tensor, plan: ChunkPlan, layers: range) -> FlatLeafFn:
         """``FlatLeafFn`` of scores-only leaves, every leaf scored in one batched pass (``leaf_batch``)."""
