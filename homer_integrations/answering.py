@@ -1,12 +1,18 @@
 """Answers: ``Answerer`` feeds text after a document's cache (or after nothing) and streams the
 answer; ``AnswerStream`` yields its pieces and ``AnswerInfo`` says what it cost and which cache
-served it."""
+served it, in the shapes frameworks report it (``usage``, ``metadata``, ``as_dict``).
+
+Cache accounting follows the prompt-caching convention (Anthropic, OpenAI, LangChain's
+``input_token_details``): the compressed span (template head + document + fixed suffix) is
+*cache creation* on the call that compressed it and *cache read* on every call that reused
+it; ``input_tokens`` is the whole prompt: that span plus the tokens fed after the cache.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
@@ -17,6 +23,20 @@ from homer_integrations.homer.config import Mode, check_mode
 from homer_integrations.homer.generation import DecodeState, FinishReason, GenerationOptions, decode
 from homer_integrations.homer.prompt import encode
 from homer_integrations.tiers import DocumentTiers
+
+
+@dataclass(frozen=True)
+class TokenUsage:
+    """Token counts of one answer; ``cache_creation + cache_read <= input_tokens``."""
+
+    input_tokens: int
+    output_tokens: int
+    cache_creation: int
+    cache_read: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
 
 
 @dataclass
@@ -45,6 +65,62 @@ class AnswerInfo:
     total_seconds: float = 0.0
     mode: Mode | None = None
     document_seconds: float = 0.0
+
+    def token_usage(self) -> TokenUsage:
+        """Token counts of the finished answer (its stream exhausted), cache creation / read included."""
+        cached = self.compression.prompt_tokens if self.compression is not None else 0
+        created = cached if self.cache_source == "computed" else 0
+        return TokenUsage(
+            input_tokens=cached + self.input_tokens,
+            output_tokens=self.output_tokens,
+            cache_creation=created,
+            cache_read=cached - created,
+        )
+
+    def usage(self) -> dict[str, Any]:
+        """``token_usage`` in LangChain's ``UsageMetadata`` shape (``input_token_details``: ``cache_creation``,
+        ``cache_read``)."""
+        u = self.token_usage()
+        return {
+            "input_tokens": u.input_tokens,
+            "output_tokens": u.output_tokens,
+            "total_tokens": u.total_tokens,
+            "input_token_details": {"cache_creation": u.cache_creation, "cache_read": u.cache_read},
+        }
+
+    def metadata(self) -> dict[str, Any]:
+        """HOMER statistics of the finished answer as a flat, JSON-ready dict.
+
+        ``mode`` is the HOMER mode that served (``shared``, ``query_aware``, ``full``; None for a
+        plain prompt); ``cache_source`` is ``computed`` / ``memory`` / ``disk`` (None for a plain
+        prompt); ``compress_seconds`` is the time spent getting the cache on this call, of which
+        ``document_seconds`` computing the cached entry (0 when it came from the cache).
+        """
+        data: dict[str, Any] = {
+            "mode": self.mode,
+            "cache_source": self.cache_source,
+            "document_tokens": self.document_tokens,
+            "cache_tokens": self.cache_tokens,
+            "compress_seconds": round(self.compress_seconds, 4),
+            "document_seconds": round(self.document_seconds, 4),
+            "finish_reason": self.finish_reason,
+            "time_to_first_token": None if self.time_to_first_token is None else round(self.time_to_first_token, 4),
+            "total_seconds": round(self.total_seconds, 4),
+        }
+        if self.compression is not None:
+            data["compression_ratio"] = round(self.compression.compression_ratio, 3)
+            data["compression_seconds"] = round(self.compression.seconds, 4)
+        return data
+
+    def as_dict(self) -> dict[str, Any]:
+        """``metadata`` and ``token_usage`` in one JSON-ready dict, plus the full compression statistics
+        (``compression``: leaves, tree height, cache bytes, ...; None for plain prompts): LlamaIndex's
+        ``additional_kwargs`` and node metadata."""
+        return {
+            **self.metadata(),
+            **asdict(self.token_usage()),
+            "compression": None if self.compression is None else asdict(self.compression),
+        }
 
 
 class AnswerStream(Iterator[str]):

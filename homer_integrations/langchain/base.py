@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from langchain_core.messages.ai import UsageMetadata
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from homer_integrations.engine import AnswerInfo, AnswerStream, HomerModel
+from homer_integrations.engine import AnswerStream, HomerModel
 from homer_integrations.engine_pool import default_model_name, shared_engine
 from homer_integrations.homer.config import Mode
 from homer_integrations.homer.generation import GenerationOptions
 from homer_integrations.prompt_split import PromptSplit, Renderer, check_mode, split_prompt, start_answer
 from homer_integrations.tool_calls import ToolCallFormat
-from homer_integrations.usage import answer_metadata, token_usage
 
 CALL_OPTIONS = frozenset(
     {"document", "mode", "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "response_format"}
@@ -35,19 +34,13 @@ class HomerCall:
     """The bound tools (``ChatHomer.bind_tools``) whose calls the answer may hold."""
 
     def usage(self) -> UsageMetadata:
-        """LangChain usage of the finished answer, cache creation / read included."""
-        u = token_usage(self.stream.info)
-        return UsageMetadata(
-            input_tokens=u.input_tokens,
-            output_tokens=u.output_tokens,
-            total_tokens=u.total_tokens,
-            input_token_details={"cache_creation": u.cache_creation, "cache_read": u.cache_read},
-        )
+        """LangChain usage of the finished answer, cache creation / read included (``AnswerInfo.usage``)."""
+        return cast(UsageMetadata, self.stream.info.usage())
 
     def metadata(self) -> dict[str, Any]:
         """``model_name``, ``finish_reason`` and the HOMER statistics (``homer``) of the finished answer."""
-        info: AnswerInfo = self.stream.info
-        homer = {**answer_metadata(info), "document_found_by": self.split.found_by}
+        info = self.stream.info
+        homer = {**info.metadata(), "document_found_by": self.split.found_by}
         return {"model_name": self.model_name, "finish_reason": info.finish_reason, "homer": homer}
 
 

@@ -29,7 +29,6 @@ from homer_integrations.engine_pool import shared_engine
 from homer_integrations.homer.compressed import CompressionStats
 from homer_integrations.homer.config import Mode
 from homer_integrations.homer.generation import GenerationOptions
-from homer_integrations.llama_index.info import answer_info_dict
 from homer_integrations.llama_index.structured import StructuredOutput
 from homer_integrations.prompt_split import (
     PromptSplit,
@@ -234,7 +233,7 @@ class HomerLLM(StructuredOutput, CustomLLM):
             text += piece
             yield CompletionResponse(text=text, delta=piece)
         # a last empty delta carries the statistics, complete only once decoding ended
-        yield CompletionResponse(text=text, delta="", additional_kwargs=answer_info_dict(stream.info))
+        yield CompletionResponse(text=text, delta="", additional_kwargs=stream.info.as_dict())
 
     @staticmethod
     def _chat_stream(completions: Iterator[CompletionResponse]) -> Iterator[ChatResponse]:
@@ -248,14 +247,14 @@ class HomerLLM(StructuredOutput, CustomLLM):
     def _complete_now(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponse:
         stream = self._start_completion(prompt, formatted, kwargs)
         text = stream.text()
-        return CompletionResponse(text=text, additional_kwargs=answer_info_dict(stream.info))
+        return CompletionResponse(text=text, additional_kwargs=stream.info.as_dict())
 
     def _chat_now(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:
         stream = self._start_chat(messages, kwargs)
         text = stream.text()
         return ChatResponse(
             message=ChatMessage(role=MessageRole.ASSISTANT, content=text),
-            additional_kwargs=answer_info_dict(stream.info),
+            additional_kwargs=stream.info.as_dict(),
         )
 
     # ----------------------------------------------------------------------------- LlamaIndex API

@@ -32,7 +32,6 @@ from homer_integrations.engine import AnswerStream, HomerModel
 from homer_integrations.homer.compressed import CompressionStats
 from homer_integrations.homer.config import Mode
 from homer_integrations.homer.constraints import ResponseFormat
-from homer_integrations.llama_index.info import answer_info_dict
 from homer_integrations.llama_index.llm import HomerLLM
 from homer_integrations.prompt_split import check_mode
 
@@ -169,7 +168,7 @@ class HomerQueryEngine(BaseQueryEngine):
 
     # ----------------------------------------------------------------------------- answering
     def _source_node(self, doc: Document, score: float | None, stream: AnswerStream) -> NodeWithScore:
-        metadata = {**doc.metadata, STATS_KEY: answer_info_dict(stream.info)}
+        metadata = {**doc.metadata, STATS_KEY: stream.info.as_dict()}
         excluded = [*doc.excluded_llm_metadata_keys, STATS_KEY]
         node = TextNode(
             id_=doc.doc_id,
@@ -210,7 +209,7 @@ class HomerQueryEngine(BaseQueryEngine):
     def _finishing(pieces: Iterator[str], nodes: list[tuple[NodeWithScore, AnswerStream]]) -> Iterator[str]:
         yield from pieces
         for node, stream in nodes:
-            node.node.metadata[STATS_KEY].update(answer_info_dict(stream.info))
+            node.node.metadata[STATS_KEY].update(stream.info.as_dict())
 
     @staticmethod
     def _metadata(nodes: list[NodeWithScore]) -> dict[str, Any]:
