@@ -19,7 +19,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from homer_integrations.document_cache import CacheSource
 from homer_integrations.homer.compressed import CompressedDocument, CompressionStats
-from homer_integrations.homer.config import Mode, check_mode
+from homer_integrations.homer.config import Mode, resolve_mode
 from homer_integrations.homer.generation import DecodeState, FinishReason, GenerationOptions, decode
 from homer_integrations.homer.prompt import encode
 from homer_integrations.tiers import DocumentTiers
@@ -172,7 +172,7 @@ class Answerer:
         """Compress (or fetch) prefix + document + suffix in ``mode`` (see ``DocumentTiers.compress``) and
         stream the answer to ``continuation``; ``info`` says which mode served and what the cached entry cost."""
         started = time.perf_counter()
-        mode = check_mode(mode) or ("query_aware" if question is not None else "shared")
+        mode = resolve_mode(mode, question=question)
         doc, source, built = self.tiers.compress(prefix, document, suffix, question, mode)
         stream = self.continue_from(
             doc, continuation, options, cache_source=source, compress_seconds=time.perf_counter() - started

@@ -21,7 +21,7 @@ from homer_integrations.cache.document_cache import CacheStats
 from homer_integrations.cache.store import Store
 from homer_integrations.document_cache import DocumentCache
 from homer_integrations.homer.compressed import CompressedDocument
-from homer_integrations.homer.config import HomerConfig, Mode, ModelDefaults, check_mode
+from homer_integrations.homer.config import HomerConfig, Mode, ModelDefaults, resolve_mode
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.generation import GenerationOptions
 from homer_integrations.homer.strategies import Recipe
@@ -174,6 +174,11 @@ class HomerModel:
         other.answerer = Answerer(self.model, self.tokenizer, other.tiers)
         return other
 
+    def mode_for(self, *requested: Mode | None) -> Mode:
+        """The mode a call runs in: the first of ``requested`` (most specific first: a call's ``mode=``, then
+        an adapter's setting) that is not None, checked, else ``config.mode`` (``homer.config.resolve_mode``)."""
+        return resolve_mode(*requested, default=self.config.mode)
+
     def stats(self) -> CacheStats:
         """The document cache's counters and sizes: hits (memory, disk), misses, computations, entries, bytes."""
         return self.document_cache.stats()
@@ -181,7 +186,7 @@ class HomerModel:
     # ----------------------------------------------------------------------------- compression
     def compress(self, text: str, *, question: str | None = None, mode: Mode | None = None) -> CompressedDocument:
         """Compress a whole document (the shared root is cached). ``question`` is required in query-aware mode."""
-        mode = mode or self.config.mode
+        mode = self.mode_for(mode)
         if mode == "query_aware" and question is None:
             raise ValueError("query_aware mode compresses the question with the document: pass question=")
         layout = self.prompting.layout(question or "", mode)
@@ -207,7 +212,7 @@ class HomerModel:
         """
         options = GenerationOptions(**generation)
         self.prompting.check_question(question)  # text (not bytes, no lone surrogate), not empty, not too long
-        mode = check_mode(mode) or self.config.mode
+        mode = self.mode_for(mode)
         layout = self.prompting.layout(question, mode)
         if not isinstance(document, CompressedDocument):
             asked = question if mode == "query_aware" else None
@@ -220,8 +225,7 @@ class HomerModel:
                 "with this question, or use shared mode to reuse one cache for every question"
             )
         stream = self.answerer.continue_from(document, layout.continuation, options)
-        full = document.stats.max_chunk_len == self.context_window and document.stats.tree_height == 0
-        stream.info.mode = "query_aware" if document.question is not None else "full" if full else "shared"
+        stream.info.mode = resolve_mode(compressed=document, window=self.context_window)
         return stream
 
     def answer(

@@ -46,9 +46,9 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
-from homer_integrations.homer.config import Mode, check_mode
+from homer_integrations.homer.config import Mode
 from homer_integrations.homer.prompt import DOCUMENT_MARK, PromptText, concat, layout_around, markup
 
 if TYPE_CHECKING:
@@ -96,11 +96,6 @@ class PromptSplit:
         if self.document is None:
             return self.plain_prompt
         return concat(self.prefix, self.document, self.suffix, self.continuation)
-
-
-def resolve_mode(engine: HomerModel, mode: Any = None) -> Mode:
-    """The mode a call runs in: ``mode`` (checked), else the engine's configured default."""
-    return check_mode(mode) or engine.config.mode
 
 
 def render_plain_text(messages: list[dict[str, str]]) -> str:
@@ -177,7 +172,7 @@ def split_prompt(
         mode: the HOMER mode of this call (``shared``, ``query_aware``, ``full``); None: the
             engine's configured mode. An unknown mode is a ``ValueError``.
     """
-    mode = resolve_mode(engine, mode)
+    mode = engine.mode_for(mode)
     msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
     if not msgs:
         raise ValueError("no messages to answer")
@@ -296,7 +291,7 @@ def start_answer(engine: HomerModel, split: PromptSplit, options: GenerationOpti
     plainly when it has no document (``info.mode`` stays None then)."""
     if split.document is None:
         return engine.answerer.generate(split.plain_prompt, **options.model_dump())
-    mode = split.mode or engine.config.mode
+    mode = engine.mode_for(split.mode)
     question = split.suffix if mode == "query_aware" else None
     stream = engine.answerer.answer_span(
         split.prefix, split.document, split.suffix, split.continuation, options, question=question, mode=mode

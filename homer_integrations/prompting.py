@@ -10,7 +10,7 @@ import re
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from homer_integrations.homer.config import HomerConfig, Mode, check_mode
+from homer_integrations.homer.config import HomerConfig, Mode, resolve_mode
 from homer_integrations.homer.prompt import PromptText, PromptTexts, encode, render_chat, render_layout
 
 DOCUMENTS_REMEMBERED = 4
@@ -114,7 +114,7 @@ class Prompting:
         """Prefix / suffix / continuation texts around the document for ``question`` in ``mode``
         (default: the configured one)."""
         c = self.config
-        query_aware = (check_mode(mode) or c.mode) == "query_aware"
+        query_aware = resolve_mode(mode, default=c.mode) == "query_aware"
         return render_layout(
             self.tokenizer, question, c.document_suffix, query_aware, c.system_prompt, self.reask_question
         )

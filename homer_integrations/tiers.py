@@ -29,7 +29,7 @@ from homer_integrations.document_cache import CacheSource, DocumentCache
 from homer_integrations.homer.calibration import Calibration, CalibrationStore
 from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, CompressionStats, cached_tokens
 from homer_integrations.homer.compressor import CompressionResult, CompressorSettings, PruneObserver
-from homer_integrations.homer.config import HomerConfig, Mode, check_mode
+from homer_integrations.homer.config import HomerConfig, Mode, resolve_mode
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_fingerprint
 from homer_integrations.homer.flat import TierCompressor
@@ -151,7 +151,7 @@ class DocumentTiers:
         cached; the source reported is the tier's).
         """
         self.prompting.check_document(document)
-        mode = check_mode(mode) or ("query_aware" if question is not None else "shared")
+        mode = resolve_mode(mode, question=question)
         if mode == "query_aware":
             if question is None:
                 raise ValueError("query_aware mode compresses the question with the document: pass question=")

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     summary = {
         "file": str(args.file),
         "model": engine.model_name,
-        "mode": args.mode or engine.config.mode,
+        "mode": engine.mode_for(args.mode),
         "characters": len(text),
         "model_load_seconds": round(load_seconds, 3),
         "cache_directory": cache.location,

@@ -81,7 +81,7 @@ def compress_corpus(
             raise ValueError("Ray workers load the model themselves: pass its name or path, not a loaded HomerModel")
         engine: HomerModel | None = model
         spec = WorkerSpec(model=engine.model_name, store=str(store), mode=mode, storage_options=storage_options)
-        job = engine_job_id(engine, mode or engine.config.mode)
+        job = engine_job_id(engine, engine.mode_for(mode))
     else:
         from homer_integrations.models import DEFAULT_MODEL
 

@@ -84,7 +84,7 @@ class CorpusWorker:
         cache = DocumentCache(spec.store, memory_budget_bytes=0, **spec.storage_options)
         # a loaded engine keeps its model and settings, over this store, keeping nothing in memory
         self.engine = engine = self._load(spec, cache) if engine is None else engine.with_store(cache)
-        self.mode: Mode = spec.mode or engine.config.mode
+        self.mode: Mode = engine.mode_for(spec.mode)
         assert cache.store is not None
         self.store = cache.store
         self.ledger = CorpusLedger(cache.store)

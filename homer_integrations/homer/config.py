@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    from homer_integrations.homer.compressed import CompressedDocument
 
 Mode = Literal["shared", "query_aware", "full"]
 MODES: tuple[Mode, ...] = get_args(Mode)
@@ -17,6 +20,45 @@ def check_mode(mode: Any) -> Mode | None:
         choices = ", ".join(repr(m) for m in MODES)
         raise ValueError(f"unknown HOMER mode {mode!r}: use one of {choices}, or None for the engine's default")
     return mode
+
+
+def first_mode(*requested: Any) -> Mode | None:
+    """The first of ``requested`` that is not None, checked by ``check_mode`` (None when none is set): a
+    call's ``mode=`` before an adapter's setting. ``resolve_mode`` decides with it."""
+    for mode in requested:
+        if check_mode(mode) is not None:
+            return mode
+    return None
+
+
+def resolve_mode(
+    *requested: Any,
+    default: Mode | None = None,
+    question: object = None,
+    compressed: CompressedDocument | None = None,
+    window: int | None = None,
+) -> Mode:
+    """The mode that serves a call: the one place it is decided.
+
+    ``requested``: the explicit modes, most specific first (a call's ``mode=``, then an adapter's
+    setting); the first that is not None wins, checked by ``check_mode``. With none, ``default`` (the
+    engine's configured mode); without one either, ``query_aware`` when a ``question`` is compressed
+    with the document, else ``shared``. A ``compressed`` document serves in the mode it was compressed
+    in, whatever was requested (the request is still checked): ``query_aware`` when it holds a
+    question, ``full`` when it is one uncompressed chunk as long as the model's ``window``, else
+    ``shared``.
+    """
+    chosen = first_mode(*requested)
+    if compressed is not None:
+        stats = compressed.stats
+        if compressed.question is not None:
+            return "query_aware"
+        return "full" if stats.max_chunk_len == window and stats.tree_height == 0 else "shared"
+    if chosen is not None:
+        return chosen
+    if default is not None:
+        return default
+    return "query_aware" if question is not None else "shared"
 
 
 DEFAULT_DOCUMENT_SUFFIX = "\n\n(End of the document.)\n\n"

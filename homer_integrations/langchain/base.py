@@ -10,9 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from homer_integrations.engine import AnswerStream, HomerModel
 from homer_integrations.engine_pool import default_model_name, shared_engine
-from homer_integrations.homer.config import Mode
+from homer_integrations.homer.config import Mode, check_mode
 from homer_integrations.homer.generation import GenerationOptions
-from homer_integrations.prompt_split import PromptSplit, Renderer, check_mode, split_prompt, start_answer
+from homer_integrations.prompt_split import PromptSplit, Renderer, split_prompt, start_answer
 from homer_integrations.tool_calls import ToolCallFormat
 
 CALL_OPTIONS = frozenset(
@@ -143,7 +143,7 @@ class HomerSettings(BaseModel):
             document=kwargs.get("document", self.document),
             render=render,
             long_prompt_tokens=self.long_prompt_tokens,
-            mode=self.mode if mode is None else mode,
+            mode=engine.mode_for(mode, self.mode),
         )
         stream = start_answer(engine, split, self.generation_options(stop, kwargs))
         return HomerCall(engine, split, stream, kwargs.get("model") or self.model_name)

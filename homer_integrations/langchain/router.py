@@ -13,9 +13,8 @@ from langchain_core.runnables.config import patch_config
 from langchain_text_splitters import RecursiveCharacterTextSplitter
 
 from homer_integrations.engine import HomerModel
-from homer_integrations.homer.config import Mode
+from homer_integrations.homer.config import Mode, check_mode, first_mode
 from homer_integrations.langchain.chat_models import ChatHomer
-from homer_integrations.prompt_split import check_mode
 from homer_integrations.retrieval import BM25Index, Passage, retrieval_prompt
 from homer_integrations.routing import Route, RouteDecision, StrategyLike, aroute_answer, make_strategy, route_answer
 
@@ -76,8 +75,7 @@ class HomerRouter(Runnable[RouterInput, AIMessage]):
 
     def _options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The model's call options from a router call's kwargs: ``mode`` (the call's, else the router's)."""
-        mode = check_mode(kwargs.get("mode"))
-        mode = self.mode if mode is None else mode
+        mode = first_mode(kwargs.get("mode"), self.mode)
         return {} if mode is None else {"mode": mode}
 
     def _request(self, route: Route, question: str, instruction: str | None) -> tuple[list, dict, list[Passage]]:

@@ -33,10 +33,8 @@ from homer_integrations.llama_index.structured import StructuredOutput
 from homer_integrations.prompt_split import (
     PromptSplit,
     Renderer,
-    check_mode,
     remember_document,
     render_plain_text,
-    resolve_mode,
     split_prompt,
     start_answer,
 )
@@ -183,8 +181,7 @@ class HomerLLM(StructuredOutput, CustomLLM):
 
     def call_mode(self, kwargs: dict[str, Any] | None = None) -> Mode:
         """The HOMER mode of a call: its ``mode`` (checked), else this LLM's, else the engine's default."""
-        mode = check_mode((kwargs or {}).get("mode"))
-        return resolve_mode(self._engine, self.mode if mode is None else mode)
+        return self._engine.mode_for((kwargs or {}).get("mode"), self.mode)
 
     def _split(self, messages: list[dict[str, str]], render: Renderer | None, kwargs: dict[str, Any]) -> PromptSplit:
         return split_prompt(

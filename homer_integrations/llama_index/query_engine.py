@@ -30,10 +30,9 @@ from pydantic import BaseModel
 from homer_integrations.aio import iterate_in_thread
 from homer_integrations.engine import AnswerStream, HomerModel
 from homer_integrations.homer.compressed import CompressionStats
-from homer_integrations.homer.config import Mode
+from homer_integrations.homer.config import Mode, check_mode
 from homer_integrations.homer.constraints import ResponseFormat
 from homer_integrations.llama_index.llm import HomerLLM
-from homer_integrations.prompt_split import check_mode
 
 DEFAULT_COMBINE_TEMPLATE = PromptTemplate(
     "Several documents were asked the same question. Their answers:\n"
