@@ -61,6 +61,8 @@ def test_selection_fuses_attention_and_bm25_and_keeps_whole_passages_within_budg
     scores[int(found.stops[attended]) - 5] = 5.0  # attention prefers another passage (outside any overlap)
     ranking = PassageSelection(tokens=24, overlap=4).ranking(question, scores, found)
     assert set(ranking[:2]) == {bm25_best, attended}, "each signal's best passage leads the fusion"
+    lexical_only = PassageSelection(tokens=24, overlap=4, attention=0.0).ranking(question, scores, found)
+    assert lexical_only[0] == bm25_best and attended not in lexical_only[:1]
     budget = int((found.stops - found.starts)[[bm25_best, attended]].sum())
     kept = PassageSelection(tokens=24, overlap=4).select(question, scores, found, budget)
     assert torch.equal(kept, kept.unique()) and kept.numel() <= budget
