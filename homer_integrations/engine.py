@@ -1,9 +1,10 @@
 """``HomerModel``: the one engine object. It owns the model, the tokenizer and the document cache.
 
-Everything above it (CLI, LangChain, LlamaIndex) calls it; nothing below it knows any framework.
+Everything above it (CLI, LangChain, LlamaIndex, corpus compression) calls its public methods and
+properties only (``tests/test_engine_door.py`` holds them to it); nothing below it knows any framework.
 Its parts, each one idea: ``prompting`` (token counts, layouts, size limits), ``tiers`` (the
 document's cached entries: shared root, full prefill, leaf tier; their keys, scoring and
-calibration) and ``answerer`` (streams answers after a cache; what the adapters call).
+calibration) and ``answerer`` (streams answers after a cache); the methods below are their door.
 """
 
 from __future__ import annotations
@@ -19,16 +20,17 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from homer_integrations.answering import Answerer, AnswerInfo, AnswerStream
 from homer_integrations.cache.document_cache import CacheStats
 from homer_integrations.cache.store import Store
-from homer_integrations.document_cache import DocumentCache
+from homer_integrations.document_cache import CacheSource, DocumentCache
 from homer_integrations.homer.compressed import CompressedDocument
 from homer_integrations.homer.config import HomerConfig, Mode, ModelDefaults, resolve_mode
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.generation import GenerationOptions
+from homer_integrations.homer.prompt import PromptText, PromptTexts
 from homer_integrations.homer.strategies import Recipe
 from homer_integrations.models import DEFAULT_MODEL, embedded_defaults, load_model
 from homer_integrations.prompting import DEFAULT_MAX_DOCUMENT_TOKENS, Prompting
 from homer_integrations.quantization import Quantization
-from homer_integrations.tiers import ALGORITHM_VERSION, DocumentTiers
+from homer_integrations.tiers import ALGORITHM_VERSION, Compressed, DocumentTiers
 
 __all__ = ["ALGORITHM_VERSION", "AnswerInfo", "AnswerStream", "HomerModel"]
 
@@ -183,6 +185,51 @@ class HomerModel:
         """The document cache's counters and sizes: hits (memory, disk), misses, computations, entries, bytes."""
         return self.document_cache.stats()
 
+    # ----------------------------------------------------------------------------- tokens and prompts
+    def token_ids(self, text: str) -> list[int]:
+        """Token ids of ``text`` as plain text (a ``PromptText`` keeps its markup's control tokens)."""
+        return self.prompting.token_ids(text)
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` as plain text (a ``PromptText`` keeps its markup's control tokens)."""
+        return self.prompting.count_tokens(text)
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> PromptText:
+        """Chat messages (``role``/``content`` dicts) rendered with the tokenizer's template; the contents
+        stay plain text."""
+        return self.prompting.chat_prompt(messages)
+
+    def layout(self, question: str = "", mode: Mode | None = None) -> PromptTexts:
+        """The prefix / suffix / continuation texts this engine puts around a document for ``question``
+        in ``mode`` (default: ``config.mode``)."""
+        return self.prompting.layout(question, mode)
+
+    def layout_prompt(self, rendered: PromptText, question: str, mode: Mode | None = None) -> PromptTexts:
+        """The prefix / suffix / continuation texts of a prompt rendered with ``homer.prompt.DOCUMENT_MARK``
+        where the document goes; ``question`` is the rest of the document's message."""
+        return self.prompting.layout_prompt(rendered, question, mode)
+
+    def check_question(self, question: str) -> None:
+        """Refuse a question that is not text, empty, or longer than this engine takes (``InputTooLongError``)."""
+        self.prompting.check_question(question)
+
+    def check_document(self, document: str) -> None:
+        """Refuse a document that is not text, empty, or longer than this engine takes (``InputTooLongError``),
+        before any of it is compressed."""
+        self.prompting.check_document(document)
+
+    # ----------------------------------------------------------------------------- calibration
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether the shared roots' pruning reads a calibration table (``calibrate``)."""
+        return self.tiers.scoring.needs_calibration
+
+    def calibrate(self) -> Path | None:
+        """Compute the pruning calibration unless it is stored (minutes, once per model and settings);
+        where the table is kept, None when held in memory only or not needed."""
+        self.tiers.calibration.bias()
+        return self.tiers.calibration.path()
+
     # ----------------------------------------------------------------------------- compression
     def compress(self, text: str, *, question: str | None = None, mode: Mode | None = None) -> CompressedDocument:
         """Compress a whole document (the shared root is cached). ``question`` is required in query-aware mode."""
@@ -195,7 +242,57 @@ class HomerModel:
             self.prompting.check_question(asked, allow_empty=True)
         return self.tiers.compress(layout.prefix, text, layout.suffix, asked, mode).document
 
+    def compress_span(
+        self, prefix: str, document: str, suffix: str, *, question: str | None = None, mode: Mode | None = None
+    ) -> Compressed:
+        """The cache of ``prefix`` + ``document`` + ``suffix`` (texts an adapter laid out, ``layout_prompt``)
+        in ``mode`` (default: ``query_aware`` with a ``question``, else ``shared``): the document, where its
+        cached entry came from and the seconds spent computing that entry."""
+        return self.tiers.compress(prefix, document, suffix, question, mode)
+
+    def entry_key(self, document: str, mode: Mode | None = None) -> str:
+        """The document-cache key of ``document``'s stored entry in ``mode`` (default: ``config.mode``), laid
+        out with no question: the shared root's, the full prefill's or (``query_aware``) the leaf tier's."""
+        mode = self.mode_for(mode)
+        layout = self.layout("", mode)
+        if mode == "query_aware":
+            return self.tiers.keys.tier(layout.prefix, document)
+        if mode == "full":
+            return self.tiers.keys.full(layout.prefix, document, layout.suffix)
+        return self.tiers.keys.root(layout.prefix, document, layout.suffix)
+
+    def cache_document(self, document: str, mode: Mode | None = None) -> tuple[int, CacheSource]:
+        """Look up, or compute and store, ``document``'s entry in ``mode`` (see ``entry_key``): (its document
+        tokens, where it came from). What every later question in that mode starts from."""
+        mode = self.mode_for(mode)
+        layout = self.layout("", mode)
+        if mode == "query_aware":
+            tier, source = self.tiers.leaf_tier(layout.prefix, document)
+            return tier.document_tokens, source
+        doc, source, _ = self.tiers.compress(layout.prefix, document, layout.suffix, mode=mode)
+        return doc.stats.document_tokens, source
+
     # ----------------------------------------------------------------------------- answering
+    def run_span(
+        self,
+        prefix: str,
+        document: str,
+        suffix: str,
+        continuation: str,
+        options: GenerationOptions | None = None,
+        *,
+        question: str | None = None,
+        mode: Mode | None = None,
+    ) -> AnswerStream:
+        """Answer a prompt an adapter split around its document: ``prefix`` + ``document`` + ``suffix`` is
+        compressed (or found) in ``mode`` (see ``compress_span``) and ``continuation`` fed after it."""
+        return self.answerer.answer_span(prefix, document, suffix, continuation, options, question=question, mode=mode)
+
+    def generate(self, prompt: str, **generation: Any) -> AnswerStream:
+        """Plain generation for a prompt that needs no compression (already chat-formatted text); it must
+        fit the model's window. ``generation``: ``GenerationOptions`` fields."""
+        return self.answerer.generate(prompt, **generation)
+
     def run(
         self, document: str | CompressedDocument, question: str, *, mode: Mode | None = None, **generation: Any
     ) -> AnswerStream:

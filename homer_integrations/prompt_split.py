@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from homer_integrations.homer.config import Mode
-from homer_integrations.homer.prompt import DOCUMENT_MARK, PromptText, concat, layout_around, markup
+from homer_integrations.homer.prompt import DOCUMENT_MARK, PromptText, concat, markup
 
 if TYPE_CHECKING:
     from homer_integrations.engine import AnswerStream, HomerModel
@@ -164,7 +164,7 @@ def split_prompt(
 
     Args:
         document: an explicit document; wins over everything else.
-        render: messages -> prompt text; default ``engine.prompting.chat_prompt`` (the chat template, whose
+        render: messages -> prompt text; default ``engine.chat_prompt`` (the chat template, whose
             ``PromptText`` keeps message contents plain). Use ``render_plain_text`` for a prompt that
             is already formatted; a renderer's plain ``str`` counts as formatted markup.
         long_prompt_tokens: prompts up to this many tokens with no known document run plainly;
@@ -176,7 +176,7 @@ def split_prompt(
     msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
     if not msgs:
         raise ValueError("no messages to answer")
-    render = render or engine.prompting.chat_prompt
+    render = render or engine.chat_prompt
     if document is not None:
         if not document.strip():
             raise ValueError("the explicit document is empty")
@@ -194,7 +194,7 @@ def split_prompt(
         index, start, end = where
         content = msgs[index]["content"]
         # a known text inside a larger long context would leave that context to the continuation
-        if engine.prompting.count_tokens(content[:start] + content[end:]) <= limit:
+        if engine.count_tokens(content[:start] + content[end:]) <= limit:
             return _split_at(engine, msgs, render, index, start, end, content[start:end], "known", mode)
 
     prompt = render(msgs)
@@ -202,7 +202,7 @@ def split_prompt(
         return PromptSplit(plain_prompt=prompt)
     index = max(range(len(msgs)), key=lambda i: len(msgs[i]["content"]))
     content = msgs[index]["content"]
-    span = find_document_span(content, lambda text: engine.prompting.count_tokens(text) <= limit // 2)
+    span = find_document_span(content, lambda text: engine.count_tokens(text) <= limit // 2)
     if span is None:
         return PromptSplit(plain_prompt=prompt)
     start, end = span
@@ -221,10 +221,10 @@ def _longer_than(engine: HomerModel, text: str, limit: int) -> bool:
         cut = text.rfind(" ", 0, size)
         if cut > 0:
             head = text.head(cut) if isinstance(text, PromptText) else text[:cut]
-            if engine.prompting.count_tokens(head) > limit:
+            if engine.count_tokens(head) > limit:
                 return True
         size *= 4
-    return engine.prompting.count_tokens(text) > limit
+    return engine.count_tokens(text) > limit
 
 
 def find_document_span(text: str, is_short: Callable[[str], bool]) -> tuple[int, int] | None:
@@ -280,20 +280,19 @@ def _split_at(
     rest = _remaining(content[:start], content[end:])
     rewritten = [dict(m) for m in msgs]
     rewritten[index]["content"] = DOCUMENT_MARK + rest
-    suffix, reask = engine.config.document_suffix, engine.prompting.reask_question
-    spans = layout_around(markup(render(rewritten)), rest, suffix, mode == "query_aware", reask)
+    spans = engine.layout_prompt(markup(render(rewritten)), rest, mode)
     return PromptSplit(document, spans.prefix, spans.suffix, spans.continuation, found_by, mode)
 
 
 # ------------------------------------------------------------------------------------- answering
 def start_answer(engine: HomerModel, split: PromptSplit, options: GenerationOptions) -> AnswerStream:
-    """Answer a split prompt in the mode it was split for (``Answerer.answer_span``), or run it
+    """Answer a split prompt in the mode it was split for (``HomerModel.run_span``), or run it
     plainly when it has no document (``info.mode`` stays None then)."""
     if split.document is None:
-        return engine.answerer.generate(split.plain_prompt, **options.model_dump())
+        return engine.generate(split.plain_prompt, **options.model_dump())
     mode = engine.mode_for(split.mode)
     question = split.suffix if mode == "query_aware" else None
-    stream = engine.answerer.answer_span(
+    stream = engine.run_span(
         split.prefix, split.document, split.suffix, split.continuation, options, question=question, mode=mode
     )
     remember_document(engine, split.document)

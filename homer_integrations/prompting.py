@@ -11,7 +11,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from homer_integrations.homer.config import HomerConfig, Mode, resolve_mode
-from homer_integrations.homer.prompt import PromptText, PromptTexts, encode, render_chat, render_layout
+from homer_integrations.homer.prompt import PromptText, PromptTexts, encode, layout_around, render_chat, render_layout
 
 DOCUMENTS_REMEMBERED = 4
 """Documents whose token ids ``Prompting`` keeps (an id is 8 bytes: 0.5 MB for a 64k-token document)."""
@@ -118,6 +118,12 @@ class Prompting:
         return render_layout(
             self.tokenizer, question, c.document_suffix, query_aware, c.system_prompt, self.reask_question
         )
+
+    def layout_prompt(self, rendered: PromptText, question: str, mode: Mode | None = None) -> PromptTexts:
+        """Prefix / suffix / continuation texts of ``rendered``, a prompt rendered with ``DOCUMENT_MARK`` where
+        the document goes; ``question`` is the rest of the document's message (``homer.prompt.layout_around``)."""
+        query_aware = resolve_mode(mode, default=self.config.mode) == "query_aware"
+        return layout_around(rendered, question, self.config.document_suffix, query_aware, self.reask_question)
 
     @functools.cached_property
     def shared_suffix_len(self) -> int:

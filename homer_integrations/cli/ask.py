@@ -128,16 +128,16 @@ def _check_questions(args: argparse.Namespace) -> None:
 def _check_sizes(
     engine: HomerModel, text: str, questions: list[str | KeywordQuestion], args: argparse.Namespace
 ) -> None:
-    """Every question, then the document, against the engine's limits (``Prompting.check_question``,
+    """Every question, then the document, against the engine's limits (``HomerModel.check_question``,
     ``check_document``) before the first question is answered: a question or document too long for it is
     one line naming the option that raises the limit, before anything is compressed."""
     try:
         for asked in questions:
-            engine.prompting.check_question(asked if isinstance(asked, str) else asked.question)
+            engine.check_question(asked if isinstance(asked, str) else asked.question)
     except ValueError as exc:
         raise CliError(_worded(exc), EXIT_USAGE) from None
     try:
-        engine.prompting.check_document(text)
+        engine.check_document(text)
     except ValueError as exc:
         raise CliError(f"{args.file}: {_worded(exc)}") from None
 

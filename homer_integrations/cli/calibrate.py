@@ -20,13 +20,12 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     engine = loading.engine(args, options.config(args), None, progress=None)
-    if not engine.tiers.scoring.needs_calibration:
+    if not engine.needs_calibration:
         sys.stdout.write("this configuration uses no calibration\n")
         return EXIT_OK
     started = time.perf_counter()
-    engine.tiers.calibration.bias()
+    where = engine.calibrate()
     took = time.perf_counter() - started
-    where = engine.tiers.calibration.path()
     sys.stdout.write(
         f"calibration for {engine.model_name} (max_chunk_len={engine.config.max_chunk_len}) "
         f"ready in {seconds(took)}: {where or 'kept in memory'}\n"

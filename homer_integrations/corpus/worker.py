@@ -102,12 +102,7 @@ class CorpusWorker:
     @staticmethod
     def entry_key(engine: HomerModel, mode: Mode, text: str) -> str:
         """The cache key of ``text``'s stored entry in ``mode`` (the leaf tier's in ``query_aware``)."""
-        layout = engine.prompting.layout("", mode)
-        if mode == "query_aware":
-            return engine.tiers.keys.tier(layout.prefix, text)
-        if mode == "full":
-            return engine.tiers.keys.full(layout.prefix, text, layout.suffix)
-        return engine.tiers.keys.root(layout.prefix, text, layout.suffix)
+        return engine.entry_key(text, mode)
 
     def compress(self, job: DocumentJob) -> DocumentOutcome:
         """Store ``job``'s entry unless it is stored; a document the model refuses comes back ``failed``."""
@@ -126,14 +121,8 @@ class CorpusWorker:
     def _compress(self, job: DocumentJob) -> tuple[int, Status]:
         """(document tokens, status): ``stored`` when another worker wrote the entry meanwhile (the
         store's single flight made this one wait for it, then load it)."""
-        engine, layout = self.engine, self.engine.prompting.layout("", self.mode)
-        with engine.document_cache.labelled(job.label):
-            if self.mode == "query_aware":
-                tier, source = engine.tiers.leaf_tier(layout.prefix, job.text)
-                tokens = tier.document_tokens
-            else:
-                doc, source, _ = engine.tiers.compress(layout.prefix, job.text, layout.suffix, mode=self.mode)
-                tokens = doc.stats.document_tokens
+        with self.engine.document_cache.labelled(job.label):
+            tokens, source = self.engine.cache_document(job.text, self.mode)
         return tokens, "compressed" if source == "computed" else "stored"
 
     def _outcome(

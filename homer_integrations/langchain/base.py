@@ -116,7 +116,7 @@ class HomerSettings(BaseModel):
 
     def get_token_ids(self, text: str) -> list[int]:
         """Token ids from the model's own tokenizer (offline)."""
-        return self.resolve_engine().prompting.token_ids(text)
+        return self.resolve_engine().token_ids(text)
 
     def generation_options(self, stop: list[str] | None, kwargs: dict[str, Any]) -> GenerationOptions:
         """This model's settings with a call's overrides (``stop`` and ``kwargs``)."""

@@ -219,7 +219,7 @@ class HomerLLM(StructuredOutput, CustomLLM):
             )
         # in these modes nothing of the question reaches the cached span: lay out the document alone
         split = self._completion_split("", False, {"document": document, "mode": mode})
-        compressed = self._engine.tiers.compress(split.prefix, document, split.suffix, mode=mode).document
+        compressed = self._engine.compress_span(split.prefix, document, split.suffix, mode=mode).document
         remember_document(self._engine, document)
         return compressed.stats
 

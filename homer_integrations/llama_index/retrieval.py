@@ -39,7 +39,7 @@ class ExcerptSynthesizer(BaseSynthesizer):
         streaming: bool = False,
         callback_manager: CallbackManager | None = None,
     ) -> None:
-        tokenizer = llm.engine.prompting.token_ids
+        tokenizer = llm.engine.token_ids
         super().__init__(
             llm=llm,
             callback_manager=callback_manager,
@@ -80,7 +80,7 @@ def chunk_nodes(
     documents: Sequence[Document], llm: HomerLLM, chunk_size: int = 256, overlap: int = 32
 ) -> list[BaseNode]:
     """Split ``documents`` into chunks of about ``chunk_size`` model tokens."""
-    splitter = SentenceSplitter(chunk_size=chunk_size, chunk_overlap=overlap, tokenizer=llm.engine.prompting.token_ids)
+    splitter = SentenceSplitter(chunk_size=chunk_size, chunk_overlap=overlap, tokenizer=llm.engine.token_ids)
     return splitter.get_nodes_from_documents(list(documents))
 
 

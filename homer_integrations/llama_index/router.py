@@ -113,7 +113,7 @@ class HomerRouterQueryEngine(RouterQueryEngine):
         ]
         # only used to merge several selections, which our selector never makes; explicit so
         # nothing reaches for global Settings or tiktoken
-        helper = PromptHelper.from_llm_metadata(llm.metadata, tokenizer=llm.engine.prompting.token_ids)
+        helper = PromptHelper.from_llm_metadata(llm.metadata, tokenizer=llm.engine.token_ids)
         summarizer = TreeSummarize(llm=llm, prompt_helper=helper)
         super().__init__(
             selector or HomerRouteSelector(strategy), tools, llm=llm, summarizer=summarizer, verbose=verbose
