@@ -93,7 +93,7 @@ def test_units_are_named_by_their_repr_and_the_recipe_checks_its_parts():
         "RecomputeRoot()",
         "TreeRoot()",
     ]
-    passages = "PassageReplay(selection=PassageSelection(tokens=128, overlap=48, fusion=60))"
+    passages = "PassageReplay(selection=PassageSelection(tokens=128, overlap=48, fusion=60, attention=1.0))"
     assert [repr(u) for u in REPLAYS.values()] == [
         f"AutoReplay(passages={passages})",
         "RecomputeReplay()",
