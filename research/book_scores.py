@@ -21,13 +21,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from whole_book import book_with_facts  # noqa: E402
+from whole_book import book_with_facts
 
-from homer_integrations import HomerModel  # noqa: E402
-from homer_integrations.homer.pruning import standardise  # noqa: E402
-from homer_integrations.homer.score_units import ScoreMemory  # noqa: E402
-from homer_integrations.homer.scorers import EveryLayer  # noqa: E402
-from homer_integrations.prompting import encode  # noqa: E402
+from homer_integrations import HomerModel
+from homer_integrations.homer.pruning import standardise
+from homer_integrations.homer.score_units import ScoreMemory
+from homer_integrations.homer.scorers import EveryLayer
+from homer_integrations.prompting import encode
 
 
 def main() -> None:
@@ -51,7 +51,7 @@ def main() -> None:
     items = [i for i in items if args.split in ("all", i.split)]
     enc = engine.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     layout = engine.prompting.layout(items[0].question, "query_aware")
-    prefix_ids, document_ids, _ = tiers.prompting.encode_span(layout.prefix, text, "")
+    _, document_ids, _ = tiers.prompting.encode_span(layout.prefix, text, "")
     assert document_ids.tolist() == enc["input_ids"], "document tokens differ from a plain tokenization"
     torch.save({"offsets": torch.tensor(enc["offset_mapping"]), "text": text}, out / "_document.pt")
     for item in items:

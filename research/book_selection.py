@@ -19,11 +19,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from whole_book import CHUNK_CHARS, CHUNK_OVERLAP, FACTS, book_with_facts  # noqa: E402
+from whole_book import CHUNK_CHARS, CHUNK_OVERLAP, FACTS, book_with_facts
 
-from homer_integrations.homer.lexical import BM25Index  # noqa: E402
-from homer_integrations.paths import bundled_text  # noqa: E402
-from homer_integrations.question_sets import question_set  # noqa: E402
+from homer_integrations.homer.lexical import BM25Index
+from homer_integrations.paths import bundled_text
+from homer_integrations.question_sets import question_set
 
 
 def evidence_offsets(book: str, text: str) -> dict[str, int]:
@@ -140,9 +140,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(next((cache_root() / "models").glob(f"{args.model}-*[!k]")))
     ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"])
     statements = unit_ids(tokenizer, text, "statement")
-    units = {
-        PassageSelection(tokens=t, overlap=o): None for t in args.passage_tokens for o in (0, 24, 48)
-    }
+    units = {PassageSelection(tokens=t, overlap=o): None for t in args.passage_tokens for o in (0, 24, 48)}
     grouped = {u: u.passages(tokenizer, ids, statements) for u in units}
     results: dict[tuple[str, str], list[tuple[bool, float]]] = defaultdict(list)
     for item in items:
