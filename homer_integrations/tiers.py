@@ -308,14 +308,18 @@ class DocumentTiers:
         return lexical.tokens(question, statements, self.config.final_cache_len)
 
     def _index_passages(self, document: str, selection: PassageSelection) -> Passages | None:
-        _, document_ids, _ = self.prompting.encode_span("", document, "")
-        units = self.unit_ids(document, document_ids, "statement")
-        return None if units is None else selection.passages(self.prompting.tokenizer, document_ids, units)
+        found = self._statement_units(document)
+        return None if found is None else selection.passages(self.prompting.tokenizer, *found)
 
     def _index_statements(self, document: str) -> Statements | None:
+        found = self._statement_units(document)
+        return None if found is None else Statements.of(self.prompting.tokenizer, *found)
+
+    def _statement_units(self, document: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The document's token ids [N] and each token's statement [N]; None where offsets do not line up."""
         _, document_ids, _ = self.prompting.encode_span("", document, "")
         units = self.unit_ids(document, document_ids, "statement")
-        return None if units is None else Statements.of(self.prompting.tokenizer, document_ids, units)
+        return None if units is None else (document_ids, units)
 
 
 class EntrySpecs(NamedTuple):
