@@ -20,15 +20,12 @@ test: setup
 # `make setup`). Speed: a cached question against a plain prefill on a 2k-token excerpt
 # (benchmarks/results/cache_latency_quick.*). Quality: the bundled novel's questions on HOMER's shared
 # cache at 8k tokens (rows appended to benchmarks/results/novel_qa_rows.jsonl, skipped when already
-# there; `report` rebuilds novel_qa.md/json). Every other suite and its command:
-# docs/benchmarks/README.md, "Suites".
+# there; `report` rebuilds novel_qa.md/json). The commands are benchmarks/suites.py's `quick`; every
+# suite: `.venv/bin/python -m benchmarks list` (docs/benchmarks/README.md, "Suites").
 BENCH_ENV = OMP_WAIT_POLICY=PASSIVE TOKENIZERS_PARALLELISM=false
-BENCH_MODEL = smollm2-135m-instruct
 
 bench: setup
-	$(BENCH_ENV) .venv/bin/python benchmarks/cache_latency.py --quick
-	$(BENCH_ENV) .venv/bin/python benchmarks/novel_qa.py run --models $(BENCH_MODEL) --tokens 8000 --methods shared
-	.venv/bin/python benchmarks/novel_qa.py report
+	$(BENCH_ENV) .venv/bin/python -m benchmarks run quick
 
 lint:
 	.venv/bin/ruff check .

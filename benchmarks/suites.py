@@ -1,0 +1,136 @@
+"""The benchmark suites behind ``python -m benchmarks``: each one names existing scripts, run in order.
+
+Every script writes its own results under ``benchmarks/results/`` (JSON, markdown, plots) and most
+append rows that a later run skips, so a suite resumes where it stopped. Times are for a 2-core CPU
+with nothing measured yet; committed rows make a rerun much shorter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# The environment every result in benchmarks/results/ was measured under (Makefile's BENCH_ENV,
+# run_all.sh): spinning OpenMP workers fight each other on a busy 2-core machine.
+BENCH_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One script call: ``script`` (a path from the repository root) with ``args``.
+
+    ``extra``: whether the arguments given after ``--`` are appended (not to ``report`` steps,
+    which only rebuild tables from the rows).
+    """
+
+    script: str
+    args: tuple[str, ...] = ()
+    extra: bool = True
+
+    @property
+    def name(self) -> str:
+        """The script's stem, as ``--only`` names it."""
+        return self.script.rsplit("/", 1)[-1].removesuffix(".py")
+
+    def argv(self, extra: Sequence[str] = ()) -> list[str]:
+        """The script and its arguments, ``extra`` appended where this step takes them."""
+        return [self.script, *self.args, *(extra if self.extra else ())]
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A named group of steps: what it measures and roughly how long it takes on 2 CPU cores."""
+
+    name: str
+    measures: str
+    cpu_time: str
+    steps: tuple[Step, ...]
+
+
+def _report(script: str) -> Step:
+    return Step(script, ("report",), extra=False)
+
+
+NOVEL_QA = "benchmarks/novel_qa.py"
+RULER = "benchmarks/ruler.py"
+WHOLE_BOOK = "benchmarks/whole_book.py"
+RULER_GRID = ("--lengths", "4096", "8192", "--ratios", "4", "8", "--samples", "10")
+
+SUITES: dict[str, Suite] = {
+    s.name: s
+    for s in (
+        Suite(
+            "quick",
+            "a cached question against a plain prefill (2k tokens); the novel's questions, SmolLM2's shared cache (8k)",
+            "~5 min",
+            (
+                Step("benchmarks/cache_latency.py", ("--quick",)),
+                Step(NOVEL_QA, ("run", "--models", "smollm2-135m-instruct", "--tokens", "8000", "--methods", "shared")),
+                _report(NOVEL_QA),
+            ),
+        ),
+        Suite(
+            "quality",
+            "answers: the novel's questions per model and mode; RULER's six tasks, HOMER against plain prefill",
+            "1-2 days (RULER's grid)",
+            (
+                Step(NOVEL_QA, ("run",)),
+                _report(NOVEL_QA),
+                Step(RULER, ("run", *RULER_GRID, "--methods", "plain", "homer_shared", "homer_query_aware")),
+                _report(RULER),
+            ),
+        ),
+        Suite(
+            "speed",
+            "a cached question's latency (16k), decoding vs generate(), each stage's FLOP/s, a question's host cost",
+            "~45 min",
+            (
+                Step("benchmarks/cache_latency.py", ("--tokens", "16000")),
+                Step("benchmarks/decode_speed.py"),
+                Step("benchmarks/stage_flops.py", ("--tokens", "8000")),
+                Step("benchmarks/question_overhead.py"),
+            ),
+        ),
+        Suite(
+            "memory",
+            "peak RSS and seconds, HOMER against plain prefill (4k-64k); a tier's memory; where a peak comes from",
+            "~40 min",
+            (
+                Step("benchmarks/memory_speed.py", ("--tokens", "4000", "8000", "16000", "32000")),
+                Step("benchmarks/memory_speed.py", ("--tokens", "64000", "--methods", "homer")),
+                Step("benchmarks/tier_memory.py", ("--tokens", "16000")),
+                Step("benchmarks/peak_stages.py", ("--tokens", "8000")),
+            ),
+        ),
+        Suite(
+            "peers",
+            "RULER against the kvpress presses (KVzip, SnapKV, ExpectedAttention, StreamingLLM, Knorm); "
+            "kvpress gets its own venv under benchmarks/.work/ on first use (pip, needs the network)",
+            "days",
+            (Step(RULER, ("run", *RULER_GRID, "--share-prefill")), _report(RULER)),
+        ),
+        Suite(
+            "whole-book",
+            "a whole novel with inserted facts: the per-question path, hybrid, shared root and BM25 retrieval",
+            "~3 h",
+            (
+                Step(
+                    WHOLE_BOOK,
+                    (
+                        "run",
+                        "--book",
+                        "northangerabbey",
+                        "--methods",
+                        "query_aware",
+                        "hybrid",
+                        "shared",
+                        "bm25",
+                        "--split",
+                        "tuning",
+                    ),
+                ),
+                _report(WHOLE_BOOK),
+            ),
+        ),
+    )
+}
