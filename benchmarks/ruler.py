@@ -94,10 +94,10 @@ selection of twice the budget re-read by a prefill, then each K/V head of each l
 tokens, KVzip's allocation, in a ragged cache of the budget's bytes; the package's default,
 ``AutoRoot``, since 2026-11-27). ``homer_shared_headwise_whole``: the same with the whole
 document as candidates (one plain prefill of it where the window has room: KVzip's own input;
-``headwise_root.CANDIDATES`` raised past the ratio); the package's recipe for an hour on 2026-11-27,
+``headwise.root.CANDIDATES`` raised past the ratio); the package's recipe for an hour on 2026-11-27,
 it lost at 8k, 4x held out, and its rows were renamed from ``homer_shared_headwise``.
 ``homer_shared_headwise_cut``: the head-wise root whose candidates are re-read as the selection kept
-them, words cut (``headwise_root.WHOLE_WORDS = False``); the recipe until 2026-11-28, whose rows were
+them, words cut (``headwise.root.WHOLE_WORDS = False``); the recipe until 2026-11-28, whose rows were
 renamed from ``homer_shared_headwise``.
 ``homer_shared_headwise_probe9``: the head-wise root whose candidates' reconstruction probe scores at
 model layer 9, so its leaves run only layers 0-9 (ablation ``reconstruction_probe_layer_9``).
@@ -267,11 +267,11 @@ def homer_rows(args: argparse.Namespace) -> None:
             switches = _replay(args.method)
             engine = HomerModel(model, tok, config, model_name=MODEL, progress=False, recipe=recipe_of(**switches))
             if args.method == "homer_shared_headwise_whole":
-                from homer_integrations.homer import headwise_root
+                from homer_integrations.homer.headwise import root as headwise_root
 
                 headwise_root.CANDIDATES = 1e6  # every document token a candidate, where the window has room
             if args.method == "homer_shared_headwise_cut":
-                from homer_integrations.homer import headwise_root
+                from homer_integrations.homer.headwise import root as headwise_root
 
                 headwise_root.WHOLE_WORDS = False  # the candidates as the selection kept them
             scoring = _scoring(args, engine.tiers.scoring)

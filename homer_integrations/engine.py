@@ -25,6 +25,7 @@ from homer_integrations.homer.compressed import CompressedDocument
 from homer_integrations.homer.config import HomerConfig, Mode, ModelDefaults, resolve_mode
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.generation import GenerationOptions
+from homer_integrations.homer.headwise.cache import register_headwise_attention
 from homer_integrations.homer.prompt import PromptText, PromptTexts
 from homer_integrations.homer.strategies import Recipe
 from homer_integrations.models import DEFAULT_MODEL, embedded_defaults, load_model
@@ -81,6 +82,8 @@ class HomerModel:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.stack = DecoderStack(model)  # raises UnsupportedModelError first
+        # once, here: decoding a head-wise root then changes no global state (homer.headwise.cache)
+        register_headwise_attention(model)
         self.model_name = model_name or getattr(model.config, "_name_or_path", None) or model.config.model_type
         max_positions = int(getattr(model.config, "max_position_embeddings", 4096))
         defaults = (

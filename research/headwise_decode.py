@@ -58,10 +58,10 @@ def time_answer(model, cache, question: torch.Tensor, start: int, tokens: int) -
 
 
 def one_budget(model, budget: int, args: argparse.Namespace) -> dict:
-    from homer_integrations.homer.headwise_cache import headwise_cache, use_headwise_attention
+    from homer_integrations.homer.headwise.cache import headwise_cache, register_headwise_attention
     from homer_integrations.homer.kv import cache_from_tensors
 
-    use_headwise_attention(model)  # both caches run through it: dense ones reach SDPA unchanged
+    register_headwise_attention(model)  # both caches run through it: dense ones reach SDPA unchanged
     config = model.config
     layers, heads = config.num_hidden_layers, config.num_key_value_heads
     dim = config.hidden_size // config.num_attention_heads

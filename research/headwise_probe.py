@@ -16,7 +16,7 @@ one of the ``--close-top`` share of best-scored kept tokens, whole (``close_stat
 ``chunks`` (``chunks:W:...``, W document tokens a piece) runs each piece through every layer alone
 after the prefix, at its document positions, and scores it by reconstruction of its own text (a
 memory-bounded whole read; it lost: ``benchmarks/ruler_notes.md``). ``selection`` then
-cuts that cache to the budget with ``homer.headwise``'s reconstruction scores per layer and head:
+cuts that cache to the budget with ``homer.headwise.selection``'s reconstruction scores per layer and head:
 ``uniform`` (the same count in every head), ``global`` (KVzip's one budget over all heads and layers;
 the answer hides each head's padding slots from attention through a wrapped SDPA), ``globalword``
 (``global`` over scores pooled per word: each head keeps a word whole or not at all),
@@ -60,8 +60,8 @@ from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.compressor import CompressionResult
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.flat import TierCompressor
-from homer_integrations.homer.headwise import head_scores, keep_global, keep_per_head
-from homer_integrations.homer.headwise_root import score_candidates, select_candidates
+from homer_integrations.homer.headwise.root import score_candidates, select_candidates
+from homer_integrations.homer.headwise.selection import head_scores, keep_global, keep_per_head
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.pruning import standardise
 from homer_integrations.homer.recompute import prefill_kept, whole_units

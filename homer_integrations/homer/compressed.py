@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from transformers import DynamicCache
 
-from homer_integrations.homer.headwise_cache import headwise_cache
+from homer_integrations.homer.headwise.cache import headwise_cache
 from homer_integrations.homer.kv import cache_from_tensors, tensors_nbytes
 
 SERIAL_FORMAT = "homer-compressed-document"
@@ -46,7 +46,7 @@ class CompressedDocument:
     Attributes:
         key: the document-cache key (model, settings, calibration, mode, affixes, text).
         keys, values: per decoder layer, [1, Hkv, K, d] each; in a head-wise root (``head_lengths``
-            set) [n_l, d], head 0's tokens then head 1's ... (``headwise_cache``).
+            set) [n_l, d], head 0's tokens then head 1's ... (``headwise.cache``).
         position_ids: [K] RoPE positions of the cached tokens (head-wise: of the tokens some head keeps).
         origin: [K] document token index of each cached token, -1 for prefix/suffix tokens.
         last_position: what follows the cache starts at ``last_position + 1``.

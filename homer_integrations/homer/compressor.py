@@ -49,7 +49,7 @@ class CompressionResult:
         plan: how the document was split; schedule: the layers each tree level ran.
         peak_kv_bytes: the most K/V bytes alive at once during compression.
         seconds: wall time of the compression.
-        head_lengths: [L, Hkv] tokens each K/V head keeps in a head-wise root (``headwise_root``), whose
+        head_lengths: [L, Hkv] tokens each K/V head keeps in a head-wise root (``headwise.root``), whose
             ``keys``/``values`` are then per layer [n_l, d], heads in order; None: one dense set.
     """
 

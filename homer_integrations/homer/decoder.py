@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from homer_integrations.homer.architectures import CosSin, Family, family_for
-from homer_integrations.homer.headwise_cache import base_implementation
 
 MLP_ROWS = 1024
 """Rows the feed-forward half runs at once. It acts on each token alone, so blocks of rows give the
@@ -139,8 +139,10 @@ class DecoderStack:
     @property
     def backend(self) -> str:
         """The model's attention implementation (``sdpa``, ``eager``, ``flash_attention_2``, ...), seen
-        through the head-wise wrapper (``headwise_cache``), which calls it for every dense cache."""
-        return base_implementation(str(self.model.config._attn_implementation))
+        through a registered wrapper that names the one it calls in ``wraps`` (the head-wise attention,
+        ``headwise.cache``, which calls it for every dense cache)."""
+        name = str(self.model.config._attn_implementation)
+        return getattr(ALL_ATTENTION_FUNCTIONS.get(name), "wraps", name)
 
     def _block_rows(self, cpu_rows: int) -> int:
         """Rows per block: ``cpu_rows`` on a CPU or with eager attention, else ``ACCELERATOR_ROWS``."""

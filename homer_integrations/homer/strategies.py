@@ -21,7 +21,7 @@ import torch
 from homer_integrations.homer.calibration import SEGMENTS
 from homer_integrations.homer.compressor import CompressionResult, ProgressFn
 from homer_integrations.homer.flat import TierCompressor
-from homer_integrations.homer.headwise_root import compress_headwise, headwise_refusal
+from homer_integrations.homer.headwise.root import compress_headwise, headwise_refusal
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.passages import Passages, PassageSelection
 from homer_integrations.homer.scoring import Scoring

@@ -1,13 +1,19 @@
-"""A ragged cache: every K/V head of every layer keeps its own tokens (``strategies.HeadwiseRoot``).
+"""The ragged cache of a head-wise root: every K/V head of every layer keeps its own tokens.
 
 transformers' caches hold one [B, Hkv, K, d] tensor per layer, the same K tokens in every head. A
 head-wise root keeps n[l, h] tokens in head h of layer l. ``HeadwiseLayer`` stores a layer's heads
 flat ([sum_h n[l, h], d], heads in order, each a view of it) and what decoding appends as a dense tail
-[1, Hkv, t, d]; its ``update`` hands attention a ``HeadwiseKV`` in place of a tensor. The attention
-function that ``use_headwise_attention`` registers with transformers' ``AttentionInterface`` attends
-each K/V head to its own tokens and the tail, and passes every other call to the model's own attention
-function unchanged. A padded dense layout with a mask would answer the same but hold every head at the
-widest head's length (1.9x the budget on RULER): the memory the selection saves would be spent again.
+[1, Hkv, t, d]; its ``update`` hands attention a ``HeadwiseKV`` in place of a tensor. ``HeadwiseAttention``
+attends each K/V head to its own tokens and the tail, and passes every other call to the model's own
+attention function unchanged. A padded dense layout with a mask would answer the same but hold every
+head at the widest head's length (1.9x the budget on RULER): the memory the selection saves would be
+spent again.
+
+transformers picks a layer's attention function by the name in ``config._attn_implementation``, from
+its ``AttentionInterface`` registry. ``register_headwise_attention`` registers ``HeadwiseAttention`` there
+and names it in the model's config once, when the engine is built (``HomerModel``): decoding then
+needs no registration and no config change of its own, so answers running at the same time on one
+model never see the setting change under them.
 """
 
 from __future__ import annotations
@@ -24,10 +30,11 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+from transformers.utils.generic import is_flash_attention_requested
 
 PREFIX = "homer_headwise+"
 """Name of the registered attention function: this prefix + the implementation it wraps."""
-_switch = threading.Lock()
+_registering = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,22 @@ def headwise_attention(
     return torch.cat(outputs, dim=1).transpose(1, 2).contiguous(), None
 
 
+@dataclass(frozen=True)
+class HeadwiseAttention:
+    """The attention function registered as ``PREFIX + wraps``: ``headwise_attention`` for a head-wise
+    layer's ``HeadwiseKV``, the ``wraps`` implementation (``sdpa``, ``eager``, ...) for every other call,
+    so a dense cache answers exactly as without it. ``DecoderStack.backend`` reads ``wraps``."""
+
+    wraps: str
+
+    def __call__(
+        self, module: torch.nn.Module, query: torch.Tensor, key: Any, value: Any, attention_mask: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, Any]:
+        if isinstance(key, HeadwiseKV):
+            return headwise_attention(module, query, key, value, **kwargs)
+        return _base_attention(module, self.wraps)(module, query, key, value, attention_mask, **kwargs)
+
+
 def _base_attention(module: torch.nn.Module, base: str) -> Callable[..., Any]:
     """The function transformers would call for ``base``: registered ones by name, eager from the
     module's own modeling file (each model has its own)."""
@@ -104,28 +127,29 @@ def _base_attention(module: torch.nn.Module, base: str) -> Callable[..., Any]:
     return ALL_ATTENTION_FUNCTIONS.get_interface(base, eager)
 
 
-def use_headwise_attention(model: PreTrainedModel) -> None:
-    """Make ``model`` answer from head-wise caches: its attention implementation becomes ``PREFIX +``
-    the current one, which calls the current one for everything else (masks too). Idempotent."""
-    with _switch:
+def headwise_ready(model: PreTrainedModel) -> bool:
+    """Whether ``model``'s config names a registered ``HeadwiseAttention`` (it answers from head-wise caches)."""
+    return isinstance(ALL_ATTENTION_FUNCTIONS.get(str(model.config._attn_implementation)), HeadwiseAttention)
+
+
+def register_headwise_attention(model: PreTrainedModel) -> bool:
+    """Let ``model`` answer from head-wise caches; called once, when the engine is built.
+
+    Registers ``HeadwiseAttention(base)`` (and ``base``'s mask function) as ``PREFIX + base`` with
+    transformers, ``base`` being the model's implementation, and names it in the model's config.
+    Idempotent: a model already set, or a name already registered, is left as it is. Returns whether
+    the model is set; False for flash attention, whose kernels read the implementation's name from
+    the config (``strategies.HeadwiseRoot`` refuses such a model, so it never holds a head-wise cache)."""
+    with _registering:
+        if headwise_ready(model):
+            return True
         base = str(model.config._attn_implementation)
-        if base.startswith(PREFIX):
-            return
-        name = PREFIX + base
-
-        def attention(
-            module: torch.nn.Module, query: torch.Tensor, key: Any, value: Any, attention_mask: Any, **kwargs: Any
-        ) -> tuple[torch.Tensor, Any]:
-            if isinstance(key, HeadwiseKV):
-                return headwise_attention(module, query, key, value, **kwargs)
-            return _base_attention(module, base)(module, query, key, value, attention_mask, **kwargs)
-
-        AttentionInterface.register(name, attention)
-        if base in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+        if is_flash_attention_requested(requested_attention_implementation=base):
+            return False
+        name, wrapper = PREFIX + base, HeadwiseAttention(base)
+        if ALL_ATTENTION_FUNCTIONS.get(name) != wrapper:
+            AttentionInterface.register(name, wrapper)
+        if base in ALL_MASK_ATTENTION_FUNCTIONS and name not in ALL_MASK_ATTENTION_FUNCTIONS:
             AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])
         model.config._attn_implementation = name
-
-
-def base_implementation(name: str) -> str:
-    """The attention implementation ``name`` wraps (``name`` itself when it is not ours)."""
-    return name.removeprefix(PREFIX)
+        return True

@@ -10,9 +10,9 @@ KVzip's score, is what the flat root lacked. The root is built in three steps:
    them, every word they touch whole (``compress_flat(recompute=True, whole=...)``); a document that
    short is prefilled whole, and the candidates stay inside the model's window with the probe after
    them.
-2. ``headwise.head_scores`` scores every candidate per layer and head by reconstruction.
-3. ``headwise.survivors`` keeps the best ``L * Hkv * budget`` (layer, head, token) triples, prefix and
-   suffix in every head, stored ragged (``headwise_cache``): as many K/V bytes as a dense root of
+2. ``selection.head_scores`` scores every candidate per layer and head by reconstruction.
+3. ``selection.survivors`` keeps the best ``L * Hkv * budget`` (layer, head, token) triples, prefix and
+   suffix in every head, stored ragged (``cache.headwise_cache``): as many K/V bytes as a dense root of
    ``final_cache_len`` tokens.
 """
 
@@ -24,12 +24,13 @@ import time
 from dataclasses import replace
 
 import torch
+from transformers.utils.generic import is_flash_attention_requested
 
 from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.compressor import CompressionResult, ProgressFn
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.flat import TierCompressor
-from homer_integrations.homer.headwise import SEGMENT_ROWS, head_scores, keep_ragged, survivors
+from homer_integrations.homer.headwise.selection import SEGMENT_ROWS, head_scores, keep_ragged, survivors
 from homer_integrations.homer.kv import tensors_nbytes
 from homer_integrations.homer.recompute import WHOLE_GROWTH, prefill_kept
 
@@ -142,6 +143,9 @@ def select_candidates(
 def headwise_refusal(stack: DecoderStack, budget: int, prompt_len: int, fixed: int) -> str | None:
     """Why this model cannot hold a head-wise root of ``budget`` tokens (None: it can). ``prompt_len``:
     the reconstruction prompt's tokens, read after the candidates; ``fixed``: prefix + suffix tokens."""
+    if is_flash_attention_requested(requested_attention_implementation=stack.backend):
+        # its kernels read the implementation's name from the config: no wrapper can hold it (cache.py)
+        return f"needs SDPA or eager attention, not {stack.backend}"
     windowed = [layer for layer in range(stack.num_layers) if stack.window(layer) is not None]
     if windowed:
         return f"needs full attention in every layer; layers {windowed[:4]} have a sliding window"

@@ -126,7 +126,7 @@ def keep_ragged(
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
     """The surviving slots ``survives`` [L, Hkv, T] of a dense cache (per layer [1, Hkv, T, d]) as a
     ragged one: per layer keys and values [n_l, d] (head 0's slots in cache order, then head 1's, ...)
-    and the lengths [L, Hkv] (``headwise_cache`` reads them)."""
+    and the lengths [L, Hkv] (``cache.headwise_cache`` reads them)."""
     out_keys = [k[0][alive] for k, alive in zip(keys, survives, strict=True)]
     out_values = [v[0][alive] for v, alive in zip(values, survives, strict=True)]
     return out_keys, out_values, survives.sum(-1)

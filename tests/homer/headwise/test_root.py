@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from homer_integrations import HomerConfig, HomerModel
-from homer_integrations.homer.headwise_root import select_candidates
+from homer_integrations.homer.headwise.root import select_candidates
 from homer_integrations.homer.strategies import Recipe
 from tests.conftest import tiny_model
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from homer_integrations.homer.decoder import DecoderStack
-from homer_integrations.homer.headwise import head_scores, keep_global, keep_per_head
+from homer_integrations.homer.headwise.selection import head_scores, keep_global, keep_per_head
 from tests.conftest import tiny_model
 
 

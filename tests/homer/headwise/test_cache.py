@@ -7,19 +7,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from homer_integrations.homer.headwise import keep_ragged
-from homer_integrations.homer.headwise_cache import (
+from homer_integrations.homer.decoder import DecoderStack
+from homer_integrations.homer.headwise.cache import (
     PREFIX,
+    HeadwiseAttention,
     HeadwiseLayer,
-    base_implementation,
     headwise_cache,
-    use_headwise_attention,
+    register_headwise_attention,
 )
+from homer_integrations.homer.headwise.selection import keep_ragged
 from homer_integrations.homer.kv import cache_from_tensors
 from tests.conftest import tiny_model
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "research"))  # it puts benchmarks/ on the path itself
+sys.path.insert(0, str(Path(__file__).parents[3] / "research"))  # it puts benchmarks/ on the path itself
 from headwise_probe import hidden_slots  # padded slots hidden from SDPA: tested against removed slots
 
 
@@ -50,7 +52,7 @@ def test_one_token_set_in_every_head_answers_as_the_dense_cache_of_those_tokens(
     dense = continue_after(model, removed, 30, rows)
     survives = kept.expand(len(keys), keys[0].shape[1], -1)
     flat_keys, flat_values, lengths = keep_ragged(keys, values, survives)
-    use_headwise_attention(model)
+    register_headwise_attention(model)
     ragged = headwise_cache(flat_keys, flat_values, lengths)
     torch.testing.assert_close(continue_after(model, ragged, 30, rows), dense, atol=1e-5, rtol=1e-5)
     assert isinstance(ragged.layers[0], HeadwiseLayer) and ragged.layers[0].keys.shape[2] == rows + 1
@@ -68,7 +70,7 @@ def test_each_head_attends_only_to_its_own_tokens(rows: int) -> None:
     hidden = [~alive for alive in survives]  # per layer [Hkv, 30]
     with hidden_slots(hidden):
         expected = continue_after(model, cache_from_tensors(keys, values), 30, rows)
-    use_headwise_attention(model)
+    register_headwise_attention(model)
     ragged = continue_after(model, headwise_cache(flat_keys, flat_values, lengths), 30, rows)
     torch.testing.assert_close(ragged, expected, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(ragged, continue_after(model, cache_from_tensors(keys, values), 30, rows), atol=1e-3)
@@ -82,10 +84,10 @@ def test_the_wrapped_attention_leaves_dense_caches_and_masks_as_they_were(base: 
     ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
     with torch.no_grad():
         plain = model(ids).logits
-    use_headwise_attention(model)
-    use_headwise_attention(model)  # idempotent: wraps once
+    assert register_headwise_attention(model) and register_headwise_attention(model)  # idempotent: wraps once
     assert model.config._attn_implementation == PREFIX + base
-    assert base_implementation(model.config._attn_implementation) == base
+    assert ALL_ATTENTION_FUNCTIONS[PREFIX + base] == HeadwiseAttention(base)
+    assert DecoderStack(model).backend == base, "the stack sees the implementation the wrapper calls"
     torch.testing.assert_close(continue_after(model, cache_from_tensors(keys, values), 30, 5), before)
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, plain)
