@@ -16,6 +16,7 @@ import functools
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
@@ -26,6 +27,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from homer_integrations.cache.keys import DocumentKeys
 from homer_integrations.document_cache import CacheSource, DocumentCache
+from homer_integrations.homer.budget import read_rate
 from homer_integrations.homer.calibration import Calibration, CalibrationStore
 from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, CompressionStats, cached_tokens
 from homer_integrations.homer.compressor import CompressionResult, CompressorSettings, PruneObserver
@@ -146,21 +148,30 @@ class DocumentTiers:
 
         ``shared`` is the compressed root, cached under its key; ``full`` the uncompressed cache of
         the whole prompt (a plain prefill kept like a root; the prompt must fit the model's window);
-        ``query_aware`` (``suffix`` holds ``question``) looks up or builds the document's leaf tier
-        once and replays pruning and the upper levels with this suffix (the replayed root is not
-        cached; the source reported is the tier's).
+        ``query_aware`` (``suffix`` holds ``question``) builds this question's root by the recipe's
+        replay: from the document's leaf tier, looked up or built once (the source reported is the
+        tier's), or, for a replay that reads the text alone (BM25 passages past the model's window),
+        from the document's text with no tier at all (source ``computed``). The replayed root is not
+        cached.
         """
         self.prompting.check_document(document)
         mode = resolve_mode(mode, question=question)
         if mode == "query_aware":
             if question is None:
                 raise ValueError("query_aware mode compresses the question with the document: pass question=")
-            tier, source = self.leaf_tier(prefix, document)
-            return Compressed(
-                self._replay(tier, prefix, document, suffix, question),
-                source,
-                tier.seconds if source == "computed" else 0.0,
-            )
+            found: list[tuple[LeafTier, CacheSource]] = []
+
+            def leaf_tier() -> LeafTier:
+                if not found:
+                    tier, source = self.leaf_tier(prefix, document)
+                    found.append((tier.to(self.stack.device), source))
+                return found[0][0]
+
+            replayed = self._replay(leaf_tier, prefix, document, suffix, question)
+            if not found:
+                return Compressed(replayed, "computed", 0.0)
+            tier, source = found[0]
+            return Compressed(replayed, source, tier.seconds if source == "computed" else 0.0)
         full = mode == "full"
         key = self.keys.full(prefix, document, suffix) if full else self.keys.root(prefix, document, suffix)
         doc, source = self.document_cache.get_or_compute(
@@ -273,30 +284,38 @@ class DocumentTiers:
         )
         return tier
 
-    def _replay(self, tier: LeafTier, prefix: str, document: str, suffix: str, question: str) -> CompressedDocument:
-        """The query-aware compression of the tier's ``prefix`` + ``document`` with ``suffix`` (which holds
-        ``question``)."""
+    def _replay(
+        self, leaf_tier: Callable[[], LeafTier], prefix: str, document: str, suffix: str, question: str
+    ) -> CompressedDocument:
+        """The query-aware compression of ``prefix`` + ``document`` with ``suffix`` (which holds
+        ``question``); ``leaf_tier()`` gives the document's leaf tier, for a replay that reads one."""
         suffix_ids = encode(self.prompting.tokenizer, suffix, formatted=True)
-        prompt_len = tier.num_tokens + suffix_ids.numel()
-        if prompt_len > self.config.final_cache_len:
-            check_room(tier.num_tokens - tier.document_tokens + suffix_ids.numel(), self.config.final_cache_len)
+        prefix_ids, document_ids, _ = self.prompting.encode_span(prefix, document, "")
+        fixed = prefix_ids.numel() + suffix_ids.numel()
+        prompt_len = fixed + document_ids.numel()
         prunes = prompt_len > self.config.final_cache_len
-        tier = tier.to(self.stack.device)
+        if prunes:
+            check_room(fixed, self.config.final_cache_len)
 
         def reread() -> Reread:
-            prefix_ids, document_ids, _ = self.prompting.encode_span(prefix, document, "")
             lexical = self.question_scoring.lexical
             extra = self._lexical(lexical, document, document_ids, question) if lexical and prunes else None
             window = self.prompting.context_window
-            return Reread(prefix_ids, document_ids, extra, question, window, lambda p: self._passages(document, p))
+            passages = functools.partial(self._passages, document)
+            return Reread(prefix_ids, document_ids, extra, question, window, passages, self._read_rate)
 
         def compressor(reserved: int) -> TierCompressor:
             budget = self.config.final_cache_len - reserved
             return self.compressor(prunes, query_aware=True, final_cache_len=budget)
 
-        result = self.recipe.replay.replay(tier, suffix_ids, compressor, reread)
-        key = hashlib.sha256(f"{tier.key}\0{json.dumps(markup(suffix).segments)}".encode()).hexdigest()
+        result = self.recipe.replay.replay(leaf_tier, suffix_ids, compressor, reread)
+        tier_key = self.keys.tier(prefix, document)
+        key = hashlib.sha256(f"{tier_key}\0{json.dumps(markup(suffix).segments)}".encode()).hexdigest()
         return _document(key, result, prompt_len, question)
+
+    def _read_rate(self) -> float:
+        """Tokens per second this machine re-reads with the model (``homer.budget.read_rate``)."""
+        return read_rate(self.stack.layers, self.stack.dtype, self.stack.device)
 
     def _lexical(
         self, lexical: LexicalEvidence, document: str, document_ids: torch.Tensor, question: str

@@ -88,7 +88,7 @@ class TierCompressor(LeafTierCompressor):
     @torch.inference_mode()
     def reread(
         self,
-        tier: LeafTier,
+        plan: ChunkPlan,
         prefix_ids: torch.Tensor,
         document_ids: torch.Tensor,
         kept: torch.Tensor,
@@ -96,10 +96,9 @@ class TierCompressor(LeafTierCompressor):
         started: float,
     ) -> CompressionResult:
         """One plain prefill of prefix [P] + ``document_ids[kept]`` ([K] ascending) + suffix [S]
-        (``recompute.prefill_kept``), reported with the tier's split; ``started``: when the question's
-        work began (``time.perf_counter()``)."""
+        (``recompute.prefill_kept``), reported with the document's split ``plan``; ``started``: when the
+        question's work began (``time.perf_counter()``)."""
         result = prefill_kept(self.stack, self.settings, prefix_ids, document_ids, kept, suffix_ids)
-        plan = tier.plan.with_suffix(suffix_ids.numel())
         return replace(result, plan=plan, seconds=time.perf_counter() - started)
 
     @torch.inference_mode()

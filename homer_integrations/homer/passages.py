@@ -1,16 +1,16 @@
-"""Passages: a document's statements grouped into passages, ranked by question attention and BM25 together.
+"""Passages: a document's statements grouped into passages, ranked by BM25 (and, on request, by question
+attention too), kept whole.
 
 At book length (100k tokens and more) the per-question selection of single statements by question
 attention keeps the asked fact less often than BM25 over whole passages (Northanger Abbey, 102k
 tokens, Qwen2.5-Coder-1.5B, a 2k budget, tuning split: the answer's words kept for 19 of 36 questions
 against 28 of 36; ``research/book_selection.py``), and when it keeps the fact it keeps it without the
 sentences around it that the model needs to read it (a sixth of the 600 characters around the answer,
-against three fifths). ``PassageSelection`` keeps whole passages instead, ranked by reciprocal-rank
-fusion of the two signals: each passage's best statement by question attention (the tier's leaf
-scores) and BM25 over the passages' texts: 28 of 36 and three quarters of the context. Attention
-alone over passages ranks far worse than BM25, and the fusion ties BM25 alone over the same passages
-(``attention=0``: 28 of 36 at 2k and 4k tokens, 25 against 26 at 1k): at this length whole passages,
-not attention, close the gap to the retrieval route.
+against three fifths). ``PassageSelection`` keeps whole passages instead. Attention alone over passages
+ranks far worse than BM25, and fusing it with BM25 (reciprocal-rank fusion, ``attention=1``) ties BM25
+alone over the same passages (28 of 36 at 2k and 4k tokens; at 1k the fusion 26, BM25 25): at this
+length whole passages, not attention, close the gap to the retrieval route. So BM25 alone is the
+default (``attention=0``), and it needs no leaf tier: the selection reads the document's text only.
 """
 
 from __future__ import annotations
@@ -93,36 +93,44 @@ def spans(
 @dataclass(frozen=True)
 class PassageSelection:
     """Keep whole passages of about ``tokens`` tokens (each with the ``overlap`` tokens before it), best
-    first by reciprocal-rank fusion (constant ``fusion``) of question attention (a passage's best
-    statement) and BM25 over the passages, until the budget is full; a passage that would overflow it
-    is passed over for the next one. Defaults: ``research/book_selection.py`` on the tuning split."""
+    first by BM25 over the passages (fused by reciprocal rank, constant ``fusion``, with question
+    attention's ranking of each passage's best statement when ``attention`` > 0), until the budget is
+    full; a passage that would overflow it is passed over for the next one. Defaults:
+    ``research/book_selection.py`` on the tuning split."""
 
     tokens: int = 128
     overlap: int = 48
     fusion: int = 60
-    attention: float = 1.0
-    """Weight of attention's reciprocal rank against BM25's (0: BM25 alone orders the passages)."""
+    attention: float = 0.0
+    """Weight of attention's reciprocal rank against BM25's (0: BM25 alone orders the passages, and no
+    attention scores, hence no leaf tier, are needed)."""
 
     def __post_init__(self) -> None:
         if self.tokens < 16:
             raise ValueError(f"PassageSelection.tokens must be at least 16, not {self.tokens}")
         if self.fusion < 1:
             raise ValueError(f"PassageSelection.fusion must be at least 1, not {self.fusion}")
+        if self.attention < 0:
+            raise ValueError(f"PassageSelection.attention must not be negative, not {self.attention}")
 
     def passages(self, tokenizer, document_ids: torch.Tensor, statements: torch.Tensor) -> Passages:
         """This selection's passages of a document (token ids [N], statement index per token [N])."""
         return Passages.of(tokenizer, document_ids, statements, self.tokens, self.overlap)
 
-    def ranking(self, question: str, scores: torch.Tensor, passages: Passages) -> list[int]:
-        """Passage indices, best first, from the document's attention scores [N] and BM25 on ``question``."""
+    def ranking(self, question: str, scores: torch.Tensor | None, passages: Passages) -> list[int]:
+        """Passage indices, best first, from BM25 on ``question`` and the document's attention scores [N]
+        (None when ``attention`` is 0)."""
         fused = torch.zeros(len(passages), dtype=torch.float64)
-        by_attention = passages.best(scores).argsort(descending=True, stable=True)
-        fused[by_attention] += self.attention / (self.fusion + torch.arange(len(passages), dtype=torch.float64))
+        if self.attention > 0:
+            if scores is None:
+                raise ValueError("this PassageSelection weighs question attention: pass the document's scores")
+            by_attention = passages.best(scores).argsort(descending=True, stable=True)
+            fused[by_attention] += self.attention / (self.fusion + torch.arange(len(passages), dtype=torch.float64))
         for place, hit in enumerate(passages.index.search(question, len(passages))):
             fused[hit.index] += 1.0 / (self.fusion + place)
         return fused.argsort(descending=True, stable=True).tolist()
 
-    def select(self, question: str, scores: torch.Tensor, passages: Passages, budget: int) -> torch.Tensor:
+    def select(self, question: str, scores: torch.Tensor | None, passages: Passages, budget: int) -> torch.Tensor:
         """Ascending document token indices [K] of the best passages, K <= ``budget``."""
         room = budget
         taken = torch.zeros(int(passages.stops.max()), dtype=torch.bool)

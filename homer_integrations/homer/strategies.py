@@ -18,7 +18,9 @@ from typing import ClassVar, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
+from homer_integrations.homer.budget import ReadBudget
 from homer_integrations.homer.calibration import SEGMENTS
+from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.compressor import CompressionResult, ProgressFn
 from homer_integrations.homer.flat import TierCompressor
 from homer_integrations.homer.headwise.root import compress_headwise, headwise_refusal
@@ -158,8 +160,9 @@ SHARED_ROOTS: dict[str, SharedRoot] = {
 class Reread(NamedTuple):
     """A re-read's inputs: prefix [P] and document [N] token ids (a leaf tier keeps no ids), ``extra`` [E],
     document token indices kept beside the selection whatever it chose (``lexical.LexicalEvidence``), the
-    ``question``, the model's context ``window``, and ``passages(selection)``: the document's passages as
-    ``selection`` groups them (None where the tokenizer's offsets do not line up with statements)."""
+    ``question``, the model's context ``window``, ``passages(selection)``: the document's passages as
+    ``selection`` groups them (None where the tokenizer's offsets do not line up with statements), and
+    ``rate()``."""
 
     prefix_ids: torch.Tensor
     document_ids: torch.Tensor
@@ -167,6 +170,8 @@ class Reread(NamedTuple):
     question: str = ""
     window: int = 0
     passages: Callable[[PassageSelection], Passages | None] = lambda selection: None
+    rate: Callable[[], float] = lambda: 0.0
+    """Tokens per second this machine re-reads with the model (``budget.read_rate``)."""
 
 
 CompressorFor = Callable[[int], TierCompressor]
@@ -175,13 +180,19 @@ CompressorFor = Callable[[int], TierCompressor]
 
 @runtime_checkable
 class Replay(Protocol):
-    """How ``query_aware`` rebuilds the root from the document's leaf tier for one question's suffix."""
+    """How ``query_aware`` builds the root the model answers one question from: from the document's leaf
+    tier (``leaf_tier()``: read or built on first call) or from its text alone (``reread()``)."""
 
     def replay(
-        self, tier: LeafTier, suffix_ids: torch.Tensor, compressor: CompressorFor, reread: Callable[[], Reread]
+        self,
+        leaf_tier: Callable[[], LeafTier],
+        suffix_ids: torch.Tensor,
+        compressor: CompressorFor,
+        reread: Callable[[], Reread],
     ) -> CompressionResult:
-        """The root of ``tier``'s document with ``suffix_ids`` [S] (which holds the question); ``reread()``
-        gives what a prefill of the kept tokens needs (computed only by a replay that re-reads)."""
+        """The root of the document with ``suffix_ids`` [S] (which holds the question); ``leaf_tier()`` gives
+        the document's leaf tier (built once, on the first call of the first question that needs it) and
+        ``reread()`` what a prefill of the kept tokens needs."""
         ...
 
 
@@ -193,11 +204,16 @@ class RecomputeReplay:
     same budget."""
 
     def replay(
-        self, tier: LeafTier, suffix_ids: torch.Tensor, compressor: CompressorFor, reread: Callable[[], Reread]
+        self,
+        leaf_tier: Callable[[], LeafTier],
+        suffix_ids: torch.Tensor,
+        compressor: CompressorFor,
+        reread: Callable[[], Reread],
     ) -> CompressionResult:
         r = reread()
         reserved = 0 if r.extra is None else r.extra.numel()
-        return compressor(reserved).replay_recompute(tier, r.prefix_ids, r.document_ids, suffix_ids, extra=r.extra)
+        chosen = compressor(reserved)
+        return chosen.replay_recompute(leaf_tier(), r.prefix_ids, r.document_ids, suffix_ids, extra=r.extra)
 
 
 @dataclass(frozen=True)
@@ -205,9 +221,13 @@ class FlatReplay:
     """``RecomputeReplay``'s selection, run through the upper layers only, as one node."""
 
     def replay(
-        self, tier: LeafTier, suffix_ids: torch.Tensor, compressor: CompressorFor, reread: Callable[[], Reread]
+        self,
+        leaf_tier: Callable[[], LeafTier],
+        suffix_ids: torch.Tensor,
+        compressor: CompressorFor,
+        reread: Callable[[], Reread],
     ) -> CompressionResult:
-        return compressor(0).replay_flat(tier, suffix_ids)
+        return compressor(0).replay_flat(leaf_tier(), suffix_ids)
 
 
 @dataclass(frozen=True)
@@ -215,49 +235,68 @@ class TreeReplay:
     """The paper's merge tree replayed: each level prunes again with the question."""
 
     def replay(
-        self, tier: LeafTier, suffix_ids: torch.Tensor, compressor: CompressorFor, reread: Callable[[], Reread]
+        self,
+        leaf_tier: Callable[[], LeafTier],
+        suffix_ids: torch.Tensor,
+        compressor: CompressorFor,
+        reread: Callable[[], Reread],
     ) -> CompressionResult:
-        return compressor(0).replay(tier, suffix_ids)
+        return compressor(0).replay(leaf_tier(), suffix_ids)
 
 
 @dataclass(frozen=True)
 class PassageReplay:
-    """Whole passages ranked by question attention and BM25 fused (``passages.PassageSelection``), as many
-    as fill ``final_cache_len`` with the prefix and suffix, re-read by one plain prefill. A tier of one
-    leaf, or a tokenizer whose offsets give no statements, replays as ``RecomputeReplay``."""
+    """Whole passages ranked by BM25 (fused with question attention when the selection weighs it:
+    ``passages.PassageSelection``), as many as fill the ``budget`` (``budget.ReadBudget``: what this
+    machine re-reads in ten seconds, at least ``final_cache_len``), re-read by one plain prefill. BM25
+    alone reads the document's text only: no leaf tier is built. A document within ``final_cache_len``,
+    or a tokenizer whose offsets give no statements, replays as ``RecomputeReplay``."""
 
     selection: PassageSelection = field(default_factory=PassageSelection)
+    budget: ReadBudget = field(default_factory=ReadBudget)
 
     def replay(
-        self, tier: LeafTier, suffix_ids: torch.Tensor, compressor: CompressorFor, reread: Callable[[], Reread]
+        self,
+        leaf_tier: Callable[[], LeafTier],
+        suffix_ids: torch.Tensor,
+        compressor: CompressorFor,
+        reread: Callable[[], Reread],
     ) -> CompressionResult:
         started = time.perf_counter()
         inputs = reread()
-        passages = inputs.passages(self.selection) if tier.plan.height > 0 else None
-        if passages is None:
-            return RecomputeReplay().replay(tier, suffix_ids, compressor, lambda: inputs)
         chosen = compressor(0)
-        scores = chosen.document_scores(tier, suffix_ids)
-        budget = chosen.settings.final_cache_len - inputs.prefix_ids.numel() - suffix_ids.numel()
+        prefix, document, suffix = inputs.prefix_ids.numel(), inputs.document_ids.numel(), suffix_ids.numel()
+        floor = chosen.settings.final_cache_len - prefix - suffix
+        passages = inputs.passages(self.selection) if document > floor else None
+        if passages is None:
+            return RecomputeReplay().replay(leaf_tier, suffix_ids, compressor, lambda: inputs)
+        budget = self.budget.kept(floor, inputs.window, document, inputs.rate())
+        scores = chosen.document_scores(leaf_tier(), suffix_ids) if self.selection.attention > 0 else None
         kept = self.selection.select(inputs.question, scores, passages, budget)
-        return chosen.reread(tier, inputs.prefix_ids, inputs.document_ids, kept, suffix_ids, started)
+        s = chosen.settings
+        plan = ChunkPlan.build(prefix, document, 0, s.max_chunk_len, s.suffix_reserve).with_suffix(suffix)
+        return chosen.reread(plan, inputs.prefix_ids, inputs.document_ids, kept, suffix_ids, started)
 
 
 @dataclass(frozen=True)
 class AutoReplay:
     """The default: ``PassageReplay`` for a document longer than the model's window, ``RecomputeReplay``
     within it. Past the window (Northanger Abbey, 102k tokens, tuning split) single statements chosen by
-    attention kept the asked fact for 19 of 36 questions and passages 28 (``homer.passages``); within it
-    (RULER 4k-32k) the token selection answers as a plain prefill does."""
+    attention kept the asked fact for 19 of 36 questions and BM25's passages 28 (``homer.passages``), with
+    no leaf tier to build; within it (RULER 4k-32k) the token selection answers as a plain prefill does."""
 
     passages: PassageReplay = field(default_factory=PassageReplay)
 
     def replay(
-        self, tier: LeafTier, suffix_ids: torch.Tensor, compressor: CompressorFor, reread: Callable[[], Reread]
+        self,
+        leaf_tier: Callable[[], LeafTier],
+        suffix_ids: torch.Tensor,
+        compressor: CompressorFor,
+        reread: Callable[[], Reread],
     ) -> CompressionResult:
         inputs = reread()
-        chosen: Replay = self.passages if tier.document_tokens > inputs.window else RecomputeReplay()
-        return chosen.replay(tier, suffix_ids, compressor, lambda: inputs)
+        chosen: Replay = self.passages if inputs.document_ids.numel() > inputs.window else RecomputeReplay()
+        return chosen.replay(leaf_tier, suffix_ids, compressor, lambda: inputs)
 
 
 REPLAYS: dict[str, Replay] = {

@@ -7,6 +7,7 @@ import itertools
 import pytest
 import torch
 
+from homer_integrations.homer.budget import ReadBudget
 from homer_integrations.homer.passages import Passages, PassageSelection, spans
 from homer_integrations.homer.prompt import encode, unit_ids
 from homer_integrations.homer.scoring import Scoring
@@ -59,12 +60,16 @@ def test_selection_fuses_attention_and_bm25_and_keeps_whole_passages_within_budg
     scores = torch.zeros(document_ids.numel())
     attended = (bm25_best + 2) % len(found)
     scores[int(found.stops[attended]) - 5] = 5.0  # attention prefers another passage (outside any overlap)
-    ranking = PassageSelection(tokens=24, overlap=4).ranking(question, scores, found)
+    fused = PassageSelection(tokens=24, overlap=4, attention=1.0)
+    ranking = fused.ranking(question, scores, found)
     assert set(ranking[:2]) == {bm25_best, attended}, "each signal's best passage leads the fusion"
-    lexical_only = PassageSelection(tokens=24, overlap=4, attention=0.0).ranking(question, scores, found)
-    assert lexical_only[0] == bm25_best and attended not in lexical_only[:1]
+    lexical_only = PassageSelection(tokens=24, overlap=4).ranking(question, None, found)
+    assert lexical_only[0] == bm25_best and attended not in lexical_only[:1], "the default is BM25 alone"
+    assert lexical_only == PassageSelection(tokens=24, overlap=4).ranking(question, scores, found)
+    with pytest.raises(ValueError, match="scores"):
+        fused.ranking(question, None, found)
     budget = int((found.stops - found.starts)[[bm25_best, attended]].sum())
-    kept = PassageSelection(tokens=24, overlap=4).select(question, scores, found, budget)
+    kept = fused.select(question, scores, found, budget)
     assert torch.equal(kept, kept.unique()) and kept.numel() <= budget
     for passage in (bm25_best, attended):
         assert set(found.tokens(passage).tolist()) <= set(kept.tolist()), "whole passages"
@@ -72,6 +77,8 @@ def test_selection_fuses_attention_and_bm25_and_keeps_whole_passages_within_budg
         PassageSelection(tokens=24, overlap=4).select(question, scores, found, budget=2)
     with pytest.raises(ValueError, match="at least 16"):
         PassageSelection(tokens=8)
+    with pytest.raises(ValueError, match="negative"):
+        PassageSelection(attention=-1.0)
 
 
 def test_document_scores_are_what_the_flat_selection_ranks() -> None:
@@ -87,7 +94,7 @@ def test_document_scores_are_what_the_flat_selection_ranks() -> None:
     kept = torch.zeros(doc.numel(), dtype=torch.bool)
     kept[result.origin[result.origin >= 0]] = True
     assert float(scores[kept].min()) >= float(scores[~kept].max()) - 1e-5, "the kept tokens are the best scored"
-    again = comp.reread(tier, prefix, doc, kept.nonzero()[:, 0], suffix, 0.0)
+    again = comp.reread(tier.plan.with_suffix(suffix.numel()), prefix, doc, kept.nonzero()[:, 0], suffix, 0.0)
     torch.testing.assert_close(again.next_token_logits, result.next_token_logits)
 
 
@@ -103,7 +110,8 @@ def test_past_the_window_the_default_replay_rereads_whole_passages(tokenizer, ca
     from homer_integrations.homer.strategies import AutoReplay, PassageReplay, Recipe, RecomputeReplay
 
     engine = mode_engine(tokenizer, calibration)
-    small = PassageReplay(PassageSelection(tokens=24, overlap=8))  # the tiny engine keeps 128 tokens
+    # the tiny engine keeps 128 tokens (a budget of no seconds stays at final_cache_len)
+    small = PassageReplay(PassageSelection(tokens=24, overlap=8), ReadBudget(seconds=0))
     engine.tiers.recipe = Recipe(replay=AutoReplay(small), calibration_segments=2)
     book = novel[20_000:32_000]
     question = "Who walked to Meryton with the sisters?"
@@ -115,6 +123,33 @@ def test_past_the_window_the_default_replay_rereads_whole_passages(tokenizer, ca
     scattered = tokens.compress(book, question=question, mode="query_aware")
     assert len(_runs(scattered.origin)) > 2 * len(_runs(passages.origin))
     assert passages.num_tokens <= 128
+
+
+def test_past_the_window_bm25_passages_need_no_leaf_tier_and_attention_builds_it_once(
+    tokenizer, calibration, novel
+) -> None:
+    from homer_integrations.homer.strategies import AutoReplay, PassageReplay, Recipe
+
+    book, question = novel[20_000:32_000], "Who walked to Meryton with the sisters?"
+    engine = mode_engine(tokenizer, calibration)
+    engine.tiers.recipe = Recipe(replay=AutoReplay(PassageReplay(PassageSelection(tokens=24))), calibration_segments=2)
+    stream = engine.run(book, question, mode="query_aware", max_new_tokens=2)
+    stream.text()
+    info = stream.info
+    assert info.cache_source == "computed" and info.document_seconds == 0.0
+    assert engine.tiers.document_cache.stats().entries == 0, "no leaf tier was built or stored"
+    grown = engine.compress(book, question=question, mode="query_aware").num_tokens
+    assert 128 < grown <= engine.context_window // 2 + 64, "a fast machine re-reads more than final_cache_len"
+    fused = PassageReplay(PassageSelection(tokens=24, attention=1.0))
+    engine.tiers.recipe = Recipe(replay=AutoReplay(fused), calibration_segments=2)
+    first = engine.run(book, question, mode="query_aware", max_new_tokens=2)
+    first.text()
+    again = engine.run(book, "Where did they walk?", mode="query_aware", max_new_tokens=2)
+    again.text()
+    assert (first.info.cache_source, again.info.cache_source) == ("computed", "memory"), (
+        "the tier is built once, then read"
+    )
+    assert engine.tiers.document_cache.stats().entries == 1
 
 
 def test_within_the_window_the_default_replay_is_the_token_selection(tokenizer, calibration, text) -> None:

@@ -93,7 +93,10 @@ def test_units_are_named_by_their_repr_and_the_recipe_checks_its_parts():
         "RecomputeRoot()",
         "TreeRoot()",
     ]
-    passages = "PassageReplay(selection=PassageSelection(tokens=128, overlap=48, fusion=60, attention=1.0))"
+    selection = "PassageSelection(tokens=128, overlap=48, fusion=60, attention=0.0)"
+    passages = (
+        f"PassageReplay(selection={selection}, budget=ReadBudget(tokens=None, seconds=10.0, share=0.5, step=1024))"
+    )
     assert [repr(u) for u in REPLAYS.values()] == [
         f"AutoReplay(passages={passages})",
         "RecomputeReplay()",

@@ -1,0 +1,74 @@
+"""How many document tokens a question re-reads past the model's window: a budget that grows with the machine.
+
+Past the window a question keeps the whole passages BM25 ranks best and re-reads them in one plain
+prefill (``strategies.PassageReplay``). The more it keeps, the more often the answer is among them
+(``research/book_budget.py``, Northanger Abbey's tuning split, answer kept at 1k / 2k / 4k / 8k / 16k
+tokens: 25 / 28 / 28 / 32 / 35 of 36) while the re-read's seconds grow with the kept tokens. So the
+budget is what this machine re-reads with this model within ``seconds``: at least the configured
+``final_cache_len``, at most ``share`` of the model's window (the question and the answer need the
+rest, and the model reads a full window less well), never more than the document. For
+Qwen2.5-Coder-1.5B in bfloat16 that is the configured 2k on a 2-core CPU without AMX (about 340
+GFLOP/s), about 4k at the 1.3 TFLOP/s of two AMX cores, and the cap (16k) on a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ReadBudget:
+    """Kept document tokens for one question's re-read: ``tokens`` when set, else as many as this machine
+    re-reads in ``seconds`` (``read_rate``), rounded down to a multiple of ``step``, between the
+    configured ``final_cache_len`` and ``share`` of the model's window."""
+
+    tokens: int | None = None
+    seconds: float = 10.0
+    share: float = 0.5
+    step: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.tokens is not None and self.tokens < 16:
+            raise ValueError(f"ReadBudget.tokens must be at least 16, not {self.tokens}")
+        if self.seconds < 0 or not 0 < self.share <= 1 or self.step < 1:
+            raise ValueError(f"ReadBudget needs seconds >= 0, 0 < share <= 1 and step >= 1, not {self}")
+
+    def kept(self, floor: int, window: int, document_tokens: int, rate: float) -> int:
+        """Document tokens to keep: ``floor`` (the configured ``final_cache_len``) or more, given the
+        model's ``window``, the document's length and ``rate``, tokens re-read per second here."""
+        if self.tokens is not None:
+            return min(self.tokens, document_tokens)
+        affordable = int(self.seconds * rate) // self.step * self.step
+        return min(max(floor, min(affordable, int(window * self.share))), document_tokens)
+
+
+@functools.cache
+def matmul_flops(dtype: torch.dtype, device: str) -> float:
+    """FLOP/s of a prefill-shaped matrix product ([1024, 1536] x [1536, 4096], about 13 GFLOP) in
+    ``dtype`` on ``device`` ("cpu", "cuda"...), best of three after a warm-up; measured once per process."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 1536, generator=generator).to(device=device, dtype=dtype)
+    w = torch.randn(4096, 1536, generator=generator).to(device=device, dtype=dtype)
+    torch.nn.functional.linear(x, w)
+    best = float("inf")
+    for _ in range(3):
+        if x.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        torch.nn.functional.linear(x, w)
+        if x.device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * x.shape[0] * x.shape[1] * w.shape[0] / best
+
+
+def read_rate(layers: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> float:
+    """Tokens per second a prefill through ``layers`` (the decoder layers) reaches here, estimated as the
+    machine's matrix-product FLOP/s over two FLOPs per weight per token (attention's share is small at
+    the lengths a re-read has)."""
+    weights = sum(p.numel() for p in layers.parameters())
+    return matmul_flops(dtype, device.type) / (2 * max(weights, 1))
