@@ -11,6 +11,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from homer_integrations.homer.config import HomerConfig, Mode, resolve_mode
+from homer_integrations.homer.encoded import EncodedDocument
 from homer_integrations.homer.prompt import PromptText, PromptTexts, encode, layout_around, render_chat, render_layout
 
 DOCUMENTS_REMEMBERED = 4
@@ -232,6 +233,18 @@ class Prompting:
 
     def _encode_document(self, document: str) -> torch.Tensor:
         return encode(self.tokenizer, document)
+
+    def encode_document(
+        self, prefix: str, document: str, suffix: str, *, full: bool = False, asks: bool = False
+    ) -> EncodedDocument:
+        """The call's ``EncodedDocument`` (``encode_span``'s ids, the document's units on demand); ``asks``:
+        the suffix holds a question, which the document's limit does not count (the leaf tier the question
+        replays from is planned without it)."""
+        if not asks:
+            return EncodedDocument(document, *self.encode_span(prefix, document, suffix, full=full), self.tokenizer)
+        prefix_ids, document_ids, _ = self.encode_span(prefix, document, "")
+        suffix_ids = encode(self.tokenizer, suffix, formatted=True)
+        return EncodedDocument(document, prefix_ids, document_ids, suffix_ids, self.tokenizer)
 
     def encode_span(
         self, prefix: str, document: str, suffix: str, *, full: bool = False

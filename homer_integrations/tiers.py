@@ -16,10 +16,11 @@ import functools
 import hashlib
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import torch
 from tqdm.auto import tqdm
@@ -33,18 +34,20 @@ from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, C
 from homer_integrations.homer.compressor import CompressionResult, CompressorSettings, PruneObserver
 from homer_integrations.homer.config import HomerConfig, Mode, resolve_mode
 from homer_integrations.homer.decoder import DecoderStack
+from homer_integrations.homer.encoded import EncodedDocument
 from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_fingerprint
 from homer_integrations.homer.flat import TierCompressor
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.lexical import LexicalEvidence, Statements
 from homer_integrations.homer.passages import Passages, PassageSelection
-from homer_integrations.homer.prompt import encode, markup, unit_ids
+from homer_integrations.homer.prompt import encode, markup
 from homer_integrations.homer.scoring import REPEAT_PROMPT, Scoring
 from homer_integrations.homer.strategies import Recipe, Reread, RootSpan, SharedRoot, TreeRoot
 from homer_integrations.paths import PACKAGE_DATA, bundled_text, cache_root
 from homer_integrations.prompting import Prompting
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ALGORITHM_VERSION = 1
 """Bumped whenever compression changes its output for the same settings: old cache entries then miss."""
@@ -120,9 +123,8 @@ class DocumentTiers:
             model, tokenizer, stack, c, recipe, self.scoring, self.question_scoring.unit, self.calibration.id
         )
         """Document-cache keys of these entries (``root``, ``full``, ``tier``)."""
-        # A document's BM25 statements, asked for by every question on it (``_lexical``); keyed by the text.
-        self._statements = functools.lru_cache(maxsize=4)(self._index_statements)
-        self._passages = functools.lru_cache(maxsize=4)(self._index_passages)
+        # A document's BM25 statements and passages, asked for by every question on it; keyed by the text.
+        self._indexes = RecentIndexes()
         self.prune_observer: PruneObserver | None = None
         """Diagnostics: called with every node's ``PruneEvent`` during compressions computed from now on."""
         self.cache_spec, self.root_spec, self.full_cache_spec = entry_specs(
@@ -159,15 +161,16 @@ class DocumentTiers:
         if mode == "query_aware":
             if question is None:
                 raise ValueError("query_aware mode compresses the question with the document: pass question=")
+            encoded = self.prompting.encode_document(prefix, document, suffix, asks=True)
             found: list[tuple[LeafTier, CacheSource]] = []
 
             def leaf_tier() -> LeafTier:
                 if not found:
-                    tier, source = self.leaf_tier(prefix, document)
+                    tier, source = self.leaf_tier(prefix, document, encoded)
                     found.append((tier.to(self.stack.device), source))
                 return found[0][0]
 
-            replayed = self._replay(leaf_tier, prefix, document, suffix, question)
+            replayed = self._replay(leaf_tier, encoded, prefix, suffix, question)
             if not found:
                 return Compressed(replayed, "computed", 0.0)
             tier, source = found[0]
@@ -176,17 +179,26 @@ class DocumentTiers:
         key = self.keys.full(prefix, document, suffix) if full else self.keys.root(prefix, document, suffix)
         doc, source = self.document_cache.get_or_compute(
             key,
-            lambda: self._compress_now(key, prefix, document, suffix, full=full),
+            lambda: self._compress_now(
+                key, self.prompting.encode_document(prefix, document, suffix, full=full), full=full
+            ),
             spec=self.full_cache_spec if full else self.root_spec,
         )
         return Compressed(doc, source, doc.stats.seconds if source == "computed" else 0.0)
 
-    def leaf_tier(self, prefix: str, document: str) -> tuple[LeafTier, CacheSource]:
-        """The document's leaf tier (cached like a root): what every query-aware question replays from."""
+    def leaf_tier(
+        self, prefix: str, document: str, encoded: EncodedDocument | None = None
+    ) -> tuple[LeafTier, CacheSource]:
+        """The document's leaf tier (cached like a root): what every query-aware question replays from.
+        ``encoded``: the call's encoding of prefix and document, where the caller has one."""
         key = self.keys.tier(prefix, document)
-        return self.document_cache.get_or_compute(
-            key, lambda: self._build_tier(key, prefix, document), spec=self.cache_spec
-        )
+
+        def build() -> LeafTier:
+            if encoded is not None:
+                return self._build_tier(key, encoded)
+            return self._build_tier(key, self.prompting.encode_document(prefix, document, ""))
+
+        return self.document_cache.get_or_compute(key, build, spec=self.cache_spec)
 
     def compressor(
         self, prunes: bool, *, query_aware: bool, full: bool = False, final_cache_len: int | None = None
@@ -221,32 +233,24 @@ class DocumentTiers:
 
     def unit_ids(self, document: str, document_ids: torch.Tensor, unit: str) -> torch.Tensor | None:
         """Unit index ``[N]`` of every document token for ``unit`` (a ``Scoring.unit``; None: single tokens)."""
-        words = unit_ids(self.prompting.tokenizer, document, unit)
-        if words is not None and words.numel() != document_ids.numel():
-            return None  # tokenizer without offsets that line up: fall back to token scores
-        return words
+        none = document_ids[:0]
+        return EncodedDocument(document, none, document_ids, none, self.prompting.tokenizer).units(unit)
 
     def _progress(self, total: int, desc: str) -> tqdm:
         disable = True if self.progress is False else None
         return tqdm(total=total, desc=desc, unit="tok", unit_scale=True, disable=disable, leave=False)
 
-    def _compress_now(
-        self, key: str, prefix: str, document: str, suffix: str, *, full: bool = False
-    ) -> CompressedDocument:
-        prefix_ids, document_ids, suffix_ids = self.prompting.encode_span(prefix, document, suffix, full=full)
-        prompt_len = prefix_ids.numel() + document_ids.numel() + suffix_ids.numel()
+    def _compress_now(self, key: str, encoded: EncodedDocument, *, full: bool = False) -> CompressedDocument:
+        prompt_len = encoded.prompt_len
         prunes = not full and prompt_len > self.config.final_cache_len
         if prunes:
-            check_room(prefix_ids.numel() + suffix_ids.numel(), self.config.final_cache_len)
+            check_room(encoded.fixed_len, self.config.final_cache_len)
         compressor = self.compressor(prunes, query_aware=False, full=full)
         root: SharedRoot = TreeRoot() if full else self.recipe.shared_root  # a full prefill prunes nothing
-        with self._progress(document_ids.numel(), "HOMER compress") as bar:
+        with self._progress(encoded.document_ids.numel(), "HOMER compress") as bar:
             span = RootSpan(
-                prefix_ids,
-                document_ids,
-                suffix_ids,
-                word_ids=self.unit_ids(document, document_ids, self.scoring.unit) if prunes else None,
-                whole_words=lambda: self.unit_ids(document, document_ids, "word"),
+                encoded,
+                word_ids=encoded.units(self.scoring.unit) if prunes else None,
                 repeat_ids=self.repeat_ids,
                 prunes=prunes,
                 progress=bar.update,
@@ -262,14 +266,13 @@ class DocumentTiers:
         )
         return doc
 
-    def _build_tier(self, key: str, prefix: str, document: str) -> LeafTier:
-        prefix_ids, document_ids, _ = self.prompting.encode_span(prefix, document, "")
+    def _build_tier(self, key: str, encoded: EncodedDocument) -> LeafTier:
         compressor = self.compressor(False, query_aware=True)
-        with self._progress(document_ids.numel(), "HOMER leaf tier") as bar:
+        with self._progress(encoded.document_ids.numel(), "HOMER leaf tier") as bar:
             tier = compressor.build_leaf_tier(
-                prefix_ids,
-                document_ids,
-                self.unit_ids(document, document_ids, self.question_scoring.unit),
+                encoded.prefix_ids,
+                encoded.document_ids,
+                encoded.units(self.question_scoring.unit),
                 key=key,
                 progress=bar.update,
                 allocate=self.document_cache.allocator(key) if self.stack.device.type == "cpu" else None,
@@ -285,31 +288,29 @@ class DocumentTiers:
         return tier
 
     def _replay(
-        self, leaf_tier: Callable[[], LeafTier], prefix: str, document: str, suffix: str, question: str
+        self, leaf_tier: Callable[[], LeafTier], encoded: EncodedDocument, prefix: str, suffix: str, question: str
     ) -> CompressedDocument:
-        """The query-aware compression of ``prefix`` + ``document`` with ``suffix`` (which holds
-        ``question``); ``leaf_tier()`` gives the document's leaf tier, for a replay that reads one."""
-        suffix_ids = encode(self.prompting.tokenizer, suffix, formatted=True)
-        prefix_ids, document_ids, _ = self.prompting.encode_span(prefix, document, "")
-        fixed = prefix_ids.numel() + suffix_ids.numel()
-        prompt_len = fixed + document_ids.numel()
+        """The query-aware compression of ``encoded`` (whose suffix, the ``suffix`` text, holds ``question``;
+        ``prefix``: the prefix text, for the key); ``leaf_tier()`` gives the document's leaf tier, for a replay
+        that reads one."""
+        prompt_len = encoded.prompt_len
         prunes = prompt_len > self.config.final_cache_len
         if prunes:
-            check_room(fixed, self.config.final_cache_len)
+            check_room(encoded.fixed_len, self.config.final_cache_len)
 
         def reread() -> Reread:
             lexical = self.question_scoring.lexical
-            extra = self._lexical(lexical, document, document_ids, question) if lexical and prunes else None
+            extra = self._lexical(lexical, encoded, question) if lexical and prunes else None
             window = self.prompting.context_window
-            passages = functools.partial(self._passages, document)
-            return Reread(prefix_ids, document_ids, extra, question, window, passages, self._read_rate)
+            passages = functools.partial(self._passages, encoded)
+            return Reread(encoded, extra, question, window, passages, self._read_rate)
 
         def compressor(reserved: int) -> TierCompressor:
             budget = self.config.final_cache_len - reserved
             return self.compressor(prunes, query_aware=True, final_cache_len=budget)
 
-        result = self.recipe.replay.replay(leaf_tier, suffix_ids, compressor, reread)
-        tier_key = self.keys.tier(prefix, document)
+        result = self.recipe.replay.replay(leaf_tier, encoded.suffix_ids, compressor, reread)
+        tier_key = self.keys.tier(prefix, encoded.text)
         key = hashlib.sha256(f"{tier_key}\0{json.dumps(markup(suffix).segments)}".encode()).hexdigest()
         return _document(key, result, prompt_len, question)
 
@@ -317,28 +318,22 @@ class DocumentTiers:
         """Tokens per second this machine re-reads with the model (``homer.budget.read_rate``)."""
         return read_rate(self.stack.layers, self.stack.dtype, self.stack.device)
 
-    def _lexical(
-        self, lexical: LexicalEvidence, document: str, document_ids: torch.Tensor, question: str
-    ) -> torch.Tensor | None:
+    def _lexical(self, lexical: LexicalEvidence, encoded: EncodedDocument, question: str) -> torch.Tensor | None:
         """The document tokens [E] ``lexical`` keeps for ``question``; None where statements do not line up."""
-        statements = self._statements(document)
+        statements = self._statements(encoded)
         if statements is None:
             return None
         return lexical.tokens(question, statements, self.config.final_cache_len)
 
-    def _index_passages(self, document: str, selection: PassageSelection) -> Passages | None:
-        found = self._statement_units(document)
-        return None if found is None else selection.passages(self.prompting.tokenizer, *found)
+    def _statements(self, encoded: EncodedDocument) -> Statements | None:
+        """The document's BM25 statements (None where offsets do not line up), kept for its next questions."""
+        return self._indexes.get(("statements", encoded.text), lambda: _of_statements(encoded, Statements.of))
 
-    def _index_statements(self, document: str) -> Statements | None:
-        found = self._statement_units(document)
-        return None if found is None else Statements.of(self.prompting.tokenizer, *found)
-
-    def _statement_units(self, document: str) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The document's token ids [N] and each token's statement [N]; None where offsets do not line up."""
-        _, document_ids, _ = self.prompting.encode_span("", document, "")
-        units = self.unit_ids(document, document_ids, "statement")
-        return None if units is None else (document_ids, units)
+    def _passages(self, encoded: EncodedDocument, selection: PassageSelection) -> Passages | None:
+        """The document's passages as ``selection`` groups them, kept for its next questions."""
+        return self._indexes.get(
+            ("passages", encoded.text, selection), lambda: _of_statements(encoded, selection.passages)
+        )
 
 
 class EntrySpecs(NamedTuple):
@@ -408,6 +403,32 @@ def entry_keys(
         }
     }
     return DocumentKeys(identity, root, tier)
+
+
+class RecentIndexes:
+    """The last ``size`` indexes of documents (statements, passages), by a key that holds the text."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self._kept: OrderedDict[tuple, object] = OrderedDict()
+
+    def get(self, key: tuple, build: Callable[[], T]) -> T:
+        """The index under ``key``, built by ``build()`` the first time."""
+        if key in self._kept:
+            self._kept.move_to_end(key)
+        else:
+            self._kept[key] = build()
+            while len(self._kept) > self.size:
+                self._kept.popitem(last=False)
+        return self._kept[key]  # type: ignore[return-value]
+
+
+def _of_statements(
+    encoded: EncodedDocument, index: Callable[[PreTrainedTokenizerBase, torch.Tensor, torch.Tensor], T]
+) -> T | None:
+    """``index(tokenizer, document_ids, statements)`` of ``encoded``; None where statements do not line up."""
+    units = encoded.units("statement")
+    return None if units is None else index(encoded.tokenizer, encoded.document_ids, units)
 
 
 def check_room(fixed_tokens: int, budget: int) -> None:

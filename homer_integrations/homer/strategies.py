@@ -22,6 +22,7 @@ from homer_integrations.homer.budget import ReadBudget
 from homer_integrations.homer.calibration import SEGMENTS
 from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.compressor import CompressionResult, ProgressFn
+from homer_integrations.homer.encoded import EncodedDocument
 from homer_integrations.homer.flat import TierCompressor
 from homer_integrations.homer.headwise.root import compress_headwise, headwise_refusal
 from homer_integrations.homer.leaf_tier import LeafTier
@@ -34,21 +35,35 @@ logger = logging.getLogger(__name__)
 # ------------------------------------------------------------------------------------- shared roots
 @dataclass(frozen=True)
 class RootSpan:
-    """What a shared root is built from: prefix [P], document [N] and suffix [S] token ids.
+    """What a shared root is built from: the call's ``document`` (prefix [P], document [N] and suffix [S]
+    token ids, its units on demand) and how to prune it.
 
     ``word_ids`` [N]: each document token's unit for the shared scoring (None: single tokens, or no
     pruning); ``whole_words()`` [N]: each token's word (computed only by a root that asks for it);
     ``repeat_ids`` [R]: the reconstruction prompt; ``prunes``: the prompt exceeds ``final_cache_len``.
     """
 
-    prefix_ids: torch.Tensor
-    document_ids: torch.Tensor
-    suffix_ids: torch.Tensor
+    document: EncodedDocument
     word_ids: torch.Tensor | None
-    whole_words: Callable[[], torch.Tensor | None]
     repeat_ids: torch.Tensor
     prunes: bool
     progress: ProgressFn | None = None
+
+    @property
+    def prefix_ids(self) -> torch.Tensor:
+        return self.document.prefix_ids
+
+    @property
+    def document_ids(self) -> torch.Tensor:
+        return self.document.document_ids
+
+    @property
+    def suffix_ids(self) -> torch.Tensor:
+        return self.document.suffix_ids
+
+    def whole_words(self) -> torch.Tensor | None:
+        """Each document token's word [N] (None where offsets do not line up)."""
+        return self.document.units("word")
 
 
 @runtime_checkable
@@ -158,20 +173,28 @@ SHARED_ROOTS: dict[str, SharedRoot] = {
 
 # ------------------------------------------------------------------------------------- replays
 class Reread(NamedTuple):
-    """A re-read's inputs: prefix [P] and document [N] token ids (a leaf tier keeps no ids), ``extra`` [E],
+    """A re-read's inputs: the call's ``document`` (its prefix [P] and document [N] token ids: a leaf tier
+    keeps no ids), ``extra`` [E],
     document token indices kept beside the selection whatever it chose (``lexical.LexicalEvidence``), the
     ``question``, the model's context ``window``, ``passages(selection)``: the document's passages as
     ``selection`` groups them (None where the tokenizer's offsets do not line up with statements), and
     ``rate()``."""
 
-    prefix_ids: torch.Tensor
-    document_ids: torch.Tensor
+    document: EncodedDocument
     extra: torch.Tensor | None
     question: str = ""
     window: int = 0
     passages: Callable[[PassageSelection], Passages | None] = lambda selection: None
     rate: Callable[[], float] = lambda: 0.0
     """Tokens per second this machine re-reads with the model (``budget.read_rate``)."""
+
+    @property
+    def prefix_ids(self) -> torch.Tensor:
+        return self.document.prefix_ids
+
+    @property
+    def document_ids(self) -> torch.Tensor:
+        return self.document.document_ids
 
 
 CompressorFor = Callable[[int], TierCompressor]
