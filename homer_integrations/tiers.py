@@ -31,12 +31,11 @@ from homer_integrations.document_cache import CacheSource, DocumentCache
 from homer_integrations.homer.budget import read_rate
 from homer_integrations.homer.calibration import Calibration, CalibrationStore
 from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, CompressionStats, cached_tokens
-from homer_integrations.homer.compressor import CompressionResult, CompressorSettings, PruneObserver
+from homer_integrations.homer.compressor import CompressionResult, CompressorSettings, PruneObserver, TierCompressor
 from homer_integrations.homer.config import HomerConfig, Mode, resolve_mode
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.encoded import EncodedDocument
 from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_fingerprint
-from homer_integrations.homer.flat import TierCompressor
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.lexical import LexicalEvidence, Statements
 from homer_integrations.homer.passages import Passages, PassageSelection

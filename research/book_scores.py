@@ -63,14 +63,14 @@ def main() -> None:
         tier, _ = tiers.leaf_tier(layout.prefix, text)
         suffix_ids = encode(engine.tokenizer, layout.suffix, formatted=True)
         compressor = tiers.compressor(True, query_aware=True)
-        plan, schedule = compressor._replay_plan(tier, suffix_ids)
-        leaf = compressor._scored_leaves(tier, suffix_ids, plan, schedule.layers_at(0))
+        plan, schedule = compressor.leaves.replay_plan(tier, suffix_ids)
+        leaf = compressor.leaves.scored_leaves(tier, suffix_ids, plan, schedule.layers_at(0))
         scoring = compressor.scoring.without(ScoreMemory)
         scores = torch.full((tier.document_tokens,), float("nan"))
         unstandardised = scores.clone()
         for index in range(plan.num_leaves):
             chunk, raw = leaf(index, 0)
-            ranked = scoring.rank(raw, chunk, compressor._words(chunk))
+            ranked = scoring.rank(raw, chunk, compressor.nodes.words(chunk))
             doc = chunk.origin >= 0
             scores[chunk.origin[doc]] = standardise(ranked, chunk.reducible)[doc].float()
             unstandardised[chunk.origin[doc]] = ranked[doc].float()

@@ -57,9 +57,8 @@ from ruler_trace import answer_after, row_head, value_and_line
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.chunking import ChunkPlan
-from homer_integrations.homer.compressor import CompressionResult
+from homer_integrations.homer.compressor import CompressionResult, TierCompressor
 from homer_integrations.homer.decoder import DecoderStack
-from homer_integrations.homer.flat import TierCompressor
 from homer_integrations.homer.headwise.root import score_candidates, select_candidates
 from homer_integrations.homer.headwise.selection import head_scores, keep_global, keep_per_head
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
@@ -168,7 +167,7 @@ def encode_chunks(
         origin=origin,
         next_token_logits=None,
         plan=plan,
-        schedule=compressor._schedule(plan),
+        schedule=compressor.nodes.schedule(plan),
         peak_kv_bytes=0,
         seconds=time.perf_counter() - start,
     )

@@ -63,13 +63,13 @@ def layer_scores(engine: HomerModel, prompt: ruler.Prompt) -> tuple[torch.Tensor
     comp = engine.tiers.compressor(True, query_aware=False)
     prefix_ids, doc_ids, suffix_ids = engine.prompting.encode_span(prompt.prefix, prompt.document, prompt.suffix)
     plan = ChunkPlan.build(prefix_ids.numel(), doc_ids.numel(), suffix_ids.numel(), comp.settings.max_chunk_len)
-    layers = comp._schedule(plan).layers_at(0)
-    prefix = comp._prefix_part(prefix_ids, layers)
+    layers = comp.nodes.schedule(plan).layers_at(0)
+    prefix = comp.leaves.prefix_part(prefix_ids, layers)
     P, per_leaf = prefix_ids.numel(), []
     for leaf in range(plan.num_leaves):
         span = plan.piece(leaf)
         probe = LayerProbe(engine.tiers.scoring.scorer.prompt_ids, every_layer=True)
-        part = comp._leaf_part(prefix, doc_ids[span], span.start, layers)
+        part = comp.leaves.leaf_part(prefix, doc_ids[span], span.start, layers)
         cache = cache_from_tensors(part.keys, part.values)
         probe_scores(comp.stack, probe, cache, part.position_ids, doc_ids[span], layers)
         per_leaf.append(torch.stack(probe.records)[:, P:])

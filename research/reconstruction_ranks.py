@@ -84,8 +84,8 @@ def main() -> None:
     comp = engine.tiers.compressor(True, query_aware=False)
     ask = engine.tiers.compressor(True, query_aware=True)
     plan = ChunkPlan.build(prefix_ids.numel(), doc_ids.numel(), suffix_ids.numel(), comp.settings.max_chunk_len)
-    layers = comp._schedule(plan).layers_at(0)
-    prefix = comp._prefix_part(prefix_ids, layers)
+    layers = comp.nodes.schedule(plan).layers_at(0)
+    prefix = comp.leaves.prefix_part(prefix_ids, layers)
     P, out = prefix_ids.numel(), []
     for question, value in zip(sample.questions, sample.answers, strict=True):
         need = value_tokens(tok, sample.document, value)
@@ -94,7 +94,7 @@ def main() -> None:
         probe = RecordingProbe(
             engine.tiers.scoring.scorer.prompt_ids, every_layer=True, piece_len=span.stop - span.start
         )
-        part = comp._leaf_part(prefix, doc_ids[span], span.start, layers)
+        part = comp.leaves.leaf_part(prefix, doc_ids[span], span.start, layers)
         cache = cache_from_tensors(part.keys, part.values)
         probe_scores(comp.stack, probe, cache, part.position_ids, doc_ids[span], layers)
         rows, red = torch.tensor(need) - span.start + P, part.origin >= 0
@@ -117,9 +117,9 @@ def main() -> None:
         row["all_layers_noncopy"] = pct(torch.stack([o for _, o, _ in probe.records]).amax((0, 1)))
         row["all_layers_logmean"] = pct(best_all.clamp(min=1e-9).log().mean((0, 1)))
         question_ids = encode(tok, engine.prompting.layout(question, "query_aware").suffix, formatted=True)
-        _, asked = ask._replayed_leaf(part, question_ids, plan.with_suffix(question_ids.numel()), layers, 0)
+        _, asked = ask.leaves.replayed_leaf(part, question_ids, plan.with_suffix(question_ids.numel()), layers, 0)
         row["question_last_token"] = pct(asked[: part.origin.numel()])
-        _, shared = ask._replayed_leaf(part, suffix_ids, plan, layers, 0)
+        _, shared = ask.leaves.replayed_leaf(part, suffix_ids, plan, layers, 0)
         row["shared_last_token"] = pct(shared[: part.origin.numel()])
         print(json.dumps(row), flush=True)
         out.append(row)

@@ -1,108 +1,53 @@
-"""Depth-first hierarchical merging: a whole document in, one short per-layer K/V cache out."""
+"""``HomerCompressor``: one object over the passes of a compression, for the callers that want one.
+
+Each pass is its own unit, found by its file: ``nodes`` (layers over one node, scoring, pruning; the
+settings and result types), ``leaf_pass`` (the leaf layers, built once into a leaf tier and read back
+per question), ``tree`` (the paper's merge tree), ``flat`` (the flat selection) and ``recompute`` (the
+re-read of a selection by one plain prefill). This facade builds them on one ``Nodes`` and forwards.
+"""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
 import torch
-from transformers import DynamicCache
 
-from homer_integrations.homer.chunk import Chunk
-from homer_integrations.homer.chunking import ChunkPlan, LeafInput, make_leaves
+from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.decoder import DecoderStack
-from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
-from homer_integrations.homer.merging import merge_siblings
-from homer_integrations.homer.probing import probe_scores
-from homer_integrations.homer.pruning import keep_mask
-from homer_integrations.homer.schedule import LayerSchedule, fit_schedule
-from homer_integrations.homer.scorers import ScoreInput
+from homer_integrations.homer.flat import FlatSelection
+from homer_integrations.homer.leaf_pass import LeafPass
+from homer_integrations.homer.leaf_tier import Allocate, LeafTier
+from homer_integrations.homer.nodes import (
+    CompressionResult,
+    CompressorSettings,
+    LeafFn,
+    Nodes,
+    ProgressFn,
+    PruneEvent,
+    PruneObserver,
+)
+from homer_integrations.homer.recompute import reread
 from homer_integrations.homer.scoring import Scoring
+from homer_integrations.homer.tree import MergeTree
 
-
-@dataclass(frozen=True)
-class CompressorSettings:
-    """Resolved settings of one compression (see ``HomerConfig`` for their meaning).
-
-    ``scoring`` is what pruning ranks by (default: the paper's calibrated last-token score);
-    ``suffix_reserve`` the suffix tokens a leaf tier's split is planned for.
-    """
-
-    max_chunk_len: int
-    warmup_layers: int
-    final_cache_len: int
-    scoring: Scoring = field(default_factory=Scoring)
-    suffix_reserve: int = 0
-    want_logits: bool = False
-
-
-@dataclass
-class CompressionResult:
-    """The compressed cache and what it took.
-
-    Attributes:
-        keys, values: one [1, Hkv, K, d] tensor per decoder layer, all the same K.
-        position_ids: [K] positions of the cached tokens (repeated after merges).
-        origin: [K] document index of each cached token, -1 for prefix and suffix tokens.
-        next_token_logits: [V] float32 logits after the last prompt token, if asked for.
-        plan: how the document was split; schedule: the layers each tree level ran.
-        peak_kv_bytes: the most K/V bytes alive at once during compression.
-        seconds: wall time of the compression.
-        head_lengths: [L, Hkv] tokens each K/V head keeps in a head-wise root (``headwise.root``), whose
-            ``keys``/``values`` are then per layer [n_l, d], heads in order; None: one dense set.
-    """
-
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-    position_ids: torch.Tensor
-    origin: torch.Tensor
-    next_token_logits: torch.Tensor | None
-    plan: ChunkPlan
-    schedule: LayerSchedule
-    peak_kv_bytes: int
-    seconds: float
-    head_lengths: torch.Tensor | None = None
-
-    @property
-    def last_position(self) -> int:
-        """Largest position id in the cache; what follows it starts at ``last_position + 1``."""
-        return int(self.position_ids.max())
-
-
-ProgressFn = Callable[[int], None]
-LeafFn = Callable[[int, int, bool], Chunk]
-"""(leaf index, target length, is the root) -> that leaf, run through the leaf layers and pruned."""
-
-
-@dataclass(frozen=True)
-class PruneEvent:
-    """One node's pruning, for diagnostics (``HomerCompressor.observer``).
-
-    Attributes:
-        layer: the decoder layer whose attention scored the node.
-        origin: [T] document index of each token before pruning (-1 on prefix/suffix).
-        reducible: [T] True on document tokens.
-        scores: [T] the scores pruning ranked (after pooling and memory).
-        keep: [T] True on the tokens that survived.
-    """
-
-    layer: int
-    origin: torch.Tensor
-    reducible: torch.Tensor
-    scores: torch.Tensor
-    keep: torch.Tensor
-
-
-PruneObserver = Callable[[PruneEvent], None]
+__all__ = [
+    "CompressionResult",
+    "CompressorSettings",
+    "HomerCompressor",
+    "LeafFn",
+    "ProgressFn",
+    "PruneEvent",
+    "PruneObserver",
+    "TierCompressor",
+]
 
 
 class HomerCompressor:
-    """Runs the merge tree for one model: leaves -> prune -> merge -> ... -> root.
+    """The compressions of one model and settings: from the document's tokens (``compress``, the tree;
+    ``compress_flat``), and per question from the document's leaf tier (``build_leaf_tier``, then
+    ``replay``, ``replay_flat``, ``replay_recompute``, ``document_scores``), or a re-read (``reread``).
 
     ``bias`` is the calibration table [num_layers, max_chunk_len] (None unless the scorer needs
-    calibration). ``progress`` is called with the number of document tokens each finished
-    leaf consumed; ``observer``, if given, with every node's ``PruneEvent``.
+    calibration); ``observer``, if given, is called with every node's ``PruneEvent``; ``progress`` (per
+    call) with the number of document tokens each finished leaf consumed.
     """
 
     def __init__(
@@ -112,21 +57,35 @@ class HomerCompressor:
         bias: torch.Tensor | None,
         observer: PruneObserver | None = None,
     ) -> None:
-        if bias is not None and tuple(bias.shape) != (stack.num_layers, settings.max_chunk_len):
-            raise ValueError(
-                f"calibration bias has shape {tuple(bias.shape)}, expected "
-                f"({stack.num_layers}, {settings.max_chunk_len})"
-            )
-        self.stack = stack
-        self.settings = settings
-        self.bias = bias
-        self.observer = observer
-        self.scoring = settings.scoring
-        self._alive: list[Chunk] = []
-        self._peak = 0
-        self._word_ids: torch.Tensor | None = None
+        self.nodes = Nodes(stack, settings, bias, observer)
+        self.leaves = LeafPass(self.nodes)
+        self.tree = MergeTree(self.nodes, self.leaves)
+        self.flat = FlatSelection(self.nodes, self.leaves)
 
-    @torch.inference_mode()
+    @property
+    def stack(self) -> DecoderStack:
+        return self.nodes.stack
+
+    @property
+    def settings(self) -> CompressorSettings:
+        return self.nodes.settings
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.nodes.bias
+
+    @property
+    def observer(self) -> PruneObserver | None:
+        return self.nodes.observer
+
+    @observer.setter
+    def observer(self, observer: PruneObserver | None) -> None:
+        self.nodes.observer = observer
+
+    @property
+    def scoring(self) -> Scoring:
+        return self.nodes.scoring
+
     def compress(
         self,
         prefix_ids: torch.Tensor,
@@ -136,190 +95,72 @@ class HomerCompressor:
         word_ids: torch.Tensor | None = None,
         plan: ChunkPlan | None = None,
     ) -> CompressionResult:
-        """Compress prefix [P] + document [L] + suffix [S] token ids into one cache of <= final_cache_len.
+        """The merge tree over prefix [P] + document [N] + suffix [S] (``MergeTree.compress``)."""
+        return self.tree.compress(prefix_ids, document_ids, suffix_ids, progress, word_ids, plan)
 
-        ``word_ids`` [L] (document unit index of each token) is what ``WordUnits`` pools over; ``plan``
-        (default: planned for these lengths and ``suffix_reserve``) fixes the split, as a leaf tier's does.
-        """
-        start = time.perf_counter()
-        s = self.settings
-        plan = plan or ChunkPlan.build(
-            prefix_ids.numel(), document_ids.numel(), suffix_ids.numel(), s.max_chunk_len, s.suffix_reserve
-        )
-        if (plan.prefix_len, plan.document_len, plan.suffix_len) != (
-            prefix_ids.numel(),
-            document_ids.numel(),
-            suffix_ids.numel(),
-        ):
-            raise ValueError(f"the plan {plan} does not split these token counts")
-        schedule = self._schedule(plan)
-        leaves = make_leaves(prefix_ids, document_ids, suffix_ids, plan)
-        self._word_ids = word_ids
-
-        def leaf(index: int, target_len: int, is_root: bool) -> Chunk:
-            return self._scratch_leaf(leaves[index], schedule.layers_at(0), target_len, is_root)
-
-        root = self._tree(leaf, plan, schedule, progress)
-        return self._result(root, plan, schedule, start)
-
-    # ----------------------------------------------------------------------------- the tree
-    def _schedule(self, plan: ChunkPlan) -> LayerSchedule:
-        """The layer schedule for ``plan``'s tree (``fit_schedule``)."""
-        return fit_schedule(self.stack.num_layers, self.settings.warmup_layers, plan.height)
-
-    def _tree(self, leaf: LeafFn, plan: ChunkPlan, schedule: LayerSchedule, progress: ProgressFn | None) -> Chunk:
-        self._alive, self._peak = [], 0
-        return self._subtree(leaf, 0, plan.height, self.settings.final_cache_len, plan, schedule, progress, True)
-
-    def _result(self, root: Chunk, plan: ChunkPlan, schedule: LayerSchedule, start: float) -> CompressionResult:
-        logits = self.stack.logits(root.hidden[:, -1:]) if self.settings.want_logits else None
-        keys, values = layer_tensors(root.cache)
-        return CompressionResult(
-            keys=keys,
-            values=values,
-            position_ids=root.position_ids,
-            origin=root.origin,
-            next_token_logits=logits,
-            plan=plan,
-            schedule=schedule,
-            peak_kv_bytes=self._peak,
-            seconds=time.perf_counter() - start,
-        )
-
-    def _subtree(
+    def compress_flat(
         self,
-        leaf: LeafFn,
-        first: int,
-        height: int,
-        target_len: int,
+        prefix_ids: torch.Tensor,
+        document_ids: torch.Tensor,
+        suffix_ids: torch.Tensor,
+        progress: ProgressFn | None = None,
+        word_ids: torch.Tensor | None = None,
+        recompute: bool = False,
+        whole: torch.Tensor | None = None,
+    ) -> CompressionResult:
+        """The flat selection from the document's tokens (``FlatSelection.compress_flat``)."""
+        return self.flat.compress_flat(prefix_ids, document_ids, suffix_ids, progress, word_ids, recompute, whole)
+
+    def build_leaf_tier(
+        self,
+        prefix_ids: torch.Tensor,
+        document_ids: torch.Tensor,
+        word_ids: torch.Tensor | None = None,
+        key: str = "",
+        progress: ProgressFn | None = None,
+        allocate: Allocate | None = None,
+    ) -> LeafTier:
+        """The document's leaf tier (``LeafPass.build``)."""
+        return self.leaves.build(prefix_ids, document_ids, word_ids, key, progress, allocate)
+
+    def replay(self, tier: LeafTier, suffix_ids: torch.Tensor, progress: ProgressFn | None = None) -> CompressionResult:
+        """The merge tree replayed from ``tier`` with this suffix [S] (``MergeTree.replay``)."""
+        return self.tree.replay(tier, suffix_ids, progress)
+
+    def replay_flat(
+        self, tier: LeafTier, suffix_ids: torch.Tensor, progress: ProgressFn | None = None
+    ) -> CompressionResult:
+        """The flat selection from ``tier`` through the upper layers (``FlatSelection.replay_flat``)."""
+        return self.flat.replay_flat(tier, suffix_ids, progress)
+
+    def replay_recompute(
+        self,
+        tier: LeafTier,
+        prefix_ids: torch.Tensor,
+        document_ids: torch.Tensor,
+        suffix_ids: torch.Tensor,
+        progress: ProgressFn | None = None,
+        extra: torch.Tensor | None = None,
+    ) -> CompressionResult:
+        """The flat selection from ``tier``, re-read (``FlatSelection.replay_recompute``)."""
+        return self.flat.replay_recompute(tier, prefix_ids, document_ids, suffix_ids, progress, extra)
+
+    def document_scores(self, tier: LeafTier, suffix_ids: torch.Tensor) -> torch.Tensor:
+        """Every document token's selection score [N] (``FlatSelection.document_scores``)."""
+        return self.flat.document_scores(tier, suffix_ids)
+
+    def reread(
+        self,
         plan: ChunkPlan,
-        schedule: LayerSchedule,
-        progress: ProgressFn | None,
-        is_root: bool = False,
-    ) -> Chunk:
-        """Post-order over leaves ``first..first+2**height-1``: left subtree, right subtree, merge
-        (children freed), then this level's layers."""
-        if height == 0:
-            chunk = leaf(first, target_len, is_root)
-            if progress is not None:
-                span = plan.piece(first)
-                progress(span.stop - span.start)
-            return chunk
-        half = 2 ** (height - 1)
-        child_len = plan.child_target_len
-        left = self._subtree(leaf, first, height - 1, child_len, plan, schedule, progress)
-        self._alive.append(left)
-        right = self._subtree(leaf, first + half, height - 1, child_len, plan, schedule, progress)
-        self._alive.pop()
-        merged = merge_siblings(left, right)
-        del left, right
-        self._run_layers(merged, schedule.layers_at(height), target_len, is_root)
-        return merged
+        prefix_ids: torch.Tensor,
+        document_ids: torch.Tensor,
+        kept: torch.Tensor,
+        suffix_ids: torch.Tensor,
+        started: float,
+    ) -> CompressionResult:
+        """One plain prefill of prefix [P] + ``document_ids[kept]`` + suffix [S] (``recompute.reread``)."""
+        return reread(self.nodes, plan, prefix_ids, document_ids, kept, suffix_ids, started)
 
-    # ----------------------------------------------------------------------------- leaves
-    def _scratch_leaf(self, leaf: LeafInput, layers: range, target_len: int, is_root: bool) -> Chunk:
-        """A leaf computed from its tokens: prefix + piece + suffix through the leaf layers, pruned."""
-        chunk = Chunk(
-            hidden=self.stack.embed(leaf.input_ids),
-            position_ids=leaf.position_ids,
-            reducible=leaf.reducible,
-            origin=leaf.origin,
-            memory=torch.full((leaf.origin.numel(),), float("-inf")),
-            prefix_len=leaf.prefix_len,
-            suffix_len=leaf.suffix_len,
-        )
-        if not (self.scoring.scorer.probes and chunk.length > target_len and not is_root):
-            self._run_layers(chunk, layers, target_len, is_root)
-            return chunk
-        # a probing scorer: run the leaf whole, probe its prefix + piece as the leaf tier does, prune
-        self._run_layers(chunk, layers, chunk.length, is_root=False)
-        kept = chunk.length - chunk.suffix_len
-        keys, values = layer_tensors(chunk.cache)
-        probe_cache = cache_from_tensors([k[:, :, :kept] for k in keys], [v[:, :, :kept] for v in values])
-        piece_ids = leaf.input_ids[chunk.document]
-        scores = probe_scores(
-            self.stack, self.scoring.scorer, probe_cache, chunk.position_ids[:kept], piece_ids, layers
-        )
-        self._prune(chunk, layers[-1], torch.cat([scores, torch.zeros(chunk.suffix_len)]), target_len)
-        return chunk
 
-    def _extend(
-        self,
-        hidden: torch.Tensor,
-        positions: torch.Tensor,
-        cache: DynamicCache,
-        layers: range,
-        scored: Chunk | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run ``layers`` (attention and MLP) on new rows [1, R, D] at ``positions`` [R] after the tokens
-        ``cache`` holds, appending their K/V. With ``scored`` (the chunk whose cache this is, the rows
-        its suffix) also return the chunk's pruning scores [T] from the suffix's queries."""
-        rows = hidden.shape[1]
-        if rows == 0:
-            return hidden, None
-        rope = self.stack.rotary(hidden, positions)
-        scorer = self.scoring.scorer
-        evidence: list[torch.Tensor] = []
-        for layer_idx in layers:
-            score_here = scored is not None and scorer.scores_at(layer_idx, layers)
-            query_rows = self._rows(scored) if score_here else 0
-            hidden, query = self.stack.attention(layer_idx, hidden, rope, cache, query_rows=query_rows)
-            if score_here:
-                self._record_peak(scored)
-                evidence.append(self._layer_scores(scored, layer_idx, query))
-            hidden = self.stack.mlp(layer_idx, hidden)
-        return hidden, scorer.combine(evidence, scored.reducible) if evidence else None
-
-    # ----------------------------------------------------------------------------- one node
-    def _run_layers(self, chunk: Chunk, layers: range, target_len: int, is_root: bool) -> None:
-        """Run ``layers`` on ``chunk``; in the last one prune to ``target_len`` between attention and MLP."""
-        stack = self.stack
-        rope = stack.rotary(chunk.hidden, chunk.position_ids)
-        last = layers[-1]
-        shrinks = chunk.length > target_len
-        scorer = self.scoring.scorer
-        evidence: list[torch.Tensor] = []
-        for layer_idx in layers:
-            score_here = shrinks and scorer.scores_at(layer_idx, layers)
-            chunk.hidden, query = stack.attention(
-                layer_idx, chunk.hidden, rope, chunk.cache, query_rows=self._rows(chunk) if score_here else 0
-            )
-            self._record_peak(chunk)
-            if score_here:
-                evidence.append(self._layer_scores(chunk, layer_idx, query))
-            if shrinks and layer_idx == last:
-                self._prune(chunk, layer_idx, scorer.combine(evidence, chunk.reducible), target_len)
-            if is_root and layer_idx == stack.num_layers - 1:
-                # Only the last position's output is ever read (next-token logits): skip the rest.
-                chunk.hidden = stack.mlp(layer_idx, chunk.hidden[:, -1:])
-            else:
-                chunk.hidden = stack.mlp(layer_idx, chunk.hidden)
-
-    def _words(self, chunk: Chunk) -> torch.Tensor | None:
-        """Document unit index [T] of each token of ``chunk`` (-1 on prefix/suffix), None without unit ids."""
-        if self._word_ids is None:
-            return None
-        return torch.where(chunk.origin >= 0, self._word_ids[chunk.origin.clamp(min=0)], -1)
-
-    def _prune(self, chunk: Chunk, layer_idx: int, scores: torch.Tensor, target_len: int) -> None:
-        """The scoring's units over ``scores`` [T], then keep the best ``target_len`` tokens."""
-        scores = self.scoring.rank(scores, chunk, self._words(chunk))
-        mask = keep_mask(scores, chunk.reducible, target_len)
-        if self.observer is not None:
-            self.observer(PruneEvent(layer_idx, chunk.origin, chunk.reducible, scores, mask))
-        chunk.keep(mask)
-
-    def _layer_scores(self, chunk: Chunk, layer_idx: int, query: torch.Tensor) -> torch.Tensor:
-        """The scorer's rating [T] of every token of ``chunk`` in this layer."""
-        bias = None if self.bias is None else self.bias[layer_idx]
-        keys = chunk.cache.layers[layer_idx].keys
-        x = ScoreInput(query, keys, chunk.position_ids, chunk.reducible, layer_idx, self.stack.scaling, bias)
-        return self.scoring.scorer(x)
-
-    def _rows(self, chunk: Chunk) -> int:
-        """Query rows that score pruning: the scorer's last rows, all inside the suffix."""
-        return max(1, min(self.scoring.scorer.rows, chunk.suffix_len))
-
-    def _record_peak(self, current: Chunk) -> None:
-        live = current.kv_bytes + sum(c.kv_bytes for c in self._alive)
-        self._peak = max(self._peak, live)
+TierCompressor = HomerCompressor
+"""The name the per-question code knew the compressor by (one class now: the facade)."""

@@ -55,7 +55,7 @@ def score_leaves(
     layers: range,
 ) -> list[torch.Tensor]:
     """Every leaf's pruning scores [P + n_b + S] (its prefix, piece and suffix ``suffix_ids`` [S]), as
-    ``LeafTierCompressor._replayed_leaf`` computes them one leaf at a time. ``plan``: the tier's split
+    ``LeafPass.replayed_leaf`` computes them one leaf at a time. ``plan``: the tier's split
     with this suffix; ``layers``: the leaf layers; ``bias``: the calibration table where ``scorer``
     reads one."""
     B, P, E, S = plan.num_leaves, plan.prefix_len, plan.piece_len, plan.suffix_len

@@ -11,13 +11,17 @@ HOMER decides *what* to keep; this pass decides *how* it is read. It costs one p
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import torch
 
+from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.chunking import ChunkPlan
-from homer_integrations.homer.compressor import CompressionResult, CompressorSettings, HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
+from homer_integrations.homer.leaf_pass import LeafPass
+from homer_integrations.homer.nodes import CompressionResult, CompressorSettings, Nodes
+from homer_integrations.homer.tree import MergeTree
 
 WHOLE_GROWTH = 1.5
 """``whole_units`` never grows a selection past this many times its tokens."""
@@ -57,6 +61,50 @@ def prefill_kept(
     # One chunk as long as the prompt: a tree of height 0 runs every layer and prunes nothing.
     one_chunk = replace(settings, max_chunk_len=total, final_cache_len=total, suffix_reserve=0)
     plan = ChunkPlan.build(prefix_ids.numel(), kept.numel(), suffix_ids.numel(), total)
-    result = HomerCompressor(stack, one_chunk, None).compress(prefix_ids, document_ids[kept], suffix_ids, plan=plan)
+    nodes = Nodes(stack, one_chunk, None)
+    result = MergeTree(nodes, LeafPass(nodes)).compress(prefix_ids, document_ids[kept], suffix_ids, plan=plan)
     origin = torch.where(result.origin >= 0, kept[result.origin.clamp(min=0)], result.origin)
     return replace(result, origin=origin)
+
+
+@torch.inference_mode()
+def reread(
+    nodes: Nodes,
+    plan: ChunkPlan,
+    prefix_ids: torch.Tensor,
+    document_ids: torch.Tensor,
+    kept: torch.Tensor,
+    suffix_ids: torch.Tensor,
+    started: float,
+) -> CompressionResult:
+    """One plain prefill of prefix [P] + ``document_ids[kept]`` ([K] ascending) + suffix [S] on ``nodes``'
+    model and settings (``prefill_kept``), reported with the document's split ``plan``; ``started``: when
+    the question's work began (``time.perf_counter()``)."""
+    result = prefill_kept(nodes.stack, nodes.settings, prefix_ids, document_ids, kept, suffix_ids)
+    return replace(result, plan=plan, seconds=time.perf_counter() - started)
+
+
+def reread_selected(
+    nodes: Nodes,
+    selected: Chunk,
+    prefix_ids: torch.Tensor,
+    document_ids: torch.Tensor,
+    suffix_ids: torch.Tensor,
+    plan: ChunkPlan,
+    start: float,
+    whole: torch.Tensor | None = None,
+    extra: torch.Tensor | None = None,
+) -> CompressionResult:
+    """The plain prefill of ``selected``'s document tokens (with ``whole`` [N], of every unit they touch;
+    with ``extra`` [E], and those) between prefix [P] and suffix [S], reported with the split that selected
+    them and the selection's peak (``nodes.peak``)."""
+    kept = selected.origin[selected.origin >= 0].sort().values
+    del selected
+    if whole is not None:
+        kept = whole_units(kept, whole)
+    if extra is not None and extra.numel():
+        kept = torch.cat([kept, extra.to(kept.device)]).unique()  # sorted, each token once
+    result = prefill_kept(nodes.stack, nodes.settings, prefix_ids, document_ids, kept, suffix_ids)
+    return replace(
+        result, plan=plan, peak_kv_bytes=max(nodes.peak, result.peak_kv_bytes), seconds=time.perf_counter() - start
+    )

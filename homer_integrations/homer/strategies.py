@@ -21,9 +21,8 @@ import torch
 from homer_integrations.homer.budget import ReadBudget
 from homer_integrations.homer.calibration import SEGMENTS
 from homer_integrations.homer.chunking import ChunkPlan
-from homer_integrations.homer.compressor import CompressionResult, ProgressFn
+from homer_integrations.homer.compressor import CompressionResult, ProgressFn, TierCompressor
 from homer_integrations.homer.encoded import EncodedDocument
-from homer_integrations.homer.flat import TierCompressor
 from homer_integrations.homer.headwise.root import compress_headwise, headwise_refusal
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.passages import Passages, PassageSelection

@@ -154,8 +154,8 @@ def test_recompute_root_runs_the_leaves_only_up_to_the_probe_layer(kind):
     scoring = replace(scoring, scorer=replace(scoring.scorer, probe_layer=1))
     comp = compressor(model, final_cache_len=96, scoring=scoring)
     ran: list[range] = []
-    leaf_part = comp._leaf_part
-    comp._leaf_part = lambda *args: ran.append(args[-1]) or leaf_part(*args)  # records each leaf's layers
+    leaf_part = comp.leaves.leaf_part
+    comp.leaves.leaf_part = lambda *args: ran.append(args[-1]) or leaf_part(*args)  # records each leaf's layers
     flat = comp.compress_flat(prefix, doc, suffix)  # the upper layers read the leaves' outputs: every leaf layer
     every, ran[:] = ran[:], []
     result = comp.compress_flat(prefix, doc, suffix, recompute=True)

@@ -24,7 +24,7 @@ def test_batched_scores_are_each_leafs_own(kind, doc_len, scoring):
     assert plan.num_leaves >= 4 and len(lengths) == (2 if doc_len % plan.num_leaves else 1)
     batched = score_leaves(comp.stack, scoring.scorer, None, tier, suffix, plan, layers)
     for index, scores in enumerate(batched):
-        _, alone = comp._replayed_leaf(tier.leaf(index), suffix, plan, layers, target_len=0)
+        _, alone = comp.leaves.replayed_leaf(tier.leaf(index), suffix, plan, layers, target_len=0)
         torch.testing.assert_close(scores, alone, atol=1e-5, rtol=0)
 
 

@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from homer_integrations.homer.compressor import CompressorSettings
+from homer_integrations.homer.compressor import CompressorSettings, TierCompressor
 from homer_integrations.homer.decoder import DecoderStack
-from homer_integrations.homer.flat import TierCompressor
 from homer_integrations.homer.leaf_tier import LeafTier
 from tests.conftest import tiny_model, uncalibrated
 from tests.homer.tier_helpers import ATOL, KINDS, MCL, RESERVE, assert_same_compression, compressor, ids
@@ -68,7 +67,7 @@ def test_tier_tensors_round_trip_and_shapes_are_checked():
     comp = compressor(model)
     prefix, doc, suffix = ids(model, 5, 1), ids(model, 300, 2), ids(model, 4, 3)
     tier = comp.build_leaf_tier(prefix, doc, word_ids=torch.arange(300) // 2, key="abc")
-    leaf_layers = len(comp._schedule(tier.plan).layers_at(0))
+    leaf_layers = len(comp.nodes.schedule(tier.plan).layers_at(0))
     assert tier.leaf_layers == leaf_layers
     assert tier.keys[0].shape == (1, 2, 300, model.config.hidden_size // 4)
     assert tier.nbytes > 0

@@ -7,9 +7,8 @@ import torch
 from transformers.models.llama.modeling_llama import repeat_kv
 
 from homer_integrations.homer import scorers
-from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
+from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor, TierCompressor
 from homer_integrations.homer.decoder import DecoderStack
-from homer_integrations.homer.flat import TierCompressor
 from homer_integrations.homer.scorers import (
     EveryLayer,
     LastTokenScorer,

@@ -2,9 +2,8 @@
 
 import torch
 
-from homer_integrations.homer.compressor import CompressorSettings
+from homer_integrations.homer.compressor import CompressorSettings, TierCompressor
 from homer_integrations.homer.decoder import DecoderStack
-from homer_integrations.homer.flat import TierCompressor
 from tests.conftest import uncalibrated
 
 KINDS = ["llama", "mistral", "qwen2"]

@@ -27,9 +27,8 @@ import torch
 from transformers.utils.generic import is_flash_attention_requested
 
 from homer_integrations.homer.chunking import ChunkPlan
-from homer_integrations.homer.compressor import CompressionResult, ProgressFn
+from homer_integrations.homer.compressor import CompressionResult, ProgressFn, TierCompressor
 from homer_integrations.homer.decoder import DecoderStack
-from homer_integrations.homer.flat import TierCompressor
 from homer_integrations.homer.headwise.selection import SEGMENT_ROWS, head_scores, keep_ragged, survivors
 from homer_integrations.homer.kv import tensors_nbytes
 from homer_integrations.homer.recompute import WHOLE_GROWTH, prefill_kept

@@ -1,9 +1,9 @@
-"""``LeafTierCompressor``: a compressor that also builds a document's leaf tier and replays the tree from it.
+"""``LeafPass``: the leaves' own layers, run once per document into its leaf tier and read back per question.
 
 The leaf layers over the document are the same whatever the question (see ``leaf_tier``), so they run
-once (``build_leaf_tier``); a question then runs only its suffix rows through the leaf layers against
-the stored K/V and redoes pruning and the upper levels of the paper's tree (``replay``, equal to a
-query-aware ``compress`` from scratch). ``flat.TierCompressor`` adds the flat selection and its re-read.
+once (``build``); a question then runs only its suffix rows through the leaf layers against the stored
+K/V (``replayed_leaf``, or every leaf in one batch: ``scored_leaves``), and the tree (``tree``) or the
+flat selection (``flat``) prunes and merges what that gives.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import torch
 
 from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.chunking import ChunkPlan
-from homer_integrations.homer.compressor import CompressionResult, HomerCompressor, ProgressFn
+from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
-from homer_integrations.homer.leaf_batch import leaf_reducible
+from homer_integrations.homer.leaf_batch import batchable, leaf_positions, leaf_reducible, score_leaves
 from homer_integrations.homer.leaf_tier import Allocate, Layout, LeafSlice, LeafTier
+from homer_integrations.homer.nodes import Nodes, ProgressFn
 from homer_integrations.homer.schedule import LayerSchedule
 
 FlatLeafFn = Callable[[int, int], "tuple[Chunk, torch.Tensor | None]"]
@@ -27,11 +28,14 @@ FlatLeafFn = Callable[[int, int], "tuple[Chunk, torch.Tensor | None]"]
 when it fits the target)."""
 
 
-class LeafTierCompressor(HomerCompressor):
-    """``HomerCompressor`` plus the leaf tier: build it once per document, replay every question's tree from it."""
+class LeafPass:
+    """Builds a document's leaf tier and reads its leaves back with a question's suffix, on ``nodes``."""
+
+    def __init__(self, nodes: Nodes) -> None:
+        self.nodes = nodes
 
     @torch.inference_mode()
-    def build_leaf_tier(
+    def build(
         self,
         prefix_ids: torch.Tensor,
         document_ids: torch.Tensor,
@@ -46,10 +50,10 @@ class LeafTierCompressor(HomerCompressor):
         leaf is written into them as it finishes, so nothing else holds the whole tier.
         """
         start = time.perf_counter()
-        stack, s = self.stack, self.settings
+        stack, s = self.nodes.stack, self.nodes.settings
         plan = ChunkPlan.build(prefix_ids.numel(), document_ids.numel(), 0, s.max_chunk_len, s.suffix_reserve)
-        layers = self._schedule(plan).layers_at(0)
-        prefix = self._prefix_part(prefix_ids, layers)
+        layers = self.nodes.schedule(plan).layers_at(0)
+        prefix = self.prefix_part(prefix_ids, layers)
         layout = LeafTier.layout(
             plan,
             len(layers),
@@ -59,7 +63,7 @@ class LeafTierCompressor(HomerCompressor):
             stack.dtype,
             word_ids is not None,
         )
-        storage = (allocate(layout) if allocate is not None else None) or self._in_memory(layout)
+        storage = (allocate(layout) if allocate is not None else None) or self.in_memory(layout)
         tier = LeafTier.named(storage, key, plan, len(layers))
         for mine, theirs in zip(tier.prefix_keys + tier.prefix_values, prefix.keys + prefix.values, strict=True):
             mine.copy_(theirs)
@@ -69,7 +73,7 @@ class LeafTierCompressor(HomerCompressor):
         P = plan.prefix_len
         for index in range(plan.num_leaves):
             span = plan.piece(index)
-            part = self._leaf_part(prefix, document_ids[span], span.start, layers)
+            part = self.leaf_part(prefix, document_ids[span], span.start, layers)
             tier.hidden[:, span] = part.hidden[:, P:]
             for k, v, pk, pv in zip(tier.keys, tier.values, part.keys, part.values, strict=True):
                 k[:, :, span] = pk[:, :, P:]
@@ -79,47 +83,29 @@ class LeafTierCompressor(HomerCompressor):
                 progress(span.stop - span.start)
         return replace(tier, seconds=time.perf_counter() - start)
 
-    def _in_memory(self, layout: Layout) -> dict[str, torch.Tensor]:
+    def in_memory(self, layout: Layout) -> dict[str, torch.Tensor]:
         """``Allocate`` in process memory: floats on the model's device, word ids on the CPU (where
         a stored tier's are too)."""
-        device = self.stack.device
+        device = self.nodes.stack.device
         return {
             name: torch.empty(shape, dtype=dtype, device=device if dtype.is_floating_point else "cpu")
             for name, (shape, dtype) in layout.items()
         }
 
-    @torch.inference_mode()
-    def replay(self, tier: LeafTier, suffix_ids: torch.Tensor, progress: ProgressFn | None = None) -> CompressionResult:
-        """The compression ``compress`` would make of the tier's document with this suffix [S] (the same
-        split), computed from the tier: only the suffix runs the leaf layers, then pruning and the upper levels.
-        """
-        start = time.perf_counter()
-        plan, schedule = self._replay_plan(tier, suffix_ids)
-
-        def leaf(index: int, target_len: int, is_root: bool) -> Chunk:
-            part = tier.leaf(index)
-            chunk, scores = self._replayed_leaf(part, suffix_ids, plan, schedule.layers_at(0), target_len)
-            if scores is not None:
-                self._prune(chunk, schedule.layers_at(0)[-1], scores, target_len)
-            return chunk
-
-        root = self._tree(leaf, plan, schedule, progress)
-        return self._result(root, plan, schedule, start)
-
-    def _prefix_part(self, prefix_ids: torch.Tensor, layers: range) -> LeafSlice:
+    def prefix_part(self, prefix_ids: torch.Tensor, layers: range) -> LeafSlice:
         """The prefix [P] through ``layers``, identical in every leaf (same tokens and positions)."""
-        stack, P = self.stack, prefix_ids.numel()
+        stack, P = self.nodes.stack, prefix_ids.numel()
         kv_shape = (1, stack.num_kv_heads, 0, stack.head_dim)
         cache = cache_from_tensors(*[[stack.empty(kv_shape) for _ in layers] for _ in "kv"])
-        hidden = self._extend(stack.embed(prefix_ids), torch.arange(P), cache, layers)[0]
+        hidden = self.nodes.extend(stack.embed(prefix_ids), torch.arange(P), cache, layers)[0]
         keys, values = layer_tensors(cache)
         return LeafSlice(keys, values, hidden, torch.full((P,), -1), torch.arange(P))
 
-    def _leaf_part(self, prefix: LeafSlice, piece_ids: torch.Tensor, offset: int, layers: range) -> LeafSlice:
+    def leaf_part(self, prefix: LeafSlice, piece_ids: torch.Tensor, offset: int, layers: range) -> LeafSlice:
         """One leaf's prefix + piece of n tokens (document indices from ``offset``) through ``layers``."""
         P, n = prefix.hidden.shape[1], piece_ids.numel()
         cache = cache_from_tensors(prefix.keys, prefix.values)
-        hidden = self._extend(self.stack.embed(piece_ids), torch.arange(P, P + n), cache, layers)[0]
+        hidden = self.nodes.extend(self.nodes.stack.embed(piece_ids), torch.arange(P, P + n), cache, layers)[0]
         keys, values = layer_tensors(cache)
         return LeafSlice(
             keys=keys,
@@ -129,30 +115,30 @@ class LeafTierCompressor(HomerCompressor):
             position_ids=torch.arange(P + n),
         )
 
-    def _replay_plan(self, tier: LeafTier, suffix_ids: torch.Tensor) -> tuple[ChunkPlan, LayerSchedule]:
+    def replay_plan(self, tier: LeafTier, suffix_ids: torch.Tensor) -> tuple[ChunkPlan, LayerSchedule]:
         """The tier's split with this suffix, and its schedule (which must run the tier's leaf layers)."""
-        if self.scoring.scorer.probes:
+        if self.nodes.scoring.scorer.probes:
             raise ValueError("a leaf tier replays question-aware scoring: use Scoring.with_question()")
         plan = tier.plan.with_suffix(suffix_ids.numel())
-        schedule = self._schedule(plan)
+        schedule = self.nodes.schedule(plan)
         if len(schedule.layers_at(0)) != tier.leaf_layers:
             raise ValueError(
                 f"the leaf tier ran {tier.leaf_layers} leaf layers, these settings run {len(schedule.layers_at(0))}"
             )
-        self._word_ids = tier.word_ids
+        self.nodes.word_ids = tier.word_ids
         return plan, schedule
 
-    def _tier_leaves(
+    def tier_leaves(
         self, tier: LeafTier, suffix_ids: torch.Tensor, plan: ChunkPlan, schedule: LayerSchedule
     ) -> FlatLeafFn:
         """``FlatLeafFn`` over the tier's stored leaves, each extended by ``suffix_ids``."""
 
         def leaf(index: int, target_len: int) -> tuple[Chunk, torch.Tensor | None]:
-            return self._replayed_leaf(tier.leaf(index), suffix_ids, plan, schedule.layers_at(0), target_len)
+            return self.replayed_leaf(tier.leaf(index), suffix_ids, plan, schedule.layers_at(0), target_len)
 
         return leaf
 
-    def _replayed_leaf(
+    def replayed_leaf(
         self, part: LeafSlice, suffix_ids: torch.Tensor, plan: ChunkPlan, layers: range, target_len: int
     ) -> tuple[Chunk, torch.Tensor | None]:
         """A leaf from its stored prefix + piece, and its pruning scores [T] (None when it fits ``target_len``):
@@ -175,8 +161,48 @@ class LeafTierCompressor(HomerCompressor):
             cache=cache_from_tensors(part.keys, part.values),
         )
         scored = chunk if chunk.length > target_len else None
-        suffix_hidden, scores = self._extend(
-            self.stack.embed(suffix_ids), suffix_positions, chunk.cache, layers, scored
+        suffix_hidden, scores = self.nodes.extend(
+            self.nodes.stack.embed(suffix_ids), suffix_positions, chunk.cache, layers, scored
         )
         chunk.hidden = torch.cat([part.hidden, suffix_hidden], dim=1)
         return chunk, scores
+
+    def question_leaves(self, tier: LeafTier, suffix_ids: torch.Tensor) -> tuple[ChunkPlan, LayerSchedule, FlatLeafFn]:
+        """The tier's split and schedule with this suffix, and its leaves scored with it (in one batched
+        pass where the leaf layers allow it)."""
+        plan, schedule = self.replay_plan(tier, suffix_ids)
+        layers = schedule.layers_at(0)
+        if batchable(self.nodes.stack, layers):
+            return plan, schedule, self.scored_leaves(tier, suffix_ids, plan, layers)
+        return plan, schedule, self.tier_leaves(tier, suffix_ids, plan, schedule)
+
+    def scored_leaves(self, tier: LeafTier, suffix_ids: torch.Tensor, plan: ChunkPlan, layers: range) -> FlatLeafFn:
+        """``FlatLeafFn`` of scores-only leaves, every leaf scored in one batched pass (``leaf_batch``)."""
+        scores = score_leaves(
+            self.nodes.stack, self.nodes.scoring.scorer, self.nodes.bias, tier, suffix_ids, plan, layers
+        )
+
+        def leaf(index: int, target_len: int) -> tuple[Chunk, torch.Tensor | None]:
+            chunk = scores_only_leaf(self.nodes.stack, plan, index)
+            return chunk, scores[index] if chunk.length > target_len else None
+
+        return leaf
+
+
+def scores_only_leaf(stack: DecoderStack, plan: ChunkPlan, index: int) -> Chunk:
+    """Leaf ``index`` of ``plan`` as a selection that only ranks tokens reads it: its prefix, piece and
+    suffix origins, positions and reducible flags [P + n + S], no states (``Chunk.scores_only``)."""
+    P, E, S = plan.prefix_len, plan.piece_len, plan.suffix_len
+    span = plan.piece(index)
+    n = span.stop - span.start
+    reducible = leaf_reducible(P, n, S)
+    return Chunk(
+        hidden=stack.empty((1, reducible.numel(), 0)),
+        position_ids=leaf_positions(P, n, E, S),
+        reducible=reducible,
+        origin=torch.cat([torch.full((P,), -1), torch.arange(span.start, span.stop), torch.full((S,), -1)]),
+        memory=torch.full((reducible.numel(),), float("-inf")),
+        prefix_len=P,
+        suffix_len=S,
+        cache=cache_from_tensors([], []),
+    )
