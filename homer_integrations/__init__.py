@@ -14,8 +14,7 @@ if TYPE_CHECKING:
     from homer_integrations.homer.compressed import CompressedDocument, CompressionStats
     from homer_integrations.homer.config import HomerConfig
     from homer_integrations.homer.generation import GenerationOptions
-    from homer_integrations.prompting import InputTooLongError
-    from homer_integrations.tiers import PromptTooLongError
+    from homer_integrations.prompting import InputTooLongError, PromptTooLongError
 
 _EXPORTS = {
     "AnswerInfo": "homer_integrations.engine",
@@ -26,7 +25,7 @@ _EXPORTS = {
     "HomerConfig": "homer_integrations.homer.config",
     "GenerationOptions": "homer_integrations.homer.generation",
     "InputTooLongError": "homer_integrations.prompting",
-    "PromptTooLongError": "homer_integrations.tiers",
+    "PromptTooLongError": "homer_integrations.prompting",
 }
 
 

@@ -5,6 +5,7 @@ prompts with it."""
 from __future__ import annotations
 
 import functools
+import logging
 import re
 
 import torch
@@ -13,6 +14,8 @@ from transformers import PreTrainedTokenizerBase
 from homer_integrations.homer.config import HomerConfig, Mode, resolve_mode
 from homer_integrations.homer.encoded import EncodedDocument
 from homer_integrations.homer.prompt import PromptText, PromptTexts, encode, layout_around, render_chat, render_layout
+
+logger = logging.getLogger(__name__)
 
 DOCUMENTS_REMEMBERED = 4
 """Documents whose token ids ``Prompting`` keeps (an id is 8 bytes: 0.5 MB for a 64k-token document)."""
@@ -43,6 +46,11 @@ def check_text(text: object, what: str) -> None:
             f"the {what} is not valid Unicode text: a lone surrogate U+{ord(bad.group()):04X} at character "
             f"{bad.start():,} (bytes decoded with errors='surrogateescape'? decode them with errors='replace')"
         )
+
+
+class PromptTooLongError(ValueError):
+    """The prompt around the document (system prompt, instructions, question, template), which is never
+    pruned, leaves the compressed cache no room for the document within ``final_cache_len``."""
 
 
 class InputTooLongError(ValueError):
@@ -269,3 +277,25 @@ class Prompting:
         if document_ids.numel() > limit:
             raise self._too_long(f"{document_ids.numel():,} tokens, more than", limit)
         return prefix_ids, document_ids, suffix_ids
+
+
+def check_room(fixed_tokens: int, budget: int) -> None:
+    """Raise ``PromptTooLongError`` when the prompt around the document, which is never pruned,
+    leaves the compressed cache no room for the document (``budget``: ``final_cache_len``); warn when it
+    leaves the document less than half of it."""
+    if fixed_tokens >= budget:
+        raise PromptTooLongError(
+            f"the prompt around the document (system prompt, instructions, question, template) is "
+            f"{fixed_tokens} tokens and is never pruned, which leaves no room for the document in "
+            f"final_cache_len={budget}: shorten that text, move it into the document, or raise final_cache_len"
+        )
+    if 2 * fixed_tokens > budget:
+        # RULER's vt at 4k, 8x: a 412-token few-shot example left the document 41 of 481 tokens
+        logger.warning(
+            "the prompt around the document is %d tokens and is never pruned: the document keeps only "
+            "%d of final_cache_len=%d tokens; shorten that text, move it into the document, or raise "
+            "final_cache_len",
+            fixed_tokens,
+            budget - fixed_tokens,
+            budget,
+        )

@@ -1,4 +1,4 @@
-"""``DocumentTiers``: one engine's document entries. It computes, caches and replays them.
+"""``DocumentTiers``: one engine's document entries: their keys, and each looked up or computed.
 
 Three kinds of entry stand for a document in the document cache:
 - the ``shared`` root: one compression with a question-independent suffix;
@@ -6,55 +6,41 @@ Three kinds of entry stand for a document in the document cache:
 - the leaf tier: what every ``query_aware`` question replays pruning and the upper levels from.
 
 The cache keys (``keys``), the pruning recipes (``scoring``, ``question_scoring``) and the
-calibration they use live here, beside the compressions that depend on them.
+calibration they use live here; a call encodes its document once (``Prompting.encode_document``) and
+an ``EntryBuilder`` (``builder``) computes what the cache does not hold, or a question's replayed root.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import hashlib
 import json
-import logging
-from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple
 
 import torch
-from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from homer_integrations.builder import EntryBuilder, RecentIndexes
 from homer_integrations.cache.keys import DocumentKeys
 from homer_integrations.document_cache import CacheSource, DocumentCache
-from homer_integrations.homer.budget import read_rate
 from homer_integrations.homer.calibration import Calibration, CalibrationStore
-from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, CompressionStats, cached_tokens
-from homer_integrations.homer.compressor import CompressionResult, CompressorSettings, PruneObserver, TierCompressor
+from homer_integrations.homer.compressed import CacheSpec, CompressedDocument
+from homer_integrations.homer.compressor import PruneObserver, TierCompressor
 from homer_integrations.homer.config import HomerConfig, Mode, resolve_mode
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.encoded import EncodedDocument
 from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_fingerprint
 from homer_integrations.homer.leaf_tier import LeafTier
-from homer_integrations.homer.lexical import LexicalEvidence, Statements
-from homer_integrations.homer.passages import Passages, PassageSelection
 from homer_integrations.homer.prompt import encode, markup
 from homer_integrations.homer.scoring import REPEAT_PROMPT, Scoring
-from homer_integrations.homer.strategies import Recipe, Reread, RootSpan, SharedRoot, TreeRoot
+from homer_integrations.homer.strategies import Recipe, SharedRoot
 from homer_integrations.paths import PACKAGE_DATA, bundled_text, cache_root
 from homer_integrations.prompting import Prompting
 
-logger = logging.getLogger(__name__)
-T = TypeVar("T")
-
 ALGORITHM_VERSION = 1
 """Bumped whenever compression changes its output for the same settings: old cache entries then miss."""
-
-
-class PromptTooLongError(ValueError):
-    """The prompt around the document (system prompt, instructions, question, template), which is never
-    pruned, leaves the compressed cache no room for the document within ``final_cache_len``."""
 
 
 class Compressed(NamedTuple):
@@ -169,7 +155,9 @@ class DocumentTiers:
                     found.append((tier.to(self.stack.device), source))
                 return found[0][0]
 
-            replayed = self._replay(leaf_tier, encoded, prefix, suffix, question)
+            tier_key = self.keys.tier(prefix, document)
+            key = hashlib.sha256(f"{tier_key}\0{json.dumps(markup(suffix).segments)}".encode()).hexdigest()
+            replayed = self.builder().replay(key, encoded, question, leaf_tier)
             if not found:
                 return Compressed(replayed, "computed", 0.0)
             tier, source = found[0]
@@ -178,8 +166,8 @@ class DocumentTiers:
         key = self.keys.full(prefix, document, suffix) if full else self.keys.root(prefix, document, suffix)
         doc, source = self.document_cache.get_or_compute(
             key,
-            lambda: self._compress_now(
-                key, self.prompting.encode_document(prefix, document, suffix, full=full), full=full
+            lambda: self.builder().shared(
+                key, self.prompting.encode_document(prefix, document, suffix, full=full), full
             ),
             spec=self.full_cache_spec if full else self.root_spec,
         )
@@ -193,145 +181,37 @@ class DocumentTiers:
         key = self.keys.tier(prefix, document)
 
         def build() -> LeafTier:
-            if encoded is not None:
-                return self._build_tier(key, encoded)
-            return self._build_tier(key, self.prompting.encode_document(prefix, document, ""))
+            encoding = self.prompting.encode_document(prefix, document, "") if encoded is None else encoded
+            return self.builder().leaf_tier(key, encoding)
 
         return self.document_cache.get_or_compute(key, build, spec=self.cache_spec)
 
     def compressor(
         self, prunes: bool, *, query_aware: bool, full: bool = False, final_cache_len: int | None = None
     ) -> TierCompressor:
-        """A compressor with these settings; ``prunes``: it will prune (the calibration bias is read
-        when its scoring needs one: question attention does not, so a first query-aware question
-        never waits for a calibration); ``query_aware``: planned like a leaf tier, scoring with the
-        question in the suffix; ``full``: one chunk as long as the model's window, nothing pruned (a
-        plain prefill); ``final_cache_len``: select this many tokens instead of the configured number."""
-        c, window = self.config, self.prompting.context_window
-        scoring = self.question_scoring if query_aware else self.scoring
-        reads_bias = prunes and scoring.needs_calibration
-        bias = self.calibration.bias(progress=self.progress is not False) if reads_bias else None
-        settings = CompressorSettings(
-            max_chunk_len=window if full else c.max_chunk_len,
-            warmup_layers=c.warmup_layers,
-            final_cache_len=window if full else final_cache_len or c.final_cache_len,
-            scoring=scoring,
-            # The shared suffix's length, so the tier splits the document exactly as the shared root
-            # does and no question changes the tree's shape (a question's longer suffix makes merged
-            # nodes that many tokens longer than max_chunk_len, still far inside the model's window;
-            # planning for a longer suffix made taller trees of half-empty leaves that scored lower).
-            suffix_reserve=self.prompting.shared_suffix_len if query_aware else 0,
-            want_logits=query_aware and not self.prompting.reask_question,
-        )
-        return TierCompressor(
-            self.stack,
-            settings,
-            bias,
-            self.prune_observer,
-        )
+        """A compressor with these settings (``EntryBuilder.compressor``)."""
+        return self.builder().compressor(prunes, query_aware=query_aware, full=full, final_cache_len=final_cache_len)
 
     def unit_ids(self, document: str, document_ids: torch.Tensor, unit: str) -> torch.Tensor | None:
         """Unit index ``[N]`` of every document token for ``unit`` (a ``Scoring.unit``; None: single tokens)."""
         none = document_ids[:0]
         return EncodedDocument(document, none, document_ids, none, self.prompting.tokenizer).units(unit)
 
-    def _progress(self, total: int, desc: str) -> tqdm:
-        disable = True if self.progress is False else None
-        return tqdm(total=total, desc=desc, unit="tok", unit_scale=True, disable=disable, leave=False)
-
-    def _compress_now(self, key: str, encoded: EncodedDocument, *, full: bool = False) -> CompressedDocument:
-        prompt_len = encoded.prompt_len
-        prunes = not full and prompt_len > self.config.final_cache_len
-        if prunes:
-            check_room(encoded.fixed_len, self.config.final_cache_len)
-        compressor = self.compressor(prunes, query_aware=False, full=full)
-        root: SharedRoot = TreeRoot() if full else self.recipe.shared_root  # a full prefill prunes nothing
-        with self._progress(encoded.document_ids.numel(), "HOMER compress") as bar:
-            span = RootSpan(
-                encoded,
-                word_ids=encoded.units(self.scoring.unit) if prunes else None,
-                repeat_ids=self.repeat_ids,
-                prunes=prunes,
-                progress=bar.update,
-            )
-            result = root.build(compressor, span)
-        doc = _document(key, result, prompt_len, None)
-        logger.info(
-            "compressed %d document tokens into %d cache tokens in %.1fs (tree height %d)",
-            doc.stats.document_tokens,
-            doc.stats.cache_tokens,
-            doc.stats.seconds,
-            doc.stats.tree_height,
-        )
-        return doc
-
-    def _build_tier(self, key: str, encoded: EncodedDocument) -> LeafTier:
-        compressor = self.compressor(False, query_aware=True)
-        with self._progress(encoded.document_ids.numel(), "HOMER leaf tier") as bar:
-            tier = compressor.build_leaf_tier(
-                encoded.prefix_ids,
-                encoded.document_ids,
-                encoded.units(self.question_scoring.unit),
-                key=key,
-                progress=bar.update,
-                allocate=self.document_cache.allocator(key) if self.stack.device.type == "cpu" else None,
-            )
-        logger.info(
-            "leaf tier of %d document tokens: %d leaves x %d layers, %.1f MB, %.1fs",
-            tier.document_tokens,
-            tier.plan.num_leaves,
-            tier.leaf_layers,
-            tier.nbytes / 1e6,
-            tier.seconds,
-        )
-        return tier
-
-    def _replay(
-        self, leaf_tier: Callable[[], LeafTier], encoded: EncodedDocument, prefix: str, suffix: str, question: str
-    ) -> CompressedDocument:
-        """The query-aware compression of ``encoded`` (whose suffix, the ``suffix`` text, holds ``question``;
-        ``prefix``: the prefix text, for the key); ``leaf_tier()`` gives the document's leaf tier, for a replay
-        that reads one."""
-        prompt_len = encoded.prompt_len
-        prunes = prompt_len > self.config.final_cache_len
-        if prunes:
-            check_room(encoded.fixed_len, self.config.final_cache_len)
-
-        def reread() -> Reread:
-            lexical = self.question_scoring.lexical
-            extra = self._lexical(lexical, encoded, question) if lexical and prunes else None
-            window = self.prompting.context_window
-            passages = functools.partial(self._passages, encoded)
-            return Reread(encoded, extra, question, window, passages, self._read_rate)
-
-        def compressor(reserved: int) -> TierCompressor:
-            budget = self.config.final_cache_len - reserved
-            return self.compressor(prunes, query_aware=True, final_cache_len=budget)
-
-        result = self.recipe.replay.replay(leaf_tier, encoded.suffix_ids, compressor, reread)
-        tier_key = self.keys.tier(prefix, encoded.text)
-        key = hashlib.sha256(f"{tier_key}\0{json.dumps(markup(suffix).segments)}".encode()).hexdigest()
-        return _document(key, result, prompt_len, question)
-
-    def _read_rate(self) -> float:
-        """Tokens per second this machine re-reads with the model (``homer.budget.read_rate``)."""
-        return read_rate(self.stack.layers, self.stack.dtype, self.stack.device)
-
-    def _lexical(self, lexical: LexicalEvidence, encoded: EncodedDocument, question: str) -> torch.Tensor | None:
-        """The document tokens [E] ``lexical`` keeps for ``question``; None where statements do not line up."""
-        statements = self._statements(encoded)
-        if statements is None:
-            return None
-        return lexical.tokens(question, statements, self.config.final_cache_len)
-
-    def _statements(self, encoded: EncodedDocument) -> Statements | None:
-        """The document's BM25 statements (None where offsets do not line up), kept for its next questions."""
-        return self._indexes.get(("statements", encoded.text), lambda: _of_statements(encoded, Statements.of))
-
-    def _passages(self, encoded: EncodedDocument, selection: PassageSelection) -> Passages | None:
-        """The document's passages as ``selection`` groups them, kept for its next questions."""
-        return self._indexes.get(
-            ("passages", encoded.text, selection), lambda: _of_statements(encoded, selection.passages)
+    def builder(self) -> EntryBuilder:
+        """What computes this engine's entries, with the settings as they are now (a caller may have set
+        ``recipe``, ``question_scoring`` or ``prune_observer`` since)."""
+        return EntryBuilder(
+            self.stack,
+            self.prompting,
+            self.recipe,
+            self.scoring,
+            self.question_scoring,
+            self.calibration,
+            self.repeat_ids,
+            self.prune_observer,
+            self.progress,
+            self._indexes,
+            self.document_cache.allocator,
         )
 
 
@@ -402,77 +282,3 @@ def entry_keys(
         }
     }
     return DocumentKeys(identity, root, tier)
-
-
-class RecentIndexes:
-    """The last ``size`` indexes of documents (statements, passages), by a key that holds the text."""
-
-    def __init__(self, size: int = 8) -> None:
-        self.size = size
-        self._kept: OrderedDict[tuple, object] = OrderedDict()
-
-    def get(self, key: tuple, build: Callable[[], T]) -> T:
-        """The index under ``key``, built by ``build()`` the first time."""
-        if key in self._kept:
-            self._kept.move_to_end(key)
-        else:
-            self._kept[key] = build()
-            while len(self._kept) > self.size:
-                self._kept.popitem(last=False)
-        return self._kept[key]  # type: ignore[return-value]
-
-
-def _of_statements(
-    encoded: EncodedDocument, index: Callable[[PreTrainedTokenizerBase, torch.Tensor, torch.Tensor], T]
-) -> T | None:
-    """``index(tokenizer, document_ids, statements)`` of ``encoded``; None where statements do not line up."""
-    units = encoded.units("statement")
-    return None if units is None else index(encoded.tokenizer, encoded.document_ids, units)
-
-
-def check_room(fixed_tokens: int, budget: int) -> None:
-    """Raise ``PromptTooLongError`` when the prompt around the document, which is never pruned,
-    leaves the compressed cache no room for the document (``budget``: ``final_cache_len``); warn when it
-    leaves the document less than half of it."""
-    if fixed_tokens >= budget:
-        raise PromptTooLongError(
-            f"the prompt around the document (system prompt, instructions, question, template) is "
-            f"{fixed_tokens} tokens and is never pruned, which leaves no room for the document in "
-            f"final_cache_len={budget}: shorten that text, move it into the document, or raise final_cache_len"
-        )
-    if 2 * fixed_tokens > budget:
-        # RULER's vt at 4k, 8x: a 412-token few-shot example left the document 41 of 481 tokens
-        logger.warning(
-            "the prompt around the document is %d tokens and is never pruned: the document keeps only "
-            "%d of final_cache_len=%d tokens; shorten that text, move it into the document, or raise "
-            "final_cache_len",
-            fixed_tokens,
-            budget - fixed_tokens,
-            budget,
-        )
-
-
-def _document(key: str, result: CompressionResult, prompt_len: int, question: str | None) -> CompressedDocument:
-    stats = CompressionStats(
-        document_tokens=result.plan.document_len,
-        prompt_tokens=prompt_len,
-        cache_tokens=cached_tokens(result.keys, result.head_lengths),
-        cache_bytes=sum(t.numel() * t.element_size() for t in result.keys + result.values),
-        seconds=result.seconds,
-        peak_kv_bytes=result.peak_kv_bytes,
-        tree_height=result.plan.height,
-        leaves=result.plan.num_leaves,
-        max_chunk_len=result.plan.max_chunk_len,
-    )
-    return CompressedDocument(
-        key=key,
-        keys=tuple(result.keys),
-        values=tuple(result.values),
-        position_ids=result.position_ids,
-        origin=result.origin,
-        last_position=result.last_position,
-        next_token_logits=result.next_token_logits,
-        question=question,
-        stats=stats,
-        head_lengths=result.head_lengths,
-    )

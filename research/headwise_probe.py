@@ -55,6 +55,7 @@ from ablations import RECONSTRUCTION_ABLATIONS
 from ruler_trace import answer_after, row_head, value_and_line
 
 from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.builder import compressed_document
 from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.compressor import CompressionResult, TierCompressor
@@ -66,7 +67,6 @@ from homer_integrations.homer.pruning import standardise
 from homer_integrations.homer.recompute import prefill_kept, whole_units
 from homer_integrations.homer.score_units import ScoreUnit, pool_words
 from homer_integrations.models import load_model
-from homer_integrations.tiers import _document
 
 OUT = ruler.RESULTS / "headwise_probe.jsonl"
 REPORT = ruler.RESULTS / "headwise_probe.md"
@@ -460,7 +460,7 @@ def main() -> None:
             result = replace(
                 built, keys=keys, values=vals, position_ids=built.position_ids[first], origin=built.origin[first]
             )
-            doc = _document("headwise", result, sum(t.numel() for t in ids), None)
+            doc = compressed_document("headwise", result, sum(t.numel() for t in ids), None)
             with hidden_slots(None if hidden is None else list(hidden)):
                 answer = answer_after(engine, doc, prompt, sample)
             row = {

@@ -4,7 +4,7 @@ In a leaf (prefix + piece + suffix, causal attention) the prefix and piece token
 the suffix, so their K/V in every leaf layer and their hidden states after the leaf layers are the
 same whatever the question. The tier keeps exactly that; a question then runs only its suffix
 tokens through the leaf layers against these K/V, prunes each leaf with its own scores, merges and
-runs the upper levels (``TierCompressor.replay``). The prefix is identical in every leaf (same
+runs the upper levels (``leaf_pass.LeafPass``, then ``tree`` or ``flat``). The prefix is identical in every leaf (same
 tokens, same positions, nothing before it), so it is kept once.
 
 The split is planned for a suffix of ``plan.planned_suffix_len`` tokens (the shared document suffix

@@ -9,12 +9,12 @@ from pathlib import Path
 import torch
 
 from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.builder import compressed_document
 from homer_integrations.homer.compressed import CompressedDocument
 from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.scoring import Scoring
 from homer_integrations.homer.strategies import FlatReplay, FlatRoot, Recipe, RecomputeRoot, TreeReplay, TreeRoot
-from homer_integrations.tiers import _document
 from tests import conftest
 from tests.conftest import uncalibrated
 
@@ -29,7 +29,7 @@ def ids(n: int, seed: int) -> torch.Tensor:
 def compressed(stack: DecoderStack, doc_len: int) -> CompressedDocument:
     settings = CompressorSettings(max_chunk_len=128, warmup_layers=2, final_cache_len=128, scoring=uncalibrated())
     result = HomerCompressor(stack, settings, None).compress(ids(5, 0), ids(doc_len, 3), ids(4, 2))
-    return _document("k", result, doc_len + 9, None)
+    return compressed_document("k", result, doc_len + 9, None)
 
 
 def test_compacted_keys_sit_at_distinct_positions_and_rotate_back_exactly() -> None:
