@@ -235,10 +235,16 @@ class HomerModel:
 
     # ----------------------------------------------------------------------------- compression
     def compress(self, text: str, *, question: str | None = None, mode: Mode | None = None) -> CompressedDocument:
-        """Compress a whole document (the shared root is cached). ``question`` is required in query-aware mode."""
+        """Compress a whole document in ``mode`` (default: ``config.mode``): with a ``question``, compressed
+        with it (query-aware); without one, the shared root (cached), unless ``mode="full"``. An explicit
+        ``mode="query_aware"`` needs ``question=``. To prepare what later questions replay from, see
+        ``cache_document``."""
+        requested = mode
         mode = self.mode_for(mode)
         if mode == "query_aware" and question is None:
-            raise ValueError("query_aware mode compresses the question with the document: pass question=")
+            if requested is not None:
+                raise ValueError("query_aware mode compresses the question with the document: pass question=")
+            mode = "shared"  # nothing to steer the selection: the question-independent root
         layout = self.prompting.layout(question or "", mode)
         asked = question if mode == "query_aware" else None
         if asked is not None:  # compressed with the document: within the question's limit
@@ -264,15 +270,21 @@ class HomerModel:
             return self.tiers.keys.full(layout.prefix, document, layout.suffix)
         return self.tiers.keys.root(layout.prefix, document, layout.suffix)
 
-    def cache_document(self, document: str, mode: Mode | None = None) -> tuple[int, CacheSource]:
-        """Look up, or compute and store, ``document``'s entry in ``mode`` (see ``entry_key``): (its document
-        tokens, where it came from). What every later question in that mode starts from."""
+    def cache_document(
+        self, document: str, mode: Mode | None = None, *, prefix: str | None = None, suffix: str | None = None
+    ) -> tuple[int, CacheSource]:
+        """Look up, or compute and store, ``document``'s entry in ``mode`` (see ``entry_key``; by default the
+        leaf tier): (its document tokens, where it came from). What every later question in that mode
+        starts from. ``prefix`` / ``suffix``: the texts an adapter laid out around the document
+        (``layout_prompt``); default: this engine's layout with no question."""
         mode = self.mode_for(mode)
         layout = self.layout("", mode)
+        prefix = layout.prefix if prefix is None else prefix
+        suffix = layout.suffix if suffix is None else suffix
         if mode == "query_aware":
-            tier, source = self.tiers.leaf_tier(layout.prefix, document)
+            tier, source = self.tiers.leaf_tier(prefix, document)
             return tier.document_tokens, source
-        doc, source, _ = self.tiers.compress(layout.prefix, document, layout.suffix, mode=mode)
+        doc, source, _ = self.tiers.compress(prefix, document, suffix, mode=mode)
         return doc.stats.document_tokens, source
 
     # ----------------------------------------------------------------------------- answering
@@ -301,8 +313,8 @@ class HomerModel:
     ) -> AnswerStream:
         """Answer ``question`` about ``document`` (text or a ``CompressedDocument``), streaming.
 
-        ``mode`` picks the tier for this call (default: ``config.mode``): ``shared`` answers from
-        the document's one compressed root; ``query_aware`` replays pruning from the document's
+        ``mode`` picks the tier for this call (default: ``config.mode``, ``query_aware``): ``shared``
+        answers from the document's one compressed root; ``query_aware`` replays pruning from the document's
         leaf tier with the question in the suffix (the paper's question-aware compression, without
         re-running the leaves over the document after the first question; ``recipe.replay`` says how
         the kept tokens are read);

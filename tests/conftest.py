@@ -82,10 +82,33 @@ def tokenizer(request: pytest.FixtureRequest):
     return request.getfixturevalue("smol_parts")[1]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_default_model_load():
+    """Tests run on SmolLM2 and tiny models: loading the 1.5B default model (minutes, 6 GB) fails at once,
+    naming what to pin (``--model smollm2-135m-instruct``, ``model=``, ``engine=``)."""
+    from homer_integrations import models
+
+    load = models.load_embedded
+
+    def refuse_large(spec, *args, **kwargs):
+        if spec.name == models.QWEN25_CODER_15B.name:
+            raise AssertionError(
+                f"a test loaded {spec.name} (the default model); pin --model smollm2-135m-instruct, "
+                "model=, engine= or a tiny model"
+            )
+        return load(spec, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(models, "load_embedded", refuse_large)
+        yield
+
+
 @pytest.fixture(scope="session")
 def smol_engine(smol_parts):
-    """A ``HomerModel`` over the embedded default model with its shipped calibration."""
-    from homer_integrations import HomerModel
+    """A ``HomerModel`` over the embedded SmolLM2 with its shipped calibration, answering from the shared
+    root unless a call names another mode (pinned: the tests on it were written for that path, and it is
+    the fast one; the package's default is ``query_aware``)."""
+    from homer_integrations import HomerConfig, HomerModel
     from homer_integrations.homer.config import ModelDefaults
     from homer_integrations.models import SMOLLM2
 
@@ -93,6 +116,7 @@ def smol_engine(smol_parts):
     return HomerModel(
         model,
         tok,
+        HomerConfig(mode="shared"),
         model_name=SMOLLM2.name,
         defaults=ModelDefaults(max_chunk_len=SMOLLM2.max_chunk_len, warmup_layers=SMOLLM2.warmup_layers),
         progress=False,

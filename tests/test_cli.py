@@ -15,6 +15,10 @@ from homer_integrations.question_sets import question_set
 from tests.conftest import REPO
 from tests.test_documents import make_pdf
 
+SMOL_SHARED = ("--model", "smollm2-135m-instruct", "--mode", "shared")
+"""What the real-model tests pin: the fast embedded model on the shared root (the defaults are the 1.5B
+model and ``query_aware``)."""
+
 
 @pytest.fixture(autouse=True)
 def no_server(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,7 +142,7 @@ def test_mode_goes_with_every_question_and_the_summary_says_which_served(
     questions = ["-q", "Who has taken Netherfield Park?", "-q", "What is Mrs. Bennet's wish?"]
     chosen = [] if mode is None else ["--mode", mode]
     result = ask_json(capsys, str(book), *questions, *tiny_cli, *chosen, "--max-new-tokens", "2")
-    served = mode or "shared"  # the engine's configured default
+    served = mode or "query_aware"  # the engine's configured default
     assert result["mode"] == served
     assert [a["mode"] for a in result["answers"]] == [served, served]
     assert [a["cache_source"] for a in result["answers"]] == ["computed", "memory"]
@@ -189,7 +193,7 @@ def test_ask_compresses_once_then_answers_from_disk(
     book.write_text(passage, encoding="utf-8")
     store = tmp_path / "store"
     questions = ["-q", "Who has taken Netherfield Park?", "-q", "What is Mrs. Bennet's wish?"]
-    common = [str(book), *questions, "--cache-dir", str(store), "--max-new-tokens", "4"]
+    common = [str(book), *questions, "--cache-dir", str(store), "--max-new-tokens", "4", *SMOL_SHARED]
 
     first = ask_json(capsys, *common)
     assert [a["cache_source"] for a in first["answers"]] == ["computed", "memory"]
@@ -211,7 +215,7 @@ def test_ask_compresses_once_then_answers_from_disk(
     assert "Q1: loaded from disk cache in" in out and "Q2: cache hit in memory" in out
 
     sampled = ["--temperature", "0.8", "--top-p", "0.9", "--top-k", "20", "--seed", "7", "--stop", "\n\n"]
-    run = ask_json(capsys, *common[:3], "--cache-dir", str(store), "--max-new-tokens", "3", *sampled)
+    run = ask_json(capsys, *common[:3], "--cache-dir", str(store), "--max-new-tokens", "3", *SMOL_SHARED, *sampled)
     assert run["answers"][0]["cache_source"] == "disk" and 1 <= run["answers"][0]["output_tokens"] <= 3
 
     code, out, _ = run_cli(capsys, "cache", "ls", "--cache-dir", str(store))
@@ -241,7 +245,9 @@ def test_ask_reads_markdown_pdf_and_html(
     else:
         path = tmp_path / "chapter.html"
         path.write_text(f"<html><head><title>Ch. 1</title><script>x()</script></head><body><p>{body}</p></body></html>")
-    result = ask_json(capsys, str(path), "-q", "Who is Mr. Bennet?", "--no-disk-cache", "--max-new-tokens", "3")
+    result = ask_json(
+        capsys, str(path), "-q", "Who is Mr. Bennet?", "--no-disk-cache", "--max-new-tokens", "3", *SMOL_SHARED
+    )
     (answer,) = result["answers"]
     assert answer["cache_source"] == "computed" and answer["output_tokens"] >= 1
     assert 80 < answer["document_tokens"] < 250
@@ -253,7 +259,7 @@ def test_demo_asks_bundled_questions_the_excerpt_answers_and_checks_them(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     novel = PACKAGE_DATA / "prideprejudice.txt"
-    argv = ("--demo", "--max-chars", "6000", "--no-disk-cache", "--max-new-tokens", "2")
+    argv = ("--demo", "--max-chars", "6000", "--no-disk-cache", "--max-new-tokens", "2", *SMOL_SHARED)
     result = ask_json(capsys, str(novel), *argv)
     answers = result["answers"]
     asked = question_set().within(result["characters"])
@@ -281,7 +287,7 @@ def test_demo_refuses_a_document_without_bundled_questions(
 
 @pytest.mark.real_model
 def test_calibrate_reports_where_the_table_lives(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_cli(capsys, "calibrate")
+    code, out, err = run_cli(capsys, "calibrate", "--model", "smollm2-135m-instruct")
     assert code == 0, err
     assert "smollm2-135m-instruct" in out and "max_chunk_len=1024" in out
     path = Path(out.rsplit(": ", 1)[1].strip())

@@ -173,7 +173,7 @@ def test_the_console_scripts_serve_and_ask_with_the_embedded_model(book: Path, r
     (root / "models").symlink_to(SESSION_CACHE / "models", target_is_directory=True)
     env = {**os.environ, "HOMER_INTEGRATIONS_CACHE": str(root)}
     serve = subprocess.Popen(
-        [sys.executable, "-m", "homer_integrations.cli", "serve"],
+        [sys.executable, "-m", "homer_integrations.cli", "serve", "--model", "smollm2-135m-instruct"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -183,6 +183,7 @@ def test_the_console_scripts_serve_and_ask_with_the_embedded_model(book: Path, r
         banner = serve.stdout.readline() if serve.stdout else ""
         assert banner.startswith("homer-qa server at http://127.0.0.1:"), serve.stderr.read() if serve.stderr else ""
         argv = ["ask", str(book), "-q", "Who has taken Netherfield Park?", "--max-new-tokens", "3", "--json"]
+        argv += ["--model", "smollm2-135m-instruct", "--mode", "shared"]  # not the 1.5B default model
         first = client(root, book.parent, *argv, "--cache-dir", str(root / "docs"))
         second = client(root, book.parent, *argv, "--cache-dir", str(root / "docs"))
         assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr

@@ -146,20 +146,20 @@ def test_a_loaded_engine_compresses_in_process_and_finds_what_it_stored(
 ) -> None:
     engine = HomerModel.from_pretrained(model_dir, config=CONFIG, progress=False, store=False)
     store = tmp_path / "store"
-    first = compress_corpus([corpus / "doc0.txt"], store, model=engine, progress=False)
+    first = compress_corpus([corpus / "doc0.txt"], store, model=engine, mode="shared", progress=False)
     assert statuses(first) == {"doc0.txt": "compressed"}
-    again = compress_corpus([corpus / "doc0.txt"], store, model=engine, progress=False, worker_class=NeverLoads)
+    again = compress_corpus(
+        [corpus / "doc0.txt"], store, model=engine, mode="shared", progress=False, worker_class=NeverLoads
+    )
     assert statuses(again) == {"doc0.txt": "skipped"}
     assert len(engine.document_cache.entries()) == 0, "the caller's own cache is left alone"
 
-    tiers = compress_corpus([corpus / "doc0.txt"], store, model=engine, mode="query_aware", progress=False)
-    assert statuses(tiers) == {"doc0.txt": "compressed"}, "the leaf tier is another entry"
+    tiers = compress_corpus([corpus / "doc0.txt"], store, model=engine, progress=False)  # the default mode
+    assert statuses(tiers) == {"doc0.txt": "compressed"}, "the leaf tier (query_aware, the default) is another entry"
     assert open_store(store).entries()[tiers.documents[0].key or ""].kind == "leaf_tier"
-    stream = engine.with_store(store).run(
-        (corpus / "doc0.txt").read_text(encoding="utf-8"), QUESTION, mode="query_aware"
-    )
+    stream = engine.with_store(store).run((corpus / "doc0.txt").read_text(encoding="utf-8"), QUESTION)
     stream.text()
-    assert stream.info.cache_source == "disk", "a question replays from the stored tier"
+    assert stream.info.mode == "query_aware" and stream.info.cache_source == "disk", "replayed from the stored tier"
     with pytest.raises(ValueError, match="Ray workers load the model"):
         compress_corpus([corpus], store, model=engine, ray_address="local", progress=False)
 

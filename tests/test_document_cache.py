@@ -30,7 +30,8 @@ from homer_integrations.document_cache import (
 from homer_integrations.homer.strategies import FlatRoot, Recipe, TreeRoot
 from tests.conftest import REPO, tiny_model, uncalibrated
 
-CONFIG = HomerConfig(max_chunk_len=128, warmup_layers=3)
+CONFIG = HomerConfig(max_chunk_len=128, warmup_layers=3, mode="shared")
+"""Answers from the shared root (pinned: the default is ``query_aware``): these tests check the cache on roots."""
 RECIPE = Recipe(shared_root=FlatRoot(), calibration_segments=2)
 """The flat root: these tests check the cache's mechanics on dense roots (head-wise ones: tests/homer)."""
 

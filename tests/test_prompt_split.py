@@ -31,8 +31,11 @@ RAG = (
 
 @pytest.fixture(scope="module")
 def engine(tokenizer) -> HomerModel:
-    """A fresh engine (its own registry) over a tiny random model with the real tokenizer."""
-    return HomerModel(tiny_model(), tokenizer, HomerConfig(max_chunk_len=256), model_name="tiny", progress=False)
+    """A fresh engine (its own registry) over a tiny random model with the real tokenizer, splitting for the
+    shared root unless a call names another mode (pinned: the default, ``query_aware``, puts the question in
+    the suffix)."""
+    config = HomerConfig(max_chunk_len=256, mode="shared")
+    return HomerModel(tiny_model(), tokenizer, config, model_name="tiny", progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +239,7 @@ def test_start_answer_runs_the_split_in_its_mode_like_engine_run(tokenizer, tmp_
         split = split_prompt(engine, user("Who is Mr. Bingley?"), document=text, mode=mode)
         stream = start_answer(engine, split, options)
         stream.text()
-        assert stream.info.mode == (mode or "shared")
+        assert stream.info.mode == (mode or "query_aware")
         kinds[mode] = {e.kind for e in engine.document_cache.entries()}
         if stream.info.cache_source == "computed":
             assert stream.info.document_seconds > 0
@@ -244,7 +247,7 @@ def test_start_answer_runs_the_split_in_its_mode_like_engine_run(tokenizer, tmp_
             assert stream.info.document_seconds == 0
     assert kinds["query_aware"] == {"leaf_tier"}, "query_aware answers from the document's leaf tier"
     assert kinds["full"] == {"leaf_tier", "root"} and kinds[None] == {"leaf_tier", "root"}
-    assert engine.document_cache.stats().computations == 3, "tier once, full prefill, shared root"
+    assert engine.document_cache.stats().computations == 2, "tier once (the default mode's too), full prefill"
     plain = start_answer(engine, split_prompt(engine, user("Hello")), options)
     plain.text()
     assert plain.info.mode is None and plain.info.cache_source is None

@@ -55,9 +55,9 @@ def add_parser(commands: Any) -> None:
     ask.add_argument(
         "--mode",
         choices=MODES,
-        help="how each question is answered: shared: one compressed cache for every question (default); "
-        "query_aware: the question is compressed with the document (paper), replayed from a cached leaf tier; "
-        "full: the document uncompressed (it must fit the model's window)",
+        help="how each question is answered: query_aware (default): the question is compressed with the "
+        "document (paper), replayed from a cached leaf tier; shared: one compressed cache for every question "
+        "(faster, loses facts as documents grow); full: the document uncompressed (it must fit the model's window)",
     )
     options.homer_options(ask)
     gen = ask.add_argument_group("generation")

@@ -45,7 +45,12 @@ def add_parser(commands: Any) -> None:
         "--retries", type=options.non_negative_int, default=2, metavar="N", help="restarts of a dead worker (default 2)"
     )
     options.model_options(parser, quantize=False)  # corpus workers load float models only
-    parser.add_argument("--mode", choices=MODES, help="the entry stored (default shared; query_aware: leaf tier)")
+    parser.add_argument(
+        "--mode",
+        choices=MODES,
+        help="the entry stored: query_aware (default): the leaf tier its questions replay from; "
+        "shared or full: the root",
+    )
     options.homer_options(parser)
     options.max_file_option(parser)
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")

@@ -6,7 +6,13 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from homer_integrations.cli.common import DEFAULT_MAX_DOCUMENT_TOKENS, DEFAULT_MAX_FILE_MB, EXIT_USAGE, CliError
+from homer_integrations.cli.common import (
+    DEFAULT_MAX_DOCUMENT_TOKENS,
+    DEFAULT_MAX_FILE_MB,
+    DEFAULT_MODEL,
+    EXIT_USAGE,
+    CliError,
+)
 
 if TYPE_CHECKING:
     from homer_integrations.homer.config import HomerConfig
@@ -56,7 +62,8 @@ def model_options(parser: argparse.ArgumentParser, *, quantize: bool = True) -> 
     parser.add_argument(
         "--model",
         metavar="NAME_OR_PATH",
-        help="embedded model name, local path or hub id (default: the embedded default model)",
+        help=f"embedded model name, local path or hub id (default: {DEFAULT_MODEL}; smollm2-135m-instruct: "
+        "10x faster, answers far less)",
     )
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
     parser.add_argument("--device", metavar="DEVICE", help="e.g. cpu, cuda, cuda:1 (default: where it loads)")

@@ -27,7 +27,8 @@ class WorkerSpec:
 
     ``model``: an embedded name, local path or hub id; ``store``: a directory or fsspec URL;
     ``mode``: which entry is stored (``shared``/``full``: the compressed root; ``query_aware``: the
-    leaf tier every question replays from; default ``config.mode``); ``threads``: torch CPU threads.
+    leaf tier every question replays from; default ``config.mode``, ``query_aware``); ``threads``: torch CPU
+    threads.
     """
 
     model: str
@@ -46,9 +47,12 @@ class WorkerSpec:
         by the id (pin a revision, or use a local path, if the weights behind it may change).
         """
         from homer_integrations.engine import ALGORITHM_VERSION
+        from homer_integrations.homer.config import HomerConfig, first_mode
 
         config = self.config.model_dump(mode="json") if self.config is not None else None
-        parts = [self.model, _model_files(self.model), self.dtype, config, self.mode, ALGORITHM_VERSION]
+        # the mode the workers will resolve, so a record made under another default is not taken for this one
+        mode = first_mode(self.mode) or (self.config or HomerConfig()).mode
+        parts = [self.model, _model_files(self.model), self.dtype, config, mode, ALGORITHM_VERSION]
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 

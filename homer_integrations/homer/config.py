@@ -115,11 +115,14 @@ class HomerConfig(BaseModel):
         warmup_layers: W, extra layers the leaves run before merging starts.
             Default: per model.
         final_cache_len: tokens kept in the final cache (default: ``max_chunk_len``).
-        mode: which cache answers (every answering call can override it): ``shared`` compresses
-            the document once with a question-independent suffix, so one short cache serves every
-            question; ``query_aware`` puts the question in the suffix (paper), selecting per question
-            from the document's leaf tier and re-reading the kept tokens; ``full`` keeps the whole
-            prompt uncompressed (a plain prefill, exact; the document must fit the model's window).
+        mode: which cache answers (every answering call can override it): ``query_aware`` (the
+            default: the accurate path at every measured length, ``benchmarks/results/ruler.md``) puts
+            the question in the suffix (paper), selecting per question from the document's leaf tier
+            and re-reading the kept tokens; a question-less preparation (``cache_document``,
+            ``homer-qa compress``) builds that leaf tier; ``shared`` compresses the document once with
+            a question-independent suffix, so one short cache serves every question (fast, loses
+            facts as documents grow); ``full`` keeps the whole prompt uncompressed (a plain prefill,
+            exact; the document must fit the model's window).
         document_suffix: the fixed text after the document in ``shared`` mode.
         system_prompt: system message placed in the prefix (chat models).
 
@@ -134,7 +137,7 @@ class HomerConfig(BaseModel):
     max_chunk_len: int | None = Field(default=None, ge=64, le=1_048_576)
     warmup_layers: int | None = Field(default=None, ge=0)
     final_cache_len: int | None = Field(default=None, ge=16)
-    mode: Mode = "shared"
+    mode: Mode = "query_aware"
     document_suffix: str = Field(default=DEFAULT_DOCUMENT_SUFFIX, min_length=1)
     system_prompt: str | None = None
 

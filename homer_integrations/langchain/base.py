@@ -74,9 +74,10 @@ class HomerSettings(BaseModel):
     """Prompts longer than this are searched for a document to compress (default: the
     engine's ``max_chunk_len``). See ``homer_integrations.prompt_split``."""
     mode: Mode | None = None
-    """HOMER mode of a document's answers: ``shared`` (one compressed cache serves every question),
-    ``query_aware`` (the question is compressed with the document) or ``full`` (kept uncompressed;
-    must fit the window). None: the engine's configured mode; a call's ``mode=`` replaces it.
+    """HOMER mode of a document's answers: ``query_aware`` (the engine's default: the question is
+    compressed with the document, from its cached leaf tier), ``shared`` (one compressed cache serves
+    every question) or ``full`` (kept uncompressed; must fit the window). None: the engine's configured
+    mode; a call's ``mode=`` replaces it.
     ``response_metadata["homer"]["mode"]`` says which mode served."""
     store: str | None = None
     """Where compressed documents live, shared by every process with the same model and settings:

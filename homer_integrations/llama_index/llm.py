@@ -76,9 +76,9 @@ class HomerLLM(StructuredOutput, CustomLLM):
 
     The document is compressed once (cached in the engine's document cache) and everything
     else of the prompt is fed after the cache; other prompts run plainly. ``mode`` picks how:
-    ``shared`` (one compressed cache for every question), ``query_aware`` (the question is
-    compressed with the document, replayed from a cached leaf tier) or ``full`` (uncompressed,
-    must fit the window); None follows the engine's configuration, and a call's ``mode=``
+    ``query_aware`` (the engine's default: the question is compressed with the document, replayed
+    from a cached leaf tier), ``shared`` (one compressed cache for every question) or ``full``
+    (uncompressed, must fit the window); None follows the engine's configuration, and a call's ``mode=``
     (``complete(prompt, mode="query_aware")``, ``chat``, the streaming and async forms) replaces it.
 
     ``metadata.context_window`` is the model's own window by default: what a *plain* prompt
@@ -107,8 +107,8 @@ class HomerLLM(StructuredOutput, CustomLLM):
     )
     mode: Mode | None = Field(
         default=None,
-        description="HOMER mode of a document's answers: shared, query_aware or full; None means the "
-        "engine's configured mode. A call's mode= replaces it.",
+        description="HOMER mode of a document's answers: query_aware, shared or full; None means the "
+        "engine's configured mode (query_aware unless its HomerConfig says otherwise). A call's mode= replaces it.",
     )
 
     _engine: HomerModel = PrivateAttr()
@@ -208,20 +208,22 @@ class HomerLLM(StructuredOutput, CustomLLM):
         ``kwargs``: generation options and ``mode``."""
         return self._start_completion(question, False, {**kwargs, "document": document})
 
-    def precompress(self, document: str, *, mode: Mode | None = None) -> CompressionStats:
-        """Compress ``document`` now (cached) exactly as ``answer_stream`` will need it in ``mode``
-        (default: this LLM's). ``shared`` and ``full`` only: their cache does not depend on the question."""
+    def precompress(self, document: str, *, mode: Mode | None = None) -> CompressionStats | None:
+        """Prepare ``document`` now (cached) exactly as ``answer_stream`` will need it in ``mode`` (default:
+        this LLM's, else the engine's). ``query_aware`` (the engine's default) builds the document's leaf
+        tier, which every question replays from, and returns None: each question's own selection is made
+        when it is asked. ``shared`` and ``full`` compress it and return its ``CompressionStats``."""
         mode = self.call_mode({"mode": mode})
-        if mode == "query_aware":
-            raise ValueError(
-                "precompress needs a question-independent cache: query_aware mode compresses each question "
-                "with the document (its leaf tier is built at the first question); use mode='shared' or 'full'"
-            )
-        # in these modes nothing of the question reaches the cached span: lay out the document alone
+        # nothing of a question reaches the cached entry (the tier reads the prefix and the document only):
+        # lay out the document alone
         split = self._completion_split("", False, {"document": document, "mode": mode})
-        compressed = self._engine.compress_span(split.prefix, document, split.suffix, mode=mode).document
+        stats = None
+        if mode == "query_aware":
+            self._engine.cache_document(document, mode, prefix=split.prefix)
+        else:
+            stats = self._engine.compress_span(split.prefix, document, split.suffix, mode=mode).document.stats
         remember_document(self._engine, document)
-        return compressed.stats
+        return stats
 
     @staticmethod
     def _completion_stream(stream: AnswerStream) -> Iterator[CompletionResponse]:

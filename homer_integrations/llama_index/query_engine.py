@@ -58,9 +58,10 @@ class HomerQueryEngine(BaseQueryEngine):
             None answers every document.
         combine_template: prompt of the final call that merges several answers
             (``{answers}``, ``{query_str}``).
-        mode: HOMER mode of every answer: ``shared`` (one compressed cache per document),
-            ``query_aware`` (each query compressed with the document) or ``full`` (uncompressed,
-            must fit the window); None: the LLM's ``mode``, else the engine's configured one.
+        mode: HOMER mode of every answer: ``query_aware`` (each query compressed with the document,
+            from its cached leaf tier), ``shared`` (one compressed cache per document) or ``full``
+            (uncompressed, must fit the window); None: the LLM's ``mode``, else the engine's configured
+            one (``query_aware`` by default).
         output_cls: a pydantic model class: every answer (and the combining call) is decoded under its
             JSON schema and the response is a ``PydanticResponse`` holding a validated instance.
             Not with ``streaming``.
@@ -134,8 +135,9 @@ class HomerQueryEngine(BaseQueryEngine):
         """The HOMER mode this engine answers in (its own, else the LLM's, else the engine's default)."""
         return self._llm.call_mode({"mode": self._mode})
 
-    def precompress(self) -> list[CompressionStats]:
-        """Compress every document now (cached), rather than at its first query. ``shared`` and ``full`` modes."""
+    def precompress(self) -> list[CompressionStats | None]:
+        """Prepare every document now (cached), rather than at its first query (``HomerLLM.precompress``):
+        its leaf tier in ``query_aware`` mode (None in the list), else its compressed cache's statistics."""
         return [self._llm.precompress(doc.text, mode=self._mode) for doc in self._documents]
 
     # ----------------------------------------------------------------------------- prompts

@@ -198,7 +198,7 @@ from homer_integrations.homer.strategies import FlatRoot, Recipe
 from homer_integrations.models import SMOLLM2, load_embedded
 
 url, calib, text = sys.argv[1], sys.argv[2], open(sys.argv[3]).read()
-config = HomerConfig(max_chunk_len=128, warmup_layers=3)
+config = HomerConfig(max_chunk_len=128, warmup_layers=3, mode="shared")
 recipe = Recipe(shared_root=FlatRoot(), calibration_segments=2)
 tokenizer = load_embedded(SMOLLM2)[1]
 engine = HomerModel(

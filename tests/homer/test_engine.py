@@ -15,7 +15,8 @@ from tests.conftest import tiny_model
 
 @pytest.fixture(scope="module")
 def engine(tokenizer, tmp_path_factory):
-    cfg = HomerConfig(max_chunk_len=128, warmup_layers=3)
+    """Answers from the shared root (pinned: the default is ``query_aware``): these tests reuse one root."""
+    cfg = HomerConfig(max_chunk_len=128, warmup_layers=3, mode="shared")
     return HomerModel(
         tiny_model("llama"),
         tokenizer,
@@ -102,7 +103,8 @@ def test_query_aware_mode_binds_the_question(tokenizer, tmp_path, long_text, rea
     recipe = Recipe(calibration_segments=2, reask_question=reask)
     qa = HomerModel(tiny_model("llama"), tokenizer, cfg, calibration_dir=tmp_path, progress=False, recipe=recipe)
     with pytest.raises(ValueError, match="question"):
-        qa.compress(long_text)
+        qa.compress(long_text, mode="query_aware")
+    assert qa.compress(long_text).question is None, "no question: the shared root"
     doc = qa.compress(long_text, question="Who?")
     assert doc.question == "Who?"
     # the paper answers from the root's last logits; re-asking feeds the question after the cache

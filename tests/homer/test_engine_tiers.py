@@ -121,18 +121,18 @@ def test_replayed_compression_equals_a_query_aware_compression_from_scratch(toke
 
 
 def test_one_engine_serves_both_tiers_per_call(tokenizer, calib, text):
-    engine = make_engine(tokenizer, calib)  # shared by default
-    shared = engine.run(text, "Who?", max_new_tokens=4)
-    shared.text()
-    aware = engine.run(text, "Who?", mode="query_aware", max_new_tokens=4)
+    engine = make_engine(tokenizer, calib)  # query_aware by default
+    aware = engine.run(text, "Who?", max_new_tokens=4)
     aware.text()
+    shared = engine.run(text, "Who?", mode="shared", max_new_tokens=4)
+    shared.text()
     assert (shared.info.mode, aware.info.mode) == ("shared", "query_aware")
     kinds = sorted(e.kind for e in engine.document_cache.entries())
     assert kinds == ["leaf_tier", "root"]
-    assert engine.prompting.layout("Who?", "query_aware").suffix != engine.prompting.layout("Who?").suffix
+    assert engine.prompting.layout("Who?", "shared").suffix != engine.prompting.layout("Who?").suffix
     # the root's key does not depend on the configured mode: one root serves both configurations
-    qa_engine = make_engine(tokenizer, calib, mode="query_aware")
-    assert qa_engine.tiers.keys.root("p", "doc", "s") == engine.tiers.keys.root("p", "doc", "s")
+    shared_engine = make_engine(tokenizer, calib, mode="shared")
+    assert shared_engine.tiers.keys.root("p", "doc", "s") == engine.tiers.keys.root("p", "doc", "s")
 
 
 def test_tier_is_kept_on_disk_and_served_to_a_fresh_process(tokenizer, calib, text, tmp_path):
@@ -205,13 +205,13 @@ def test_reconstruction_root_is_one_depth_first_compression(tokenizer, calib, te
     engine = make_engine(tokenizer, calib)  # the default shared scorer: reconstruction
     scoring = base.tiers.scoring.with_reconstruction(encode(tokenizer, REPEAT_PROMPT))
     assert engine.tiers.scoring == scoring == scoring.with_reconstruction(encode(tokenizer, REPEAT_PROMPT))
-    shared = engine.run(text, "Who?", max_new_tokens=3)
+    shared = engine.run(text, "Who?", mode="shared", max_new_tokens=3)
     shared.text()
     assert shared.info.mode == "shared" and shared.info.cache_source == "computed"
     assert shared.info.cache_tokens <= engine.config.final_cache_len < shared.info.document_tokens
     assert [e.kind for e in engine.document_cache.entries()] == ["root"], "no leaf tier for the shared root"
     assert engine.tiers.keys.root("a", "b", "c") != base.tiers.keys.root("a", "b", "c")
-    again = engine.run(text, "Where?", max_new_tokens=3)
+    again = engine.run(text, "Where?", mode="shared", max_new_tokens=3)
     again.text()
     assert again.info.cache_source == "memory"
     # a query-aware question builds the tier and scores with the question (no probe needed)
@@ -431,4 +431,4 @@ def test_a_headwise_root_numbered_past_the_chunk_length_is_read_back_from_disk(t
     doc = engine.compress(text)
     assert doc.head_lengths is not None and doc.last_position >= 128, "the re-read numbers its candidates 0..W-1"
     reader = make_engine(tokenizer, calib, DocumentCache(tmp_path), final_cache_len=100)
-    assert reader.run(text, "Who is Mr. Bingley?", max_new_tokens=2).info.cache_source == "disk"
+    assert reader.run(text, "Who is Mr. Bingley?", mode="shared", max_new_tokens=2).info.cache_source == "disk"

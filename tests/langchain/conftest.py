@@ -24,11 +24,13 @@ def novel_excerpt(smol_engine, novel) -> Callable[[int, int], str]:
 
 @pytest.fixture
 def fresh_engine(smol_parts):
-    """A new engine over the session's SmolLM2 weights, with an empty document cache (to count compressions)."""
-    from homer_integrations import HomerModel
+    """A new engine over the session's SmolLM2 weights, with an empty document cache (to count compressions),
+    answering from the shared root unless a call names another mode (pinned, as ``smol_engine``)."""
+    from homer_integrations import HomerConfig, HomerModel
     from homer_integrations.homer.config import ModelDefaults
     from homer_integrations.models import SMOLLM2
 
     model, tokenizer = smol_parts
     defaults = ModelDefaults(max_chunk_len=SMOLLM2.max_chunk_len, warmup_layers=SMOLLM2.warmup_layers)
-    return HomerModel(model, tokenizer, model_name=SMOLLM2.name, defaults=defaults, progress=False)
+    config = HomerConfig(mode="shared")
+    return HomerModel(model, tokenizer, config, model_name=SMOLLM2.name, defaults=defaults, progress=False)

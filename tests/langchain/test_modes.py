@@ -35,23 +35,23 @@ def served(message: AIMessage) -> str | None:
 
 
 def test_the_default_follows_the_engine_config(tokenizer, calibration, text):
-    shared = mode_engine(tokenizer, calibration)
-    assert served(ChatHomer(engine=shared, max_tokens=2).invoke(QUESTION, document=text)) == "shared"
-    assert kinds(shared) == {"root"}
-    aware = mode_engine(tokenizer, calibration, mode="query_aware")
+    aware = mode_engine(tokenizer, calibration)  # the default: query_aware
     message = ChatHomer(engine=aware, max_tokens=2).invoke(QUESTION, document=text)
     assert served(message) == "query_aware" and kinds(aware) == {"leaf_tier"}
     assert message.response_metadata["homer"]["document_seconds"] > 0
+    shared = mode_engine(tokenizer, calibration, mode="shared")
+    assert served(ChatHomer(engine=shared, max_tokens=2).invoke(QUESTION, document=text)) == "shared"
+    assert kinds(shared) == {"root"}
 
 
 def test_a_call_overrides_the_mode_the_langchain_way(engine, text):
     chat = ChatHomer(engine=engine, max_tokens=2)
-    message = chat.invoke(QUESTION, document=text, mode="query_aware")
-    assert served(message) == "query_aware" and kinds(engine) == {"leaf_tier"}
+    message = chat.invoke(QUESTION, document=text, mode="shared")
+    assert served(message) == "shared" and kinds(engine) == {"root"}
     assert served(chat.bind(mode="full").invoke(QUESTION, document=text)) == "full"
-    assert kinds(engine) == {"leaf_tier", "root"}
-    assert served(chat.invoke(QUESTION, document=text)) == "shared", "the engine's default again"
-    assert engine.document_cache.stats().computations == 3
+    assert kinds(engine) == {"root"} and engine.document_cache.stats().computations == 2
+    assert served(chat.invoke(QUESTION, document=text)) == "query_aware", "the engine's default again"
+    assert kinds(engine) == {"leaf_tier", "root"} and engine.document_cache.stats().computations == 3
     again = chat.invoke("Where is Netherfield?", document=text, mode="query_aware")
     assert served(again) == "query_aware" and again.response_metadata["homer"]["cache_source"] == "memory"
     assert again.response_metadata["homer"]["document_seconds"] == 0, "the leaf tier is reused"

@@ -67,7 +67,7 @@ TOOL_SCHEMAS = {t.name: convert_to_openai_tool(t)["function"]["parameters"] for 
 
 @pytest.fixture(scope="module")
 def chat(tokenizer, calibration, text):
-    return ChatHomer(engine=mode_engine(tokenizer, calibration), max_tokens=80, document=text)
+    return ChatHomer(engine=mode_engine(tokenizer, calibration, mode="shared"), max_tokens=80, document=text)
 
 
 QUESTION = [HumanMessage("Who is the main character?")]
@@ -104,7 +104,7 @@ def test_json_mode_returns_an_object(chat):
 
 
 def test_every_schema_reads_the_one_compressed_document(tokenizer, calibration, text):
-    chat = ChatHomer(engine=mode_engine(tokenizer, calibration), max_tokens=80, document=text)
+    chat = ChatHomer(engine=mode_engine(tokenizer, calibration, mode="shared"), max_tokens=80, document=text)
     first = chat.with_structured_output(Character, include_raw=True).invoke(QUESTION)["raw"]
     second = chat.with_structured_output(Setting, include_raw=True).invoke(QUESTION)["raw"]
     created = first.usage_metadata["input_token_details"]["cache_creation"]

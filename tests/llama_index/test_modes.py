@@ -36,13 +36,13 @@ def kinds(llm: HomerLLM) -> set[str]:
 
 
 def test_the_default_follows_the_engine_config(tokenizer, calibration, text):
-    shared = make_llm(tokenizer, calibration)
-    assert shared.complete(QUESTION, document=text).additional_kwargs["mode"] == "shared"
-    assert kinds(shared) == {"root"}
-    aware = make_llm(tokenizer, calibration, mode="query_aware")
+    aware = make_llm(tokenizer, calibration)  # the default: query_aware
     response = aware.complete(QUESTION, document=text)
     assert response.additional_kwargs["mode"] == "query_aware" and kinds(aware) == {"leaf_tier"}
     assert response.additional_kwargs["document_seconds"] > 0
+    shared = make_llm(tokenizer, calibration, mode="shared")
+    assert shared.complete(QUESTION, document=text).additional_kwargs["mode"] == "shared"
+    assert kinds(shared) == {"root"}
 
 
 def test_every_call_form_takes_a_mode(llm, text):
@@ -83,8 +83,7 @@ def test_the_query_engine_answers_and_precompresses_in_its_mode(llm, text):
     assert aware.mode == "query_aware"
     response = aware.query(QUESTION)
     assert response.metadata["ch1"]["homer"]["mode"] == "query_aware" and kinds(llm) == {"leaf_tier"}
-    with pytest.raises(ValueError, match="query_aware mode compresses each question with the document"):
-        aware.precompress()
+    assert aware.precompress() == [None], "the leaf tier is there: nothing question-independent to report"
 
     full = HomerQueryEngine(documents, llm, mode="full", streaming=True)
     (stats,) = full.precompress()
@@ -94,15 +93,23 @@ def test_the_query_engine_answers_and_precompresses_in_its_mode(llm, text):
     (node,) = streamed.source_nodes
     assert node.node.metadata["homer"]["mode"] == "full" and node.node.metadata["homer"]["cache_source"] == "memory"
 
-    default = HomerQueryEngine(documents, llm)
-    assert default.mode == "shared"
-    assert len(default.precompress()) == 1 and llm.engine.document_cache.stats().computations == 3
-    assert default.query(QUESTION).metadata["ch1"]["homer"]["cache_source"] == "memory"
+    shared = HomerQueryEngine(documents, llm, mode="shared")
+    assert len(shared.precompress()) == 1 and llm.engine.document_cache.stats().computations == 3
+    assert shared.query(QUESTION).metadata["ch1"]["homer"]["cache_source"] == "memory"
 
 
-def test_precompress_refuses_query_aware_and_accepts_full(llm, text):
-    with pytest.raises(ValueError, match="use mode='shared' or 'full'"):
-        llm.precompress(text, mode="query_aware")
+def test_the_query_engine_prepares_the_leaf_tier_by_default_and_its_queries_reuse_it(llm, text):
+    default = HomerQueryEngine([Document(text=text, id_="ch1")], llm)
+    assert default.mode == "query_aware"
+    assert default.precompress() == [None] and kinds(llm) == {"leaf_tier"}
+    stats = default.query(QUESTION).metadata["ch1"]["homer"]
+    assert stats["mode"] == "query_aware" and stats["cache_source"] == "memory" and stats["document_seconds"] == 0
+    assert llm.engine.document_cache.stats().computations == 1
+
+
+def test_precompress_prepares_every_mode(llm, text):
+    assert llm.precompress(text, mode="query_aware") is None and kinds(llm) == {"leaf_tier"}
+    assert llm.complete(QUESTION, document=text).additional_kwargs["cache_source"] == "memory"
     assert llm.precompress(text, mode="full").document_tokens > 500
     assert llm.complete(QUESTION, document=text, mode="full").additional_kwargs["cache_source"] == "memory"
 

@@ -34,7 +34,7 @@ PROMPT = PromptTemplate("Read the text.\n\n{text}\n\nWho is the main character?"
 
 @pytest.fixture
 def llm(tokenizer, calibration):
-    return HomerLLM(engine=mode_engine(tokenizer, calibration), num_output=80)
+    return HomerLLM(engine=mode_engine(tokenizer, calibration, mode="shared"), num_output=80)
 
 
 def roots(llm: HomerLLM) -> int:
