@@ -272,16 +272,21 @@ class HomerModel:
 
     def cache_document(
         self, document: str, mode: Mode | None = None, *, prefix: str | None = None, suffix: str | None = None
-    ) -> tuple[int, CacheSource]:
+    ) -> tuple[int, CacheSource | None]:
         """Look up, or compute and store, ``document``'s entry in ``mode`` (see ``entry_key``; by default the
         leaf tier): (its document tokens, where it came from). What every later question in that mode
         starts from. ``prefix`` / ``suffix``: the texts an adapter laid out around the document
-        (``layout_prompt``); default: this engine's layout with no question."""
+        (``layout_prompt``); default: this engine's layout with no question. The source is None when
+        there is nothing to store: past the model's window a ``query_aware`` question reads the text's
+        passages and no leaf tier (``DocumentTiers.reads_tier``)."""
         mode = self.mode_for(mode)
         layout = self.layout("", mode)
         prefix = layout.prefix if prefix is None else prefix
         suffix = layout.suffix if suffix is None else suffix
         if mode == "query_aware":
+            tokens = self.count_tokens(document)
+            if not self.tiers.reads_tier(tokens):
+                return tokens, None
             tier, source = self.tiers.leaf_tier(prefix, document)
             return tier.document_tokens, source
         doc, source, _ = self.tiers.compress(prefix, document, suffix, mode=mode)

@@ -186,6 +186,12 @@ class DocumentTiers:
 
         return self.document_cache.get_or_compute(key, build, spec=self.cache_spec)
 
+    def reads_tier(self, document_tokens: int) -> bool:
+        """Whether a question about a document of ``document_tokens`` reads its leaf tier (``Replay.reads_tier``:
+        past the model's window the default reads the text's passages and no tier)."""
+        window, final = self.prompting.context_window, self.config.final_cache_len
+        return self.recipe.replay.reads_tier(document_tokens, window, final)
+
     def compressor(
         self, prunes: bool, *, query_aware: bool, full: bool = False, final_cache_len: int | None = None
     ) -> TierCompressor:

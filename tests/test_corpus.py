@@ -164,6 +164,18 @@ def test_a_loaded_engine_compresses_in_process_and_finds_what_it_stored(
         compress_corpus([corpus], store, model=engine, ray_address="local", progress=False)
 
 
+def test_a_document_past_the_window_needs_no_entry_and_is_reported_so(
+    model_dir: str, tmp_path: Path, novel: str
+) -> None:
+    engine = HomerModel.from_pretrained(model_dir, config=CONFIG, progress=False, store=False)
+    book = tmp_path / "book.txt"
+    book.write_text(novel[20_000:32_000], encoding="utf-8")
+    assert engine.count_tokens(book.read_text(encoding="utf-8")) > engine.context_window
+    report = compress_corpus([book], tmp_path / "store", model=engine, progress=False)  # query_aware, the default
+    assert statuses(report) == {"book.txt": "unneeded"}, "its questions read the text's passages: no tier to build"
+    assert open_store(tmp_path / "store").entries() == {}
+
+
 # ----------------------------------------------------------------------------- Ray
 def test_ray_workers_report_a_worker_that_died_for_good_then_retry_a_killed_one_into_the_s3_store(
     ray: Any,

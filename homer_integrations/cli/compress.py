@@ -119,3 +119,8 @@ def _print_report(report: Any, store: str) -> None:
         f"{report.count('stored') + report.count('skipped')} already stored, {report.count('failed')} failed "
         f"({seconds(report.seconds)}, {where})"
     )
+    if report.count("unneeded"):
+        print(
+            f"{report.count('unneeded')} past the model's window need no entry: their questions read the "
+            "passages BM25 ranks best from the text"
+        )

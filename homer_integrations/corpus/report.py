@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-Status = Literal["compressed", "stored", "skipped", "failed"]
+Status = Literal["compressed", "stored", "skipped", "unneeded", "failed"]
 """``compressed``: a worker compressed it now; ``stored``: a worker found its entry already stored;
-``skipped``: the driver found it stored (no worker needed); ``failed``: see ``error``."""
+``skipped``: the driver found it stored (no worker needed); ``unneeded``: it has no entry to store
+(past the model's window a ``query_aware`` question reads the document's passages); ``failed``: see
+``error``."""
 
 
 @dataclass(frozen=True)

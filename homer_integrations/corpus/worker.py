@@ -119,7 +119,8 @@ class CorpusWorker:
                 tokens, status = self._compress(job)
         except (ValueError, OSError) as exc:
             return self._outcome(job, "failed", started, key, error=" ".join(str(exc).split()))
-        self.ledger.write(job.record, key, job.label)
+        if status != "unneeded":
+            self.ledger.write(job.record, key, job.label)
         return self._outcome(job, status, started, key, tokens)
 
     def _compress(self, job: DocumentJob) -> tuple[int, Status]:
@@ -127,6 +128,8 @@ class CorpusWorker:
         store's single flight made this one wait for it, then load it)."""
         with self.engine.document_cache.labelled(job.label):
             tokens, source = self.engine.cache_document(job.text, self.mode)
+        if source is None:
+            return tokens, "unneeded"
         return tokens, "compressed" if source == "computed" else "stored"
 
     def _outcome(

@@ -217,6 +217,11 @@ class Replay(Protocol):
         ``reread()`` what a prefill of the kept tokens needs."""
         ...
 
+    def reads_tier(self, document_tokens: int, window: int, final_cache_len: int) -> bool:
+        """Whether a question about a document of ``document_tokens`` reads its leaf tier (a model of this
+        context ``window``, re-reading ``final_cache_len`` tokens): what ``cache_document`` prepares."""
+        ...
+
 
 @dataclass(frozen=True)
 class RecomputeReplay:
@@ -224,6 +229,9 @@ class RecomputeReplay:
     their leaf scores (the question in each leaf's suffix), re-read by one plain prefill of the kept
     tokens through every layer (``homer.recompute``); ``extra`` evidence tokens take their share of the
     same budget."""
+
+    def reads_tier(self, document_tokens: int, window: int, final_cache_len: int) -> bool:
+        return True
 
     def replay(
         self,
@@ -242,6 +250,9 @@ class RecomputeReplay:
 class FlatReplay:
     """``RecomputeReplay``'s selection, run through the upper layers only, as one node."""
 
+    def reads_tier(self, document_tokens: int, window: int, final_cache_len: int) -> bool:
+        return True
+
     def replay(
         self,
         leaf_tier: Callable[[], LeafTier],
@@ -255,6 +266,9 @@ class FlatReplay:
 @dataclass(frozen=True)
 class TreeReplay:
     """The paper's merge tree replayed: each level prunes again with the question."""
+
+    def reads_tier(self, document_tokens: int, window: int, final_cache_len: int) -> bool:
+        return True
 
     def replay(
         self,
@@ -276,6 +290,9 @@ class PassageReplay:
 
     selection: PassageSelection = field(default_factory=PassageSelection)
     budget: ReadBudget = field(default_factory=ReadBudget)
+
+    def reads_tier(self, document_tokens: int, window: int, final_cache_len: int) -> bool:
+        return self.selection.attention > 0 or document_tokens <= final_cache_len
 
     def replay(
         self,
@@ -308,6 +325,9 @@ class AutoReplay:
     no leaf tier to build; within it (RULER 4k-32k) the token selection answers as a plain prefill does."""
 
     passages: PassageReplay = field(default_factory=PassageReplay)
+
+    def reads_tier(self, document_tokens: int, window: int, final_cache_len: int) -> bool:
+        return document_tokens <= window or self.passages.reads_tier(document_tokens, window, final_cache_len)
 
     def replay(
         self,

@@ -138,6 +138,9 @@ def test_past_the_window_bm25_passages_need_no_leaf_tier_and_attention_builds_it
     info = stream.info
     assert info.cache_source == "computed" and info.document_seconds == 0.0
     assert engine.tiers.document_cache.stats().entries == 0, "no leaf tier was built or stored"
+    tokens, source = engine.cache_document(book, "query_aware")
+    assert source is None and tokens > engine.context_window, "nothing to prepare: questions read the text"
+    assert engine.tiers.document_cache.stats().entries == 0
     grown = engine.compress(book, question=question, mode="query_aware").num_tokens
     assert 128 < grown <= engine.context_window // 2 + 64, "a fast machine re-reads more than final_cache_len"
     fused = PassageReplay(PassageSelection(tokens=24, attention=1.0))
@@ -149,6 +152,7 @@ def test_past_the_window_bm25_passages_need_no_leaf_tier_and_attention_builds_it
     assert (first.info.cache_source, again.info.cache_source) == ("computed", "memory"), (
         "the tier is built once, then read"
     )
+    assert engine.cache_document(book, "query_aware")[1] == "memory", "the fused selection's tier is prepared"
     assert engine.tiers.document_cache.stats().entries == 1
 
 

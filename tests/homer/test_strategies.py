@@ -7,6 +7,7 @@ from pydantic import ValidationError
 
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.config import REMOVED_FIELDS
+from homer_integrations.homer.passages import PassageSelection
 from homer_integrations.homer.scoring import Scoring
 from homer_integrations.homer.strategies import (
     REPLAYS,
@@ -14,6 +15,7 @@ from homer_integrations.homer.strategies import (
     AutoReplay,
     AutoRoot,
     FlatReplay,
+    PassageReplay,
     Recipe,
     TreeRoot,
 )
@@ -114,3 +116,12 @@ def test_units_are_named_by_their_repr_and_the_recipe_checks_its_parts():
         Recipe(scoring="last_token")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="calibration_segments"):
         Recipe(calibration_segments=0)
+
+
+def test_only_the_replays_that_read_the_tier_ask_for_it():
+    window, final = 1024, 128
+    fused = PassageReplay(PassageSelection(attention=1.0))
+    assert [u.reads_tier(4096, window, final) for u in REPLAYS.values()] == [False, True, False, True, True]
+    assert AutoReplay().reads_tier(900, window, final), "within the window the token selection reads the tier"
+    assert AutoReplay(fused).reads_tier(4096, window, final) and fused.reads_tier(4096, window, final)
+    assert PassageReplay().reads_tier(100, window, final), "a document within the budget replays from its tier"
