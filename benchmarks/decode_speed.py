@@ -98,8 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     ids = engine.tokenizer(bundled_text("prideprejudice"), add_special_tokens=False)["input_ids"]
     text = engine.tokenizer.decode(ids[2000 : 2000 + args.tokens])
     doc = engine.compress(text)
-    # what follows the cached document when a user asks: the question in the chat template, the assistant's turn
-    question = encode(engine.tokenizer, engine.prompting.layout(QUESTION).continuation, formatted=True)
+    # what follows the cached document (the shared root, compressed without a question) when a user asks:
+    # the question in the chat template, the assistant's turn
+    question = encode(engine.tokenizer, engine.prompting.layout(QUESTION, "shared").continuation, formatted=True)
 
     runs: dict[str, list[dict[str, float]]] = {"ours": [], "generate": []}
     for _ in range(args.repeats):

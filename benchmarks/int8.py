@@ -61,7 +61,7 @@ def main() -> None:
     rows: dict[str, list[dict]] = {name: [] for name in engines}
     for q in asked:
         for name, engine in engines.items():
-            stream = engine.run(roots[name], q.question, max_new_tokens=args.max_new_tokens)
+            stream = engine.run(roots[name], q.question, mode="shared", max_new_tokens=args.max_new_tokens)
             answer = stream.text()
             info = stream.info
             decode_s = info.total_seconds - (info.time_to_first_token or 0)

@@ -60,7 +60,9 @@ def load(model_name: str, device: str, dtype: str, random_weights: str | None):
         model, tok = load_model(model_name, dtype=torch_dtype, device=device)
     # A budget above any tier measured here, so the question's replay finds the tier it built.
     cache = DocumentCache(memory_budget_bytes=64 * 1024**3)
-    engine = HomerModel(model, tok, HomerConfig(), model_name=model_name, document_cache=cache, progress=False)
+    # shared: the question-less layout below is the shared root's, as every committed row was measured
+    config = HomerConfig(mode="shared")
+    engine = HomerModel(model, tok, config, model_name=model_name, document_cache=cache, progress=False)
     engine.tiers.calibration.bias()  # loaded from the package, not part of the measurement
     return model, tok, engine
 

@@ -94,10 +94,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, tok = load_model(args.model)
-    engine = HomerModel(model, tok, HomerConfig(), model_name=args.model, progress=False)
+    engine = HomerModel(model, tok, HomerConfig(mode="shared"), model_name=args.model, progress=False)
     engine.tiers.calibration.bias()
     ids = tok(bundled_text("prideprejudice"), add_special_tokens=False)["input_ids"][: args.tokens]
-    document, layout = tok.decode(ids), engine.prompting.layout("")
+    document, layout = tok.decode(ids), engine.prompting.layout("", "shared")  # the shared root's texts
     with torch.inference_mode():
         model(torch.tensor([ids[:16]]))  # page the weights in before the start is read
     stack = engine.tiers.stack

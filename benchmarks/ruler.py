@@ -873,8 +873,9 @@ def glance_markdown(points: list[dict]) -> str:
         + ", ".join(GLANCE_TASKS)
         + "; cwe is left out: HOMER cannot run it at most budgets, and plain answers it 0 at 8k); "
         "of plain: the method's accuracy over plain's on those pairs; the count is pairs. A cell needs all six "
-        "tasks. plain: its mean over all its samples of the six tasks at that length. The shared root is the "
-        'package\'s default (head-wise); the per-question path is `mode="query_aware"`.',
+        "tasks. plain: its mean over all its samples of the six tasks at that length. The shared root "
+        '(`mode="shared"`) is built head-wise (`AutoRoot`); the per-question path, the package\'s default, is '
+        '`mode="query_aware"`.',
     ]
     return "\n".join(lines) + "\n"
 

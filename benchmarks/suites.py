@@ -61,7 +61,7 @@ SUITES: dict[str, Suite] = {
     for s in (
         Suite(
             "quick",
-            "a cached question against a plain prefill (2k tokens); the novel's questions, SmolLM2's shared cache (8k)",
+            "SmolLM2's shared root: a cached question against a plain prefill (2k tokens); the novel's questions (8k)",
             "~5 min",
             (
                 Step("benchmarks/cache_latency.py", ("--quick",)),
