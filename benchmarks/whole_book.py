@@ -12,9 +12,11 @@ that differ from the text's) plus one per inserted fact; each has a split (``tun
 and is reported by split, kind and depth. Methods, the same model and token budget:
 
 - ``query_aware``: ``HomerModel.answer(book, q, mode="query_aware")`` with a store (the package's
-  default): the leaf tier built once (paid by the first question, kept on disk), then each
-  question keeps the whole passages that question attention and BM25 rank best together
-  (``homer.passages``, the default replay past the model's window) and re-reads them.
+  default). Past the model's window it keeps the whole passages BM25 ranks best for the question
+  (``homer.passages``, no leaf tier) and re-reads them.
+- ``fused``: the same passages ranked by BM25 and question attention over the leaf tier together
+  (reciprocal-rank fusion, ``PassageSelection(attention=1.0)``): the tier built once (paid by the
+  first question, kept on disk). The rows before 2026-12-03 named ``query_aware`` were this method.
 - ``tokens``: the per-question path before passages (``RecomputeReplay``): the ``final_cache_len``
   best single statements by question attention, re-read (the rows before 2026-12-02 named
   ``query_aware`` were this method and are relabelled).
@@ -47,8 +49,10 @@ from pathlib import Path
 import torch
 
 from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.homer.budget import ReadBudget
 from homer_integrations.homer.lexical import LexicalEvidence
-from homer_integrations.homer.strategies import AutoReplay, RecomputeReplay
+from homer_integrations.homer.passages import PassageSelection
+from homer_integrations.homer.strategies import AutoReplay, PassageReplay, RecomputeReplay, Replay
 from homer_integrations.paths import bundled_text
 from homer_integrations.question_sets import question_set
 
@@ -56,7 +60,7 @@ HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 ROWS = RESULTS / "whole_book_rows.jsonl"
 FACTS = HERE / "book_facts.json"
-METHODS = ("query_aware", "tokens", "hybrid", "shared", "bm25")
+METHODS = ("query_aware", "fused", "tokens", "hybrid", "shared", "bm25")
 CHUNK_CHARS, CHUNK_OVERLAP = 800, 100  # HomerRouter's defaults
 
 
@@ -144,11 +148,24 @@ class Bm25Route:
         return "".join(pieces), first if first is not None else time.perf_counter() - started
 
 
+def replays(read_tokens: int) -> dict[str, Replay]:
+    """The replay each per-question method asks of the engine; ``read_tokens``: the passages' fixed
+    budget (0: the package's ``ReadBudget``, which grows with the machine)."""
+    budget = ReadBudget(tokens=read_tokens or None)
+    return {
+        "query_aware": AutoReplay(PassageReplay(budget=budget)),
+        "fused": AutoReplay(PassageReplay(PassageSelection(attention=1.0), budget)),
+        "tokens": RecomputeReplay(),
+        "hybrid": RecomputeReplay(),
+    }
+
+
 def run(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     config = HomerConfig(final_cache_len=args.budget) if args.budget else None
     engine = HomerModel.from_pretrained(args.model, dtype=args.dtype, config=config, store=args.store or True)
-    budget = engine.config.final_cache_len or engine.config.max_chunk_len
+    budget = args.read_tokens or engine.config.final_cache_len or engine.config.max_chunk_len
+    by_method = replays(args.read_tokens)
     dtype = str(engine.model.dtype).removeprefix("torch.")
     text, items = book_with_facts(args.book)
     items = [i for i in items if args.split == "all" or i.split == args.split]
@@ -173,9 +190,9 @@ def run(args: argparse.Namespace) -> None:
             else:
                 lexical = LexicalEvidence() if method == "hybrid" else None
                 engine.tiers.question_scoring = replace(engine.tiers.question_scoring, lexical=lexical)
-                replay = RecomputeReplay() if method in ("tokens", "hybrid") else AutoReplay()
+                replay = by_method.get(method, AutoReplay())
                 engine.tiers.recipe = replace(engine.tiers.recipe, replay=replay)
-                mode = "query_aware" if method in ("tokens", "hybrid") else method
+                mode = "query_aware" if method in by_method else method
                 stream = engine.run(text, item.question, mode=mode, max_new_tokens=args.max_new_tokens)
                 answer = stream.text()
                 info = stream.info
@@ -315,6 +332,9 @@ def main() -> None:
     r.add_argument("--limit", type=int, default=0, help="at most this many questions, spread over the book")
     r.add_argument("--stride", type=int, default=1, help="then every n-th of those (still spread over the book)")
     r.add_argument("--budget", type=int, default=0, help="kept tokens (final_cache_len); 0: the model's default")
+    r.add_argument(
+        "--read-tokens", type=int, default=0, help="past the window: passages' and BM25's kept tokens (0: ReadBudget)"
+    )
     r.add_argument("--max-new-tokens", type=int, default=32)
     r.add_argument("--store", default="", help="document store (default: the package's cache directory)")
     r.add_argument("--threads", type=int, default=2)

@@ -33,7 +33,7 @@ def main() -> None:
     p.add_argument("--book", default="northangerabbey")
     p.add_argument("--budgets", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     p.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
-    p.add_argument("--out", default="")
+    p.add_argument("--out", default="", help="write the rows as JSON here (results/book_budget.json holds both books)")
     args = p.parse_args()
     from transformers import AutoTokenizer
 

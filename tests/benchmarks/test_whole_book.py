@@ -79,3 +79,12 @@ def test_the_summary_pairs_methods_counts_story_and_facts_apart_and_times_only_l
     assert query_aware["build_seconds"] == 800.0 and query_aware["median_ttft_seconds"] == 25.0
     assert bm25["story"] == [1, 2] and bm25["median_ttft_seconds"] == 6.0 and bm25["peak_rss_mb"] == 12
     assert "| 1/2 | 1/1 | 800 | 25.0 | 10 |" in whole_book.markdown([query_aware])
+
+
+def test_each_per_question_method_asks_its_own_replay_at_the_budget_given() -> None:
+    fixed, grown = whole_book.replays(4096), whole_book.replays(0)
+    assert fixed["query_aware"].passages.budget.tokens == 4096, "every method reads the same tokens"
+    assert grown["query_aware"].passages.budget.tokens is None, "0: the package's budget, which grows with the machine"
+    assert fixed["query_aware"].passages.selection.attention == 0, "the default ranks passages by BM25 alone"
+    assert fixed["fused"].passages.selection.attention == 1.0
+    assert set(fixed) == set(whole_book.METHODS) - {"shared", "bm25"}
