@@ -1,12 +1,13 @@
 """LangChain + HOMER: an unchanged "stuff the document into the prompt" QA chain, one compression.
 
-Offline, on the embedded default model and an excerpt of the bundled Pride and Prejudice. The
+Offline, on the embedded SmolLM2-135M and an excerpt of the bundled Pride and Prejudice, answering
+from the document's shared root (``mode="shared"``; ``--model`` and ``--mode`` pick others). The
 LCEL chain ``prompt | ChatHomer`` gets the whole excerpt in ``{context}`` on every question:
 the first call finds the document in the prompt and compresses it, every later call finds the
 same text and reads the cache. Then a follow-up turn in the same conversation, and the text
 LLM in LangChain's stuff-documents chain over a file loaded whole by ``HomerDocumentLoader``.
 
-    .venv/bin/python cookbook/langchain_qa.py [--tokens 3000] [--model NAME]
+    .venv/bin/python cookbook/langchain_qa.py [--tokens 3000] [--model NAME] [--mode MODE]
 
 Output (also saved to cookbook/outputs/langchain_qa.txt): each answer as it streams, its token
 usage (cache creation / cache read) and how long it took.
@@ -66,7 +67,7 @@ def ask(chain, inputs, label: str) -> AIMessageChunk:
 
 
 def run(args: argparse.Namespace) -> None:
-    chat = ChatHomer(model=args.model, max_tokens=args.max_new_tokens)
+    chat = ChatHomer(model=args.model, max_tokens=args.max_new_tokens, mode=args.mode)
     engine = chat.resolve_engine()
     book = opening(engine.tokenizer, args.tokens)
     print(f"model {chat.model_name}; HOMER max_chunk_len {engine.config.max_chunk_len}")
@@ -96,7 +97,9 @@ def run(args: argparse.Namespace) -> None:
         template = PromptTemplate.from_template(
             "Answer the question from the context.\n\nContext:\n{context}\n\nQuestion: {question}\nAnswer:"
         )
-        stuff = create_stuff_documents_chain(HomerLLM(engine=engine, max_tokens=args.max_new_tokens), template)
+        stuff = create_stuff_documents_chain(
+            HomerLLM(engine=engine, max_tokens=args.max_new_tokens, mode=args.mode), template
+        )
         question = "Who is Mr. Bennet's wife?"
         started = time.perf_counter()
         answer = stuff.invoke({"context": docs, "question": question})

@@ -1,12 +1,13 @@
 """LangChain + HOMER: route each question to the whole document (HOMER) or to BM25 retrieval.
 
-Offline, on the embedded default model and an excerpt of the bundled Pride and Prejudice.
-``HomerRouter`` answers each question either through HOMER over the whole excerpt (compressed
-once, then cached) or from the best BM25 chunks in a short prompt to the same model, with three
-strategies: ``rules`` (whole-document questions to HOMER), ``self_route`` (retrieval first,
-HOMER when the model says the chunks cannot answer) and a plain function.
+Offline, on the embedded SmolLM2-135M and an excerpt of the bundled Pride and Prejudice (``--model``
+picks another). ``HomerRouter`` answers each question either through HOMER over the whole excerpt
+(its shared root, ``mode="shared"``: compressed once, then cached; ``--mode`` picks another) or
+from the best BM25 chunks in a short prompt to the same model, with three strategies: ``rules``
+(whole-document questions to HOMER), ``self_route`` (retrieval first, HOMER when the model says the
+chunks cannot answer) and a plain function.
 
-    .venv/bin/python cookbook/langchain_routing.py [--tokens 3000] [--model NAME]
+    .venv/bin/python cookbook/langchain_routing.py [--tokens 3000] [--model NAME] [--mode MODE]
 
 Output (also saved to cookbook/outputs/langchain_routing.txt): per question, the route, the
 reason, the answer and the time it took.
@@ -47,7 +48,7 @@ def by_length(question: str) -> tuple[str, str]:
 
 
 def run(args: argparse.Namespace) -> None:
-    chat = ChatHomer(model=args.model, max_tokens=args.max_new_tokens)
+    chat = ChatHomer(model=args.model, max_tokens=args.max_new_tokens, mode=args.mode)
     engine = chat.resolve_engine()
     book = opening(engine.tokenizer, args.tokens)
     print(f"model {chat.model_name}; document: {engine.prompting.count_tokens(book)} tokens of Pride and Prejudice\n")

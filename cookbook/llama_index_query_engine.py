@@ -1,11 +1,12 @@
 """LlamaIndex + HOMER: many questions about one long document, compressed once.
 
-Offline, on the embedded default model and an excerpt of the bundled Pride and Prejudice.
-``HomerQueryEngine`` compresses the whole excerpt on the first query and answers every later
-one from the cached compression; then LlamaIndex's own response synthesizer hands the whole
-text to ``HomerLLM`` in its QA template, and the same cache answers again.
+Offline, on the embedded SmolLM2-135M and an excerpt of the bundled Pride and Prejudice (``--model``
+picks another). ``HomerQueryEngine`` compresses the whole excerpt on the first query into its shared
+root (``mode="shared"``; ``--mode`` picks another) and answers every later one from that cached
+compression; then LlamaIndex's own response synthesizer hands the whole text to ``HomerLLM`` in
+its QA template, and the same cache answers again.
 
-    .venv/bin/python cookbook/llama_index_query_engine.py [--tokens 3000] [--model NAME]
+    .venv/bin/python cookbook/llama_index_query_engine.py [--tokens 3000] [--model NAME] [--mode MODE]
 
 Output (also saved to cookbook/outputs/llama_index_query_engine.txt): each answer as it
 streams, where its cache came from, and the times.
@@ -41,7 +42,7 @@ QUESTIONS = [
 
 
 def run(args: argparse.Namespace) -> None:
-    llm = HomerLLM(model=args.model, num_output=args.max_new_tokens)
+    llm = HomerLLM(model=args.model, num_output=args.max_new_tokens, mode=args.mode)
     engine = llm.engine
     text = bundled_excerpt(engine.tokenizer, args.tokens)
     doc = Document(text=text, id_="pride-and-prejudice-opening", metadata={"title": "Pride and Prejudice"})
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> None:
     # cache above. (The default chat QA template adds its own system message, which is part of
     # the compressed prefix: that costs one more compression, shared by all its later questions.)
     synthesizer = get_response_synthesizer(
-        llm=HomerLLM(engine=engine, num_output=args.max_new_tokens, context_window=1_000_000),
+        llm=HomerLLM(engine=engine, num_output=args.max_new_tokens, context_window=1_000_000, mode=args.mode),
         response_mode="compact",
         text_qa_template=DEFAULT_TEXT_QA_PROMPT,
     )

@@ -1,14 +1,15 @@
 """LlamaIndex + HOMER: route each question to the whole document (HOMER) or to BM25 retrieval.
 
-Offline, on the embedded default model and an excerpt of the bundled Pride and Prejudice.
+Offline, on the embedded SmolLM2-135M and an excerpt of the bundled Pride and Prejudice, HOMER
+answering from the document's shared root (``mode="shared"``; ``--model`` and ``--mode`` pick others).
 ``HomerRouterQueryEngine`` is a ``RouterQueryEngine`` over ``HomerQueryEngine`` and a BM25
 ``RetrieverQueryEngine``; its selector runs the routing strategies shared with LangChain:
 ``rules`` (whole-document questions to HOMER, the rest to retrieval) and ``self_route``
-(retrieval first, HOMER when the model says the excerpts cannot answer). The 135M default
-model almost never admits that it cannot answer, so here self-route stays on retrieval; a
+(retrieval first, HOMER when the model says the excerpts cannot answer). The 135M model used
+here almost never admits that it cannot answer, so here self-route stays on retrieval; a
 larger model (``--model``) declines more often and falls back to HOMER.
 
-    .venv/bin/python cookbook/llama_index_router.py [--tokens 3000] [--model NAME]
+    .venv/bin/python cookbook/llama_index_router.py [--tokens 3000] [--model NAME] [--mode MODE]
 
 Output (also saved to cookbook/outputs/llama_index_router.txt): which route each question
 took, why, how long it took, and the answer.
@@ -42,7 +43,7 @@ QUESTIONS = [
 
 
 def run(args: argparse.Namespace) -> None:
-    llm = HomerLLM(model=args.model, num_output=args.max_new_tokens)
+    llm = HomerLLM(model=args.model, num_output=args.max_new_tokens, mode=args.mode)
     engine = llm.engine
     text = bundled_excerpt(engine.tokenizer, args.tokens)
     doc = Document(text=text, id_="pride-and-prejudice-opening")

@@ -1,14 +1,15 @@
 """Typed records from a whole novel: several schemas, one compression, LangChain and LlamaIndex.
 
-Offline, on the embedded default model and the whole bundled *Northanger Abbey* (about 105,000
-tokens). HOMER compresses the novel once; each schema is then one short constrained answer read
+Offline, on the embedded SmolLM2-135M (``--model`` picks another) and the whole bundled *Northanger
+Abbey* (about 105,000 tokens). HOMER compresses the novel once into its shared root
+(``mode="shared"``; ``--mode`` picks another); each schema is then one short constrained answer read
 from that cache. LangChain's ``ChatHomer.with_structured_output`` extracts the first records (the
 first call compresses, the next read the cache), and LlamaIndex's ``HomerQueryEngine(output_cls=)``
 extracts one more from the same engine. Every answer is decoded under its JSON schema, so it always
 validates, whatever the model; whether its values are *right* is checked against the book and
 printed beside it: a small model reading a 100x-compressed novel gets many of them wrong.
 
-    .venv/bin/python cookbook/structured_extraction.py [--model NAME]
+    .venv/bin/python cookbook/structured_extraction.py [--model NAME] [--mode MODE]
 
 Output (also saved to cookbook/outputs/structured_extraction.txt): each record as JSON, its check
 against the book, where its cache came from and how long it took.
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> None:
     print("== LangChain: prompt | ChatHomer.with_structured_output(Schema) ==\n")
     # document= names the novel, so the whole text is what is compressed wherever it stands in the
     # prompt (without it, the prompt's first and last paragraphs would be taken for instructions)
-    chat = ChatHomer(engine=engine, document=novel, max_tokens=args.max_new_tokens)
+    chat = ChatHomer(engine=engine, document=novel, max_tokens=args.max_new_tokens, mode=args.mode)
     for schema, task in (
         (Heroine, "Who is the heroine, where does her family live, and what is her father's profession?"),
         (Family, "Name the heroine's father and say how many children her parents have."),
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> None:
     print("== LlamaIndex: HomerQueryEngine(output_cls=Suitor), same engine ==\n")
     query_engine = HomerQueryEngine(
         [Document(text=novel, doc_id="northangerabbey")],
-        llm=HomerLLM(engine=engine, max_tokens=args.max_new_tokens),
+        llm=HomerLLM(engine=engine, max_tokens=args.max_new_tokens, mode=args.mode),
         output_cls=Suitor,
     )
     task = "Who is the man the heroine comes to love, what is his sister's name, and what is his father's house?"
