@@ -38,10 +38,12 @@ def message_dicts(messages: list[BaseMessage]) -> list[dict[str, str]]:
     """
     out = []
     for i, m in enumerate(messages):
-        role = getattr(m, "role", None) if m.type == "chat" else _ROLES.get(m.type)
+        # a streamed answer kept in the history is a chunk ("AIMessageChunk"): the role of its message kind
+        kind = m.type.removesuffix("MessageChunk").lower() if m.type.endswith("MessageChunk") else m.type
+        role = getattr(m, "role", None) if kind == "chat" else _ROLES.get(kind)
         if not role:
             raise ValueError(
-                f"message {i} is a {m.type!r} message{' with no role' if m.type == 'chat' else ''}; "
+                f"message {i} is a {m.type!r} message{' with no role' if kind == 'chat' else ''}; "
                 f"ChatHomer supports {SUPPORTED_MESSAGES}"
             )
         content = _content_text(m, i)
