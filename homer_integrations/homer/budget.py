@@ -5,9 +5,9 @@ prefill (``strategies.PassageReplay``). The more it keeps, the more often the an
 (``research/book_budget.py``, Northanger Abbey's tuning split, answer kept at 1k / 2k / 4k / 8k / 16k
 tokens: 25 / 28 / 28 / 32 / 35 of 36) while the re-read's seconds grow with the kept tokens. So the
 budget is what this machine re-reads with this model within ``seconds``: at least the configured
-``final_cache_len``, at most ``share`` of the model's window (the question and the answer need the
-rest, and the model reads a full window less well), never more than the document. For
-Qwen2.5-Coder-1.5B in bfloat16 that is the configured 2k on a 2-core CPU without AMX (about 340
+``final_cache_len``, at most ``share`` of the model's window (the question, the answer and the text
+around the document need the rest), never more than the document. For
+Qwen2.5-Coder-1.5B in bfloat16 that is the configured 2k on a 2-core CPU without AMX (340-420
 GFLOP/s), about 4k at the 1.3 TFLOP/s of two AMX cores, and the cap (16k) on a GPU.
 """
 
