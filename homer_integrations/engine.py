@@ -284,10 +284,11 @@ class HomerModel:
         prefix = layout.prefix if prefix is None else prefix
         suffix = layout.suffix if suffix is None else suffix
         if mode == "query_aware":
-            tokens = self.count_tokens(document)
+            encoded = self.prompting.encode_document(prefix, document, "")  # its ids are kept for the tier
+            tokens = encoded.document_ids.numel()
             if not self.tiers.reads_tier(tokens):
                 return tokens, None
-            tier, source = self.tiers.leaf_tier(prefix, document)
+            tier, source = self.tiers.leaf_tier(prefix, document, encoded)
             return tier.document_tokens, source
         doc, source, _ = self.tiers.compress(prefix, document, suffix, mode=mode)
         return doc.stats.document_tokens, source
