@@ -13,9 +13,10 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import time
 
 import torch
+
+from homer_integrations.homer.budget import linear_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -26,24 +27,14 @@ BF16_MIN_SPEEDUP = 1.3
 answers move slightly with the dtype (``benchmarks/results/dtype_parity.json``), so a tie keeps float32."""
 
 
-def _best_seconds(x: torch.Tensor, w: torch.Tensor, repeats: int = 3) -> float:
-    torch.nn.functional.linear(x, w)  # warm-up: oneDNN builds its kernel on first use
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.nn.functional.linear(x, w)
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 @functools.cache
 def cpu_bf16_speedup() -> float:
     """float32 seconds over bfloat16 seconds for a prefill-shaped linear layer on this CPU (cached)."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(512, 1536, generator=generator)
     w = torch.randn(1536, 1536, generator=generator)
-    fp32 = _best_seconds(x, w)
-    bf16 = _best_seconds(x.bfloat16(), w.bfloat16())
+    fp32 = linear_seconds(x, w)
+    bf16 = linear_seconds(x.bfloat16(), w.bfloat16())
     return fp32 / bf16
 
 

@@ -46,6 +46,23 @@ class ReadBudget:
         return min(max(floor, min(affordable, int(window * self.share))), document_tokens)
 
 
+def linear_seconds(x: torch.Tensor, w: torch.Tensor, repeats: int = 3) -> float:
+    """Best wall time of ``linear(x, w)`` over ``repeats`` runs after a warm-up (oneDNN builds its kernel on
+    first use), waiting for a CUDA device to finish each run."""
+    cuda = x.device.type == "cuda"
+    torch.nn.functional.linear(x, w)
+    best = float("inf")
+    for _ in range(repeats):
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        torch.nn.functional.linear(x, w)
+        if cuda:
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 @functools.cache
 def matmul_flops(dtype: torch.dtype, device: str) -> float:
     """FLOP/s of a prefill-shaped matrix product ([1024, 1536] x [1536, 4096], about 13 GFLOP) in
@@ -53,17 +70,7 @@ def matmul_flops(dtype: torch.dtype, device: str) -> float:
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(1024, 1536, generator=generator).to(device=device, dtype=dtype)
     w = torch.randn(4096, 1536, generator=generator).to(device=device, dtype=dtype)
-    torch.nn.functional.linear(x, w)
-    best = float("inf")
-    for _ in range(3):
-        if x.device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        torch.nn.functional.linear(x, w)
-        if x.device.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return 2 * x.shape[0] * x.shape[1] * w.shape[0] / best
+    return 2 * x.shape[0] * x.shape[1] * w.shape[0] / linear_seconds(x, w)
 
 
 def read_rate(layers: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> float:
