@@ -21,11 +21,12 @@ from transformers import PreTrainedTokenizerBase
 from homer_integrations.homer.budget import read_rate
 from homer_integrations.homer.calibration import Calibration
 from homer_integrations.homer.compressed import CompressedDocument, CompressionStats, cached_tokens
-from homer_integrations.homer.compressor import CompressionResult, CompressorSettings, PruneObserver, TierCompressor
+from homer_integrations.homer.compressor import HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.encoded import EncodedDocument
 from homer_integrations.homer.leaf_tier import Allocate, LeafTier
 from homer_integrations.homer.lexical import Statements
+from homer_integrations.homer.nodes import CompressionResult, CompressorSettings, PruneObserver
 from homer_integrations.homer.passages import Passages, PassageSelection
 from homer_integrations.homer.scoring import Scoring
 from homer_integrations.homer.strategies import Recipe, Reread, RootSpan, SharedRoot, TreeRoot
@@ -56,7 +57,7 @@ class EntryBuilder:
 
     def compressor(
         self, prunes: bool, *, query_aware: bool, full: bool = False, final_cache_len: int | None = None
-    ) -> TierCompressor:
+    ) -> HomerCompressor:
         """A compressor with these settings; ``prunes``: it will prune (the calibration bias is read
         when its scoring needs one: question attention does not, so a first query-aware question
         never waits for a calibration); ``query_aware``: planned like a leaf tier, scoring with the
@@ -78,7 +79,7 @@ class EntryBuilder:
             suffix_reserve=self.prompting.shared_suffix_len if query_aware else 0,
             want_logits=query_aware and not self.prompting.reask_question,
         )
-        return TierCompressor(self.stack, settings, bias, self.observer)
+        return HomerCompressor(self.stack, settings, bias, self.observer)
 
     def shared(self, key: str, encoded: EncodedDocument, full: bool = False) -> CompressedDocument:
         """The shared root of ``encoded`` (``full``: its uncompressed prefill), stored under ``key``."""
@@ -106,7 +107,7 @@ class EntryBuilder:
         """The leaf tier of ``encoded``'s prefix and document, stored under ``key``."""
         compressor = self.compressor(False, query_aware=True)
         with self._progress(encoded.document_ids.numel(), "HOMER leaf tier") as bar:
-            tier = compressor.build_leaf_tier(
+            tier = compressor.leaves.build(
                 encoded.prefix_ids,
                 encoded.document_ids,
                 encoded.units(self.question_scoring.unit),
@@ -141,7 +142,7 @@ class EntryBuilder:
             passages = functools.partial(self._passages, encoded)
             return Reread(encoded, extra, question, self.prompting.context_window, passages, self._read_rate)
 
-        def compressor(reserved: int) -> TierCompressor:
+        def compressor(reserved: int) -> HomerCompressor:
             return self.compressor(prunes, query_aware=True, final_cache_len=budget - reserved)
 
         result = self.recipe.replay.replay(leaf_tier, encoded.suffix_ids, compressor, reread)

@@ -27,12 +27,12 @@ from homer_integrations.cache.keys import DocumentKeys
 from homer_integrations.document_cache import CacheSource, DocumentCache
 from homer_integrations.homer.calibration import Calibration, CalibrationStore
 from homer_integrations.homer.compressed import CacheSpec, CompressedDocument
-from homer_integrations.homer.compressor import PruneObserver, TierCompressor
 from homer_integrations.homer.config import HomerConfig, Mode, resolve_mode
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.encoded import EncodedDocument
 from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_fingerprint
 from homer_integrations.homer.leaf_tier import LeafTier
+from homer_integrations.homer.nodes import PruneObserver
 from homer_integrations.homer.prompt import encode, markup
 from homer_integrations.homer.scoring import REPEAT_PROMPT, Scoring
 from homer_integrations.homer.strategies import Recipe, SharedRoot
@@ -191,12 +191,6 @@ class DocumentTiers:
         past the model's window the default reads the text's passages and no tier)."""
         window, final = self.prompting.context_window, self.config.final_cache_len
         return self.recipe.replay.reads_tier(document_tokens, window, final)
-
-    def compressor(
-        self, prunes: bool, *, query_aware: bool, full: bool = False, final_cache_len: int | None = None
-    ) -> TierCompressor:
-        """A compressor with these settings (``EntryBuilder.compressor``)."""
-        return self.builder().compressor(prunes, query_aware=query_aware, full=full, final_cache_len=final_cache_len)
 
     def unit_ids(self, document: str, document_ids: torch.Tensor, unit: str) -> torch.Tensor | None:
         """Unit index ``[N]`` of every document token for ``unit`` (a ``Scoring.unit``; None: single tokens)."""

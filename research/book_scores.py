@@ -62,10 +62,10 @@ def main() -> None:
         layout = engine.prompting.layout(item.question, "query_aware")
         tier, _ = tiers.leaf_tier(layout.prefix, text)
         suffix_ids = encode(engine.tokenizer, layout.suffix, formatted=True)
-        compressor = tiers.compressor(True, query_aware=True)
+        compressor = tiers.builder().compressor(True, query_aware=True)
         plan, schedule = compressor.leaves.replay_plan(tier, suffix_ids)
         leaf = compressor.leaves.scored_leaves(tier, suffix_ids, plan, schedule.layers_at(0))
-        scoring = compressor.scoring.without(ScoreMemory)
+        scoring = compressor.nodes.scoring.without(ScoreMemory)
         scores = torch.full((tier.document_tokens,), float("nan"))
         unstandardised = scores.clone()
         for index in range(plan.num_leaves):

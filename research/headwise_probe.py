@@ -58,11 +58,12 @@ from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.builder import compressed_document
 from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.chunking import ChunkPlan
-from homer_integrations.homer.compressor import CompressionResult, TierCompressor
+from homer_integrations.homer.compressor import HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.headwise.root import score_candidates, select_candidates
 from homer_integrations.homer.headwise.selection import head_scores, keep_global, keep_per_head
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
+from homer_integrations.homer.nodes import CompressionResult
 from homer_integrations.homer.pruning import standardise
 from homer_integrations.homer.recompute import prefill_kept, whole_units
 from homer_integrations.homer.score_units import ScoreUnit, pool_words
@@ -127,7 +128,7 @@ def _prefill(stack: DecoderStack, ids: torch.Tensor, positions: torch.Tensor) ->
 
 
 def encode_chunks(
-    compressor: TierCompressor,
+    compressor: HomerCompressor,
     prefix_ids: torch.Tensor,
     document_ids: torch.Tensor,
     suffix_ids: torch.Tensor,
@@ -137,7 +138,7 @@ def encode_chunks(
     after the prefix, at its document positions (prefix [P] at 0..P-1, piece tokens at P + their
     document index; the suffix follows the last piece), and is scored by reconstruction of its own
     text after its own cache. Returns the whole dense cache and the scores [L, Hkv, T]."""
-    stack, start = compressor.stack, time.perf_counter()
+    stack, start = compressor.nodes.stack, time.perf_counter()
     P, N, S = prefix_ids.numel(), document_ids.numel(), suffix_ids.numel()
     keys: list[list[torch.Tensor]] = [[] for _ in range(stack.num_layers)]
     values: list[list[torch.Tensor]] = [[] for _ in range(stack.num_layers)]
@@ -159,7 +160,7 @@ def encode_chunks(
         scores.append(s[:, :, keep])
     positions = torch.cat([torch.arange(P + N), P + N + torch.arange(S)])
     origin = torch.cat([torch.full((P,), -1), torch.arange(N), torch.full((S,), -1)])
-    plan = ChunkPlan.build(P, N, S, compressor.settings.max_chunk_len)
+    plan = ChunkPlan.build(P, N, S, compressor.nodes.settings.max_chunk_len)
     result = CompressionResult(
         keys=[torch.cat(k, dim=2) for k in keys],
         values=[torch.cat(v, dim=2) for v in values],
@@ -175,7 +176,7 @@ def encode_chunks(
 
 
 def select(
-    compressor: TierCompressor,
+    compressor: HomerCompressor,
     built: CompressionResult,
     document_ids: torch.Tensor,
     selection: str,
@@ -235,16 +236,16 @@ def close_statements(
 
 @contextlib.contextmanager
 def statement_closure(statements: torch.Tensor | None, top: float, longest: int) -> Iterator[dict]:
-    """While inside, the flat selection's re-read (``TierCompressor._recomputed``) also takes whole the
+    """While inside, the flat selection's re-read (``HomerCompressor._recomputed``) also takes whole the
     short statements of its best-scored tokens (``close_statements``); the dict counts the tokens added."""
     added = {"tokens": 0}
     if statements is None:
         yield added
         return
-    original = TierCompressor._recomputed
+    original = HomerCompressor._recomputed
 
     def recomputed(
-        self: TierCompressor,
+        self: HomerCompressor,
         selected: Chunk,
         prefix_ids: torch.Tensor,
         document_ids: torch.Tensor,
@@ -265,11 +266,11 @@ def statement_closure(statements: torch.Tensor | None, top: float, longest: int)
         result = prefill_kept(self.stack, self.settings, prefix_ids, document_ids, closed, suffix_ids)
         return replace(result, plan=plan, seconds=time.perf_counter() - start)
 
-    TierCompressor._recomputed = recomputed
+    HomerCompressor._recomputed = recomputed
     try:
         yield added
     finally:
-        TierCompressor._recomputed = original
+        HomerCompressor._recomputed = original
 
 
 def word_counts(document_ids: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
@@ -304,8 +305,8 @@ def probe_samples(task: str, length: int, indices: list[int]) -> list[ruler_task
     return [stored[i] for i in sorted(set(indices))]
 
 
-def prompt_ids(compressor: TierCompressor) -> torch.Tensor:
-    return torch.tensor(compressor.scoring.scorer.prompt_ids, dtype=torch.long)
+def prompt_ids(compressor: HomerCompressor) -> torch.Tensor:
+    return torch.tensor(compressor.nodes.scoring.scorer.prompt_ids, dtype=torch.long)
 
 
 def value_cover(
@@ -417,10 +418,10 @@ def main() -> None:
             penalty = standardise(word_counts(ids[1], word_units).log(), doc)
             units = (*tiers.scoring.units[:-1], CommonWords(penalty, args.common_weight), tiers.scoring.units[-1])
             tiers.scoring = replace(tiers.scoring, units=units)
-        compressor = tiers.compressor(True, query_aware=False)
+        compressor = tiers.builder().compressor(True, query_aware=False)
         words = tiers.unit_ids(sample.document, ids[1], tiers.scoring.unit)
         statements = tiers.unit_ids(sample.document, ids[1], "statement")
-        budget = compressor.settings.final_cache_len
+        budget = compressor.nodes.settings.final_cache_len
         builds: dict[str, tuple[CompressionResult, torch.Tensor, float]] = {}
         for variant in args.variants:
             base, factor, selection = variant.split(":")
@@ -445,7 +446,7 @@ def main() -> None:
                         )
                     scores = None  # a base whose every variant keeps all candidates needs no scores
                     if any(v.startswith(f"{base}:{factor}:") and not v.endswith(":none") for v in args.variants):
-                        scores = score_candidates(compressor.stack, built, ids[1], prompt_ids(compressor))
+                        scores = score_candidates(compressor.nodes.stack, built, ids[1], prompt_ids(compressor))
                 builds[f"{base}:{factor}"] = (built, scores, time.perf_counter() - started, added["tokens"])
             built, scores, build_s, closure = builds[f"{base}:{factor}"]
             started = time.perf_counter()

@@ -60,9 +60,9 @@ class LayerProbe(ReconstructionScorer):
 def layer_scores(engine: HomerModel, prompt: ruler.Prompt) -> tuple[torch.Tensor, int, int]:
     """Probe scores [Lw, N] of the N document tokens at each of the Lw leaf layers, the first leaf
     layer's index, and the prompt tokens (prefix and suffix) the budget always holds."""
-    comp = engine.tiers.compressor(True, query_aware=False)
+    comp = engine.tiers.builder().compressor(True, query_aware=False)
     prefix_ids, doc_ids, suffix_ids = engine.prompting.encode_span(prompt.prefix, prompt.document, prompt.suffix)
-    plan = ChunkPlan.build(prefix_ids.numel(), doc_ids.numel(), suffix_ids.numel(), comp.settings.max_chunk_len)
+    plan = ChunkPlan.build(prefix_ids.numel(), doc_ids.numel(), suffix_ids.numel(), comp.nodes.settings.max_chunk_len)
     layers = comp.nodes.schedule(plan).layers_at(0)
     prefix = comp.leaves.prefix_part(prefix_ids, layers)
     P, per_leaf = prefix_ids.numel(), []
@@ -71,7 +71,7 @@ def layer_scores(engine: HomerModel, prompt: ruler.Prompt) -> tuple[torch.Tensor
         probe = LayerProbe(engine.tiers.scoring.scorer.prompt_ids, every_layer=True)
         part = comp.leaves.leaf_part(prefix, doc_ids[span], span.start, layers)
         cache = cache_from_tensors(part.keys, part.values)
-        probe_scores(comp.stack, probe, cache, part.position_ids, doc_ids[span], layers)
+        probe_scores(comp.nodes.stack, probe, cache, part.position_ids, doc_ids[span], layers)
         per_leaf.append(torch.stack(probe.records)[:, P:])
     return torch.cat(per_leaf, dim=1), layers.start, P + suffix_ids.numel()
 

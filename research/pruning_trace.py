@@ -29,7 +29,7 @@ from passkey_lib import QUESTION, engine_for, key_token_indices, make_sample, ru
 
 from homer_integrations import HomerModel
 from homer_integrations.homer.chunking import ChunkPlan
-from homer_integrations.homer.compressor import PruneEvent
+from homer_integrations.homer.nodes import PruneEvent
 from homer_integrations.homer.prompt import encode, unit_ids
 from homer_integrations.homer.score_units import pool_words
 from homer_integrations.homer.scorers import LastTokenScorer, ScoreInput

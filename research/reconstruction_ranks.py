@@ -81,9 +81,9 @@ def main() -> None:
     engine, _ = engine_for("shared_recon", model, tok, MODEL)
     layout = engine.prompting.layout("", "shared")
     prefix_ids, doc_ids, suffix_ids = engine.prompting.encode_span(layout.prefix, sample.document, layout.suffix)
-    comp = engine.tiers.compressor(True, query_aware=False)
-    ask = engine.tiers.compressor(True, query_aware=True)
-    plan = ChunkPlan.build(prefix_ids.numel(), doc_ids.numel(), suffix_ids.numel(), comp.settings.max_chunk_len)
+    comp = engine.tiers.builder().compressor(True, query_aware=False)
+    ask = engine.tiers.builder().compressor(True, query_aware=True)
+    plan = ChunkPlan.build(prefix_ids.numel(), doc_ids.numel(), suffix_ids.numel(), comp.nodes.settings.max_chunk_len)
     layers = comp.nodes.schedule(plan).layers_at(0)
     prefix = comp.leaves.prefix_part(prefix_ids, layers)
     P, out = prefix_ids.numel(), []
@@ -96,13 +96,17 @@ def main() -> None:
         )
         part = comp.leaves.leaf_part(prefix, doc_ids[span], span.start, layers)
         cache = cache_from_tensors(part.keys, part.values)
-        probe_scores(comp.stack, probe, cache, part.position_ids, doc_ids[span], layers)
+        probe_scores(comp.nodes.stack, probe, cache, part.position_ids, doc_ids[span], layers)
         rows, red = torch.tensor(need) - span.start + P, part.origin >= 0
 
         def pct(score: torch.Tensor, rows: torch.Tensor = rows, red: torch.Tensor = red) -> float:
             return percentile(score, rows, red)
 
-        row = {"value": value, "leaf": leaf, "keep_frac": round(comp.settings.final_cache_len / doc_ids.numel(), 3)}
+        row = {
+            "value": value,
+            "leaf": leaf,
+            "keep_frac": round(comp.nodes.settings.final_cache_len / doc_ids.numel(), 3),
+        }
         for layer, (best, other, mean) in zip(layers, probe.records, strict=True):
             row[f"L{layer}"] = {
                 "max_all": pct(best.amax(0)),

@@ -18,13 +18,15 @@ from typing import ClassVar, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
+from homer_integrations.homer import recompute
 from homer_integrations.homer.budget import ReadBudget
 from homer_integrations.homer.calibration import SEGMENTS
 from homer_integrations.homer.chunking import ChunkPlan
-from homer_integrations.homer.compressor import CompressionResult, ProgressFn, TierCompressor
+from homer_integrations.homer.compressor import HomerCompressor
 from homer_integrations.homer.encoded import EncodedDocument
 from homer_integrations.homer.headwise.root import compress_headwise, headwise_refusal
 from homer_integrations.homer.leaf_tier import LeafTier
+from homer_integrations.homer.nodes import CompressionResult, ProgressFn
 from homer_integrations.homer.passages import Passages, PassageSelection
 from homer_integrations.homer.scoring import Scoring
 
@@ -72,8 +74,8 @@ class SharedRoot(Protocol):
 
     rereads: ClassVar[bool]
 
-    def build(self, compressor: TierCompressor, span: RootSpan) -> CompressionResult:
-        """The root of ``span`` in ``compressor.settings.final_cache_len`` tokens."""
+    def build(self, compressor: HomerCompressor, span: RootSpan) -> CompressionResult:
+        """The root of ``span`` in ``compressor.nodes.settings.final_cache_len`` tokens."""
         ...
 
 
@@ -84,8 +86,8 @@ class TreeRoot:
 
     rereads: ClassVar[bool] = False
 
-    def build(self, compressor: TierCompressor, span: RootSpan) -> CompressionResult:
-        return compressor.compress(
+    def build(self, compressor: HomerCompressor, span: RootSpan) -> CompressionResult:
+        return compressor.tree.compress(
             span.prefix_ids, span.document_ids, span.suffix_ids, progress=span.progress, word_ids=span.word_ids
         )
 
@@ -97,8 +99,8 @@ class FlatRoot:
 
     rereads: ClassVar[bool] = False
 
-    def build(self, compressor: TierCompressor, span: RootSpan) -> CompressionResult:
-        return compressor.compress_flat(
+    def build(self, compressor: HomerCompressor, span: RootSpan) -> CompressionResult:
+        return compressor.flat.compress_flat(
             span.prefix_ids, span.document_ids, span.suffix_ids, span.progress, span.word_ids
         )
 
@@ -109,8 +111,8 @@ class RecomputeRoot:
 
     rereads: ClassVar[bool] = True
 
-    def build(self, compressor: TierCompressor, span: RootSpan) -> CompressionResult:
-        return compressor.compress_flat(
+    def build(self, compressor: HomerCompressor, span: RootSpan) -> CompressionResult:
+        return compressor.flat.compress_flat(
             span.prefix_ids, span.document_ids, span.suffix_ids, span.progress, span.word_ids, recompute=True
         )
 
@@ -123,7 +125,7 @@ class HeadwiseRoot:
 
     rereads: ClassVar[bool] = True
 
-    def build(self, compressor: TierCompressor, span: RootSpan) -> CompressionResult:
+    def build(self, compressor: HomerCompressor, span: RootSpan) -> CompressionResult:
         if not span.prunes:
             return FlatRoot().build(compressor, span)
         return compress_headwise(
@@ -146,14 +148,14 @@ class AutoRoot:
     rereads: ClassVar[bool] = True
     """A head-wise root re-reads; the entry's position limit must allow it."""
 
-    def build(self, compressor: TierCompressor, span: RootSpan) -> CompressionResult:
+    def build(self, compressor: HomerCompressor, span: RootSpan) -> CompressionResult:
         return self.choose(compressor, span).build(compressor, span)
 
-    def choose(self, compressor: TierCompressor, span: RootSpan) -> SharedRoot:
+    def choose(self, compressor: HomerCompressor, span: RootSpan) -> SharedRoot:
         """``HeadwiseRoot`` unless ``headwise_refusal`` names a reason, then ``FlatRoot`` (logged)."""
         fixed = span.prefix_ids.numel() + span.suffix_ids.numel()
-        budget = compressor.settings.final_cache_len
-        refusal = headwise_refusal(compressor.stack, budget, span.repeat_ids.numel(), fixed)
+        budget = compressor.nodes.settings.final_cache_len
+        refusal = headwise_refusal(compressor.nodes.stack, budget, span.repeat_ids.numel(), fixed)
         if refusal is None:
             return HeadwiseRoot()
         logger.info("AutoRoot uses the flat root: the head-wise root %s", refusal)
@@ -196,7 +198,7 @@ class Reread(NamedTuple):
         return self.document.document_ids
 
 
-CompressorFor = Callable[[int], TierCompressor]
+CompressorFor = Callable[[int], HomerCompressor]
 """A query-aware compressor that selects ``final_cache_len`` less this many reserved tokens."""
 
 
@@ -243,7 +245,7 @@ class RecomputeReplay:
         r = reread()
         reserved = 0 if r.extra is None else r.extra.numel()
         chosen = compressor(reserved)
-        return chosen.replay_recompute(leaf_tier(), r.prefix_ids, r.document_ids, suffix_ids, extra=r.extra)
+        return chosen.flat.replay_recompute(leaf_tier(), r.prefix_ids, r.document_ids, suffix_ids, extra=r.extra)
 
 
 @dataclass(frozen=True)
@@ -260,7 +262,7 @@ class FlatReplay:
         compressor: CompressorFor,
         reread: Callable[[], Reread],
     ) -> CompressionResult:
-        return compressor(0).replay_flat(leaf_tier(), suffix_ids)
+        return compressor(0).flat.replay_flat(leaf_tier(), suffix_ids)
 
 
 @dataclass(frozen=True)
@@ -277,7 +279,7 @@ class TreeReplay:
         compressor: CompressorFor,
         reread: Callable[[], Reread],
     ) -> CompressionResult:
-        return compressor(0).replay(leaf_tier(), suffix_ids)
+        return compressor(0).tree.replay(leaf_tier(), suffix_ids)
 
 
 @dataclass(frozen=True)
@@ -305,16 +307,16 @@ class PassageReplay:
         inputs = reread()
         chosen = compressor(0)
         prefix, document, suffix = inputs.prefix_ids.numel(), inputs.document_ids.numel(), suffix_ids.numel()
-        floor = chosen.settings.final_cache_len - prefix - suffix
+        floor = chosen.nodes.settings.final_cache_len - prefix - suffix
         passages = inputs.passages(self.selection) if document > floor else None
         if passages is None:
             return RecomputeReplay().replay(leaf_tier, suffix_ids, compressor, lambda: inputs)
         budget = self.budget.kept(floor, inputs.window, document, inputs.rate())
-        scores = chosen.document_scores(leaf_tier(), suffix_ids) if self.selection.attention > 0 else None
+        scores = chosen.flat.document_scores(leaf_tier(), suffix_ids) if self.selection.attention > 0 else None
         kept = self.selection.select(inputs.question, scores, passages, budget)
-        s = chosen.settings
+        s = chosen.nodes.settings
         plan = ChunkPlan.build(prefix, document, 0, s.max_chunk_len, s.suffix_reserve).with_suffix(suffix)
-        return chosen.reread(plan, inputs.prefix_ids, inputs.document_ids, kept, suffix_ids, started)
+        return recompute.reread(chosen.nodes, plan, inputs.prefix_ids, inputs.document_ids, kept, suffix_ids, started)
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ import torch
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.builder import compressed_document
 from homer_integrations.homer.compressed import CompressedDocument
-from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
+from homer_integrations.homer.compressor import HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
+from homer_integrations.homer.nodes import CompressorSettings
 from homer_integrations.homer.scoring import Scoring
 from homer_integrations.homer.strategies import FlatReplay, FlatRoot, Recipe, RecomputeRoot, TreeReplay, TreeRoot
 from tests import conftest
@@ -28,7 +29,7 @@ def ids(n: int, seed: int) -> torch.Tensor:
 
 def compressed(stack: DecoderStack, doc_len: int) -> CompressedDocument:
     settings = CompressorSettings(max_chunk_len=128, warmup_layers=2, final_cache_len=128, scoring=uncalibrated())
-    result = HomerCompressor(stack, settings, None).compress(ids(5, 0), ids(doc_len, 3), ids(4, 2))
+    result = HomerCompressor(stack, settings, None).tree.compress(ids(5, 0), ids(doc_len, 3), ids(4, 2))
     return compressed_document("k", result, doc_len + 9, None)
 
 

@@ -55,7 +55,7 @@ def test_chunks_run_alone_at_their_document_positions(tokenizer, novel, tmp_path
     recipe = Recipe(calibration_segments=2)
     engine = HomerModel(tiny_model("llama"), tokenizer, config, calibration_dir=tmp_path, progress=False, recipe=recipe)
     prefix, document, suffix = engine.tiers.prompting.encode_span("Context:\n", novel[:1200], "\nEnd.")
-    compressor = engine.tiers.compressor(True, query_aware=False)
+    compressor = engine.tiers.builder().compressor(True, query_aware=False)
     P, N, S = prefix.numel(), document.numel(), suffix.numel()
     whole, _ = encode_chunks(compressor, prefix, document, suffix, N)
     halves, scores = encode_chunks(compressor, prefix, document, suffix, N // 2 + 1)

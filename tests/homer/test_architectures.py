@@ -21,10 +21,11 @@ from transformers import (
 
 from homer_integrations.homer import decoder
 from homer_integrations.homer.architectures import FAMILIES, UnsupportedModelError, check_supported
-from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
+from homer_integrations.homer.compressor import HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.generation import DecodeState, GenerationOptions, decode
 from homer_integrations.homer.kv import cache_from_tensors
+from homer_integrations.homer.nodes import CompressorSettings
 from tests import conftest
 from tests.conftest import uncalibrated
 
@@ -79,7 +80,7 @@ def compress(model: PreTrainedModel, doc_len: int, seed: int = 0):
     settings = CompressorSettings(
         max_chunk_len=MCL, warmup_layers=2, final_cache_len=MCL, scoring=uncalibrated(), want_logits=True
     )
-    result = HomerCompressor(DecoderStack(model), settings, None).compress(prefix, doc, suffix)
+    result = HomerCompressor(DecoderStack(model), settings, None).tree.compress(prefix, doc, suffix)
     return result, (prefix, doc, suffix)
 
 

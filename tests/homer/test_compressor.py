@@ -5,8 +5,9 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from homer_integrations.homer.architectures import UnsupportedModelError
-from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
+from homer_integrations.homer.compressor import HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
+from homer_integrations.homer.nodes import CompressorSettings
 from homer_integrations.homer.pruning import keep_mask
 from tests.conftest import assert_tree_invariants, tiny_model, uncalibrated
 
@@ -29,7 +30,7 @@ def compress(model, doc_len, mcl=128, warmup=3, final=None, seed=0, observer=Non
         **kw,
     )
     compressor = HomerCompressor(DecoderStack(model), settings, None, observer)
-    return compressor.compress(prefix, doc, suffix), (prefix, doc, suffix)
+    return compressor.tree.compress(prefix, doc, suffix), (prefix, doc, suffix)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -15,9 +15,10 @@ from torch.nn.functional import cosine_similarity
 
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.document_cache import DocumentCache
-from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor
+from homer_integrations.homer.compressor import HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.kv import cache_from_tensors
+from homer_integrations.homer.nodes import CompressorSettings
 from homer_integrations.homer.strategies import Recipe
 from tests import conftest
 from tests.conftest import uncalibrated
@@ -58,7 +59,7 @@ def test_one_chunk_matches_the_models_forward(kind: str, device: str, dtype: tor
     settings = CompressorSettings(
         max_chunk_len=MCL, warmup_layers=2, final_cache_len=MCL, scoring=uncalibrated(), want_logits=True
     )
-    result = HomerCompressor(DecoderStack(model), settings, None).compress(prefix, doc, suffix)
+    result = HomerCompressor(DecoderStack(model), settings, None).tree.compress(prefix, doc, suffix)
     assert result.plan.height == 0 and all(k.dtype == dtype and k.device.type == device for k in result.keys)
     with torch.no_grad():
         theirs = model(torch.cat([prefix, doc, suffix])[None].to(device)).logits[0, -1].float()
@@ -74,7 +75,7 @@ def test_a_tree_in_half_precision_keeps_its_invariants_and_decodes(device: str, 
     settings = CompressorSettings(
         max_chunk_len=MCL, warmup_layers=2, final_cache_len=MCL, scoring=uncalibrated(), want_logits=True
     )
-    result = HomerCompressor(DecoderStack(model), settings, None).compress(prefix, doc, suffix)
+    result = HomerCompressor(DecoderStack(model), settings, None).tree.compress(prefix, doc, suffix)
     assert result.plan.height >= 2
     conftest.assert_tree_invariants(result, model, prefix.numel(), suffix.numel(), MCL)
     question = ids(3, 4).to(device)

@@ -107,12 +107,16 @@ def test_replayed_compression_equals_a_query_aware_compression_from_scratch(toke
     prefix_ids, document_ids, suffix_ids = engine.prompting.encode_span(layout.prefix, text[:4000], layout.suffix)
     tier, _ = engine.tiers.leaf_tier(layout.prefix, text[:4000])
     assert tier.plan.planned_suffix_len == engine.prompting.shared_suffix_len < suffix_ids.numel()
-    scratch = engine.tiers.compressor(True, query_aware=True).compress(
-        prefix_ids,
-        document_ids,
-        suffix_ids,
-        word_ids=engine.tiers.unit_ids(text[:4000], document_ids, engine.tiers.question_scoring.unit),
-        plan=tier.plan.with_suffix(suffix_ids.numel()),
+    scratch = (
+        engine.tiers.builder()
+        .compressor(True, query_aware=True)
+        .tree.compress(
+            prefix_ids,
+            document_ids,
+            suffix_ids,
+            word_ids=engine.tiers.unit_ids(text[:4000], document_ids, engine.tiers.question_scoring.unit),
+            plan=tier.plan.with_suffix(suffix_ids.numel()),
+        )
     )
     assert scratch.plan.height >= 3
     assert torch.equal(replayed.origin, scratch.origin), "the same tokens survive"

@@ -18,9 +18,9 @@ def test_flat_replay_of_a_single_leaf_is_the_tree_replay(kind):
     model = tiny_model(kind, vocab_size=256)
     prefix, doc, suffix = ids(model, 5, 1), ids(model, 100, 2), ids(model, 4, 3)
     comp = compressor(model, final_cache_len=64, scoring=uncalibrated(memory=True))
-    tier = comp.build_leaf_tier(prefix, doc)
+    tier = comp.leaves.build(prefix, doc)
     assert tier.plan.height == 0
-    assert_same_compression(comp.replay_flat(tier, suffix), comp.replay(tier, suffix))
+    assert_same_compression(comp.flat.replay_flat(tier, suffix), comp.tree.replay(tier, suffix))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -29,10 +29,10 @@ def test_flat_replay_keeps_the_best_leaf_tokens_and_runs_the_upper_layers_once(k
     model = tiny_model(kind, vocab_size=256)
     prefix, doc, suffix = ids(model, 5, 1), ids(model, doc_len, 2), ids(model, 4, 3)
     comp = compressor(model, final_cache_len=96, scoring=uncalibrated(words=True))
-    tier = comp.build_leaf_tier(prefix, doc, word_ids=torch.arange(doc_len) // 2)
+    tier = comp.leaves.build(prefix, doc, word_ids=torch.arange(doc_len) // 2)
     events = []
-    comp.observer = events.append
-    result = comp.replay_flat(tier, suffix)
+    comp.nodes.observer = events.append
+    result = comp.flat.replay_flat(tier, suffix)
     assert result.plan.height >= 2
     assert {k.shape[2] for k in result.keys + result.values} == {96}
     kept = result.origin[result.origin >= 0]
@@ -55,8 +55,10 @@ def test_flat_compression_from_scratch_equals_the_flat_replay(kind, doc_len):
     prefix, doc, suffix = ids(model, 5, 1), ids(model, doc_len, 2), ids(model, RESERVE, 3)
     words = torch.arange(doc_len) // 2
     comp = compressor(model, final_cache_len=64, scoring=uncalibrated(3, words=True))
-    tier = comp.build_leaf_tier(prefix, doc, word_ids=words)
-    assert_same_compression(comp.compress_flat(prefix, doc, suffix, word_ids=words), comp.replay_flat(tier, suffix))
+    tier = comp.leaves.build(prefix, doc, word_ids=words)
+    assert_same_compression(
+        comp.flat.compress_flat(prefix, doc, suffix, word_ids=words), comp.flat.replay_flat(tier, suffix)
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -65,9 +67,9 @@ def test_flat_reconstruction_root_prunes_each_leaf_once_by_its_probe_scores(kind
     prefix, doc, suffix = ids(model, 5, 1), ids(model, 800, 2), ids(model, RESERVE, 3)
     comp = compressor(model, final_cache_len=96, scoring=uncalibrated().with_reconstruction(ids(model, 6, 4)))
     events = []
-    comp.observer = events.append
-    result = comp.compress_flat(prefix, doc, suffix)
-    tier = compressor(model).build_leaf_tier(prefix, doc)
+    comp.nodes.observer = events.append
+    result = comp.flat.compress_flat(prefix, doc, suffix)
+    tier = compressor(model).leaves.build(prefix, doc)
     assert result.plan.height >= 2
     assert {k.shape[2] for k in result.keys + result.values} == {96}
     kept = result.origin[result.origin >= 0]
@@ -79,7 +81,12 @@ def test_flat_reconstruction_root_prunes_each_leaf_once_by_its_probe_scores(kind
     part = tier.leaf(0)
     cache = cache_from_tensors(part.keys, part.values)
     scores = probe_scores(
-        comp.stack, comp.scoring.scorer, cache, part.position_ids, doc[tier.plan.piece(0)], range(tier.leaf_layers)
+        comp.nodes.stack,
+        comp.nodes.scoring.scorer,
+        cache,
+        part.position_ids,
+        doc[tier.plan.piece(0)],
+        range(tier.leaf_layers),
     )
     reducible = part.origin >= 0
     first = events[0]
@@ -95,9 +102,9 @@ def test_recompute_replay_is_the_plain_prefill_of_the_flat_selection(kind, doc_l
     model = tiny_model(kind, vocab_size=256)
     prefix, doc, suffix = ids(model, 5, 1), ids(model, doc_len, 2), ids(model, 4, 3)
     comp = compressor(model, final_cache_len=96, scoring=uncalibrated(words=True))
-    tier = comp.build_leaf_tier(prefix, doc, word_ids=torch.arange(doc_len) // 2)
-    flat = comp.replay_flat(tier, suffix)
-    result = comp.replay_recompute(tier, prefix, doc, suffix)
+    tier = comp.leaves.build(prefix, doc, word_ids=torch.arange(doc_len) // 2)
+    flat = comp.flat.replay_flat(tier, suffix)
+    result = comp.flat.replay_recompute(tier, prefix, doc, suffix)
     assert result.plan == flat.plan and result.plan.height >= 2
     kept = flat.origin[flat.origin >= 0]
     assert torch.equal(result.origin, flat.origin), "the flat replay's tokens, in the same order"
@@ -116,18 +123,18 @@ def test_recompute_of_a_single_leaf_is_the_flat_replay():
     model = tiny_model("qwen2", vocab_size=256)
     prefix, doc, suffix = ids(model, 5, 1), ids(model, 100, 2), ids(model, 4, 3)
     comp = compressor(model, final_cache_len=64)
-    tier = comp.build_leaf_tier(prefix, doc)
+    tier = comp.leaves.build(prefix, doc)
     assert tier.plan.height == 0
-    assert_same_compression(comp.replay_recompute(tier, prefix, doc, suffix), comp.replay_flat(tier, suffix))
+    assert_same_compression(comp.flat.replay_recompute(tier, prefix, doc, suffix), comp.flat.replay_flat(tier, suffix))
 
 
 def test_recompute_needs_the_tiers_own_document():
     model = tiny_model("llama", vocab_size=256)
     prefix, doc, suffix = ids(model, 5, 1), ids(model, 400, 2), ids(model, 4, 3)
     comp = compressor(model, final_cache_len=96)
-    tier = comp.build_leaf_tier(prefix, doc)
+    tier = comp.leaves.build(prefix, doc)
     with pytest.raises(ValueError, match="400 document tokens"):
-        comp.replay_recompute(tier, prefix, doc[:-1], suffix)
+        comp.flat.replay_recompute(tier, prefix, doc[:-1], suffix)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -135,8 +142,8 @@ def test_recompute_shared_root_is_the_plain_prefill_of_the_flat_roots_tokens(kin
     model = tiny_model(kind, vocab_size=256)
     prefix, doc, suffix = ids(model, 5, 1), ids(model, 800, 2), ids(model, RESERVE, 3)
     comp = compressor(model, final_cache_len=96, scoring=uncalibrated().with_reconstruction(ids(model, 6, 4)))
-    flat = comp.compress_flat(prefix, doc, suffix)
-    result = comp.compress_flat(prefix, doc, suffix, recompute=True)
+    flat = comp.flat.compress_flat(prefix, doc, suffix)
+    result = comp.flat.compress_flat(prefix, doc, suffix, recompute=True)
     assert torch.equal(result.origin, flat.origin) and result.plan == flat.plan
     kept = flat.origin[flat.origin >= 0]
     with torch.no_grad():
@@ -156,9 +163,9 @@ def test_recompute_root_runs_the_leaves_only_up_to_the_probe_layer(kind):
     ran: list[range] = []
     leaf_part = comp.leaves.leaf_part
     comp.leaves.leaf_part = lambda *args: ran.append(args[-1]) or leaf_part(*args)  # records each leaf's layers
-    flat = comp.compress_flat(prefix, doc, suffix)  # the upper layers read the leaves' outputs: every leaf layer
+    flat = comp.flat.compress_flat(prefix, doc, suffix)  # the upper layers read the leaves' outputs: every leaf layer
     every, ran[:] = ran[:], []
-    result = comp.compress_flat(prefix, doc, suffix, recompute=True)
+    result = comp.flat.compress_flat(prefix, doc, suffix, recompute=True)
     assert len(every) == len(ran) > 1 and all(len(r) > 2 for r in every)
     assert all(r == range(2) for r in ran), "the re-read needs nothing past the probe's layer"
     assert torch.equal(result.origin, flat.origin), "and selects the same tokens"
@@ -168,13 +175,13 @@ def test_recompute_with_whole_units_rereads_every_unit_the_selection_touched():
     model = tiny_model("llama", vocab_size=256)
     prefix, doc, suffix = ids(model, 5, 1), ids(model, 800, 2), ids(model, RESERVE, 3)
     comp = compressor(model, final_cache_len=96, scoring=uncalibrated().with_reconstruction(ids(model, 6, 4)))
-    flat = comp.compress_flat(prefix, doc, suffix, recompute=True)
+    flat = comp.flat.compress_flat(prefix, doc, suffix, recompute=True)
     kept = flat.origin[flat.origin >= 0]
     units = torch.arange(800) * 10  # single tokens, but for five 7-token units (7-digit numbers) it cut
     numbers = [int(k) for k in kept if int(k) + 7 <= 800 and int(k) + 1 not in kept][:5]
     for first in numbers:
         units[first : first + 7] = units[first]
-    whole = comp.compress_flat(prefix, doc, suffix, recompute=True, whole=units)
+    whole = comp.flat.compress_flat(prefix, doc, suffix, recompute=True, whole=units)
     reread = whole.origin[whole.origin >= 0]
     assert torch.equal(reread, whole_units(kept, units))
     assert all(set(range(first, first + 7)) <= set(reread.tolist()) for first in numbers)
@@ -183,7 +190,7 @@ def test_recompute_with_whole_units_rereads_every_unit_the_selection_touched():
         out = model(torch.cat([prefix, doc[reread], suffix])[None], use_cache=True)
     torch.testing.assert_close(whole.next_token_logits, out.logits[0, -1], atol=ATOL, rtol=0)
     with pytest.raises(ValueError, match="recompute=True"):
-        comp.compress_flat(prefix, doc, suffix, whole=units)  # only the re-read can keep units whole
+        comp.flat.compress_flat(prefix, doc, suffix, whole=units)  # only the re-read can keep units whole
 
 
 def test_whole_units_closes_short_units_and_stops_at_its_growth():

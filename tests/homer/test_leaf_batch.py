@@ -17,12 +17,12 @@ def test_batched_scores_are_each_leafs_own(kind, doc_len, scoring):
     model = tiny_model(kind, vocab_size=256)
     prefix, doc, suffix = ids(model, 5, 1), ids(model, doc_len, 2), ids(model, RESERVE - 3, 3)
     comp = compressor(model, final_cache_len=96, scoring=scoring)
-    tier = comp.build_leaf_tier(prefix, doc)
+    tier = comp.leaves.build(prefix, doc)
     plan = tier.plan.with_suffix(suffix.numel())
     layers = range(tier.leaf_layers)
     lengths = {plan.piece(b).stop - plan.piece(b).start for b in range(plan.num_leaves)}
     assert plan.num_leaves >= 4 and len(lengths) == (2 if doc_len % plan.num_leaves else 1)
-    batched = score_leaves(comp.stack, scoring.scorer, None, tier, suffix, plan, layers)
+    batched = score_leaves(comp.nodes.stack, scoring.scorer, None, tier, suffix, plan, layers)
     for index, scores in enumerate(batched):
         _, alone = comp.leaves.replayed_leaf(tier.leaf(index), suffix, plan, layers, target_len=0)
         torch.testing.assert_close(scores, alone, atol=1e-5, rtol=0)
@@ -33,14 +33,14 @@ def test_the_recompute_replay_keeps_what_the_leaf_by_leaf_selection_keeps(kind):
     model = tiny_model(kind, vocab_size=256)
     prefix, doc, suffix = ids(model, 5, 1), ids(model, 803, 2), ids(model, 4, 3)
     comp = compressor(model, final_cache_len=96, scoring=Scoring.for_questions())
-    tier = comp.build_leaf_tier(prefix, doc, word_ids=torch.arange(803) // 3)
-    flat = comp.replay_flat(tier, suffix)  # leaf by leaf
-    result = comp.replay_recompute(tier, prefix, doc, suffix)  # batched
+    tier = comp.leaves.build(prefix, doc, word_ids=torch.arange(803) // 3)
+    flat = comp.flat.replay_flat(tier, suffix)  # leaf by leaf
+    result = comp.flat.replay_recompute(tier, prefix, doc, suffix)  # batched
     assert torch.equal(result.origin, flat.origin)
 
 
 def test_pieces_are_laid_out_leaf_by_leaf_with_the_short_ones_padded():
-    plan = compressor(tiny_model("llama", vocab_size=256)).build_leaf_tier(torch.arange(3), torch.arange(203)).plan
+    plan = compressor(tiny_model("llama", vocab_size=256)).leaves.build(torch.arange(3), torch.arange(203)).plan
     prefix = torch.full((1, 1, 3, 1), -1.0)
     pieces = torch.arange(203.0).view(1, 1, 203, 1)
     out = leaf_keys(prefix, pieces, plan)[:, 0, :, 0]

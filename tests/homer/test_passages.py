@@ -10,6 +10,7 @@ import torch
 from homer_integrations.homer.budget import ReadBudget
 from homer_integrations.homer.passages import Passages, PassageSelection, spans
 from homer_integrations.homer.prompt import encode, unit_ids
+from homer_integrations.homer.recompute import reread
 from homer_integrations.homer.scoring import Scoring
 from tests.conftest import mode_engine, tiny_model
 from tests.homer.tier_helpers import compressor, ids
@@ -87,14 +88,14 @@ def test_document_scores_are_what_the_flat_selection_ranks() -> None:
     prefix, doc, suffix = ids(model, 5, 1), ids(model, 600, 2), ids(model, 6, 3)
     comp = compressor(model, final_cache_len=96, scoring=Scoring.for_questions())
     words = torch.arange(doc.numel()) // 3
-    tier = comp.build_leaf_tier(prefix, doc, word_ids=words)
-    scores = comp.document_scores(tier, suffix)
+    tier = comp.leaves.build(prefix, doc, word_ids=words)
+    scores = comp.flat.document_scores(tier, suffix)
     assert scores.shape == (doc.numel(),) and bool(scores.isfinite().all())
-    result = comp.replay_recompute(tier, prefix, doc, suffix)
+    result = comp.flat.replay_recompute(tier, prefix, doc, suffix)
     kept = torch.zeros(doc.numel(), dtype=torch.bool)
     kept[result.origin[result.origin >= 0]] = True
     assert float(scores[kept].min()) >= float(scores[~kept].max()) - 1e-5, "the kept tokens are the best scored"
-    again = comp.reread(tier.plan.with_suffix(suffix.numel()), prefix, doc, kept.nonzero()[:, 0], suffix, 0.0)
+    again = reread(comp.nodes, tier.plan.with_suffix(suffix.numel()), prefix, doc, kept.nonzero()[:, 0], suffix, 0.0)
     torch.testing.assert_close(again.next_token_logits, result.next_token_logits)
 
 

@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from homer_integrations.homer.compressor import CompressorSettings, TierCompressor
+from homer_integrations.homer.compressor import HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.leaf_tier import LeafTier
+from homer_integrations.homer.nodes import CompressorSettings
 from tests.conftest import tiny_model, uncalibrated
 from tests.homer.tier_helpers import ATOL, KINDS, MCL, RESERVE, assert_same_compression, compressor, ids
 
@@ -18,19 +19,19 @@ def test_replay_equals_compression_from_scratch(kind, doc_len, height, units_and
     prefix, doc = ids(model, 5, 1), ids(model, doc_len, 2)
     words = torch.arange(doc_len) // 3 if units_and_memory else None
     comp = compressor(model, scoring=uncalibrated(3, words=True, memory=True) if units_and_memory else uncalibrated())
-    tier = comp.build_leaf_tier(prefix, doc, word_ids=words)
+    tier = comp.leaves.build(prefix, doc, word_ids=words)
     for seed, suffix_len in [(3, 4), (4, RESERVE)]:  # two questions asked of one tier
         suffix = ids(model, suffix_len, seed)
-        scratch = comp.compress(prefix, doc, suffix, word_ids=words)
+        scratch = comp.tree.compress(prefix, doc, suffix, word_ids=words)
         assert scratch.plan.height == height
-        assert_same_compression(comp.replay(tier, suffix), scratch)
+        assert_same_compression(comp.tree.replay(tier, suffix), scratch)
 
 
 def test_replay_of_a_single_chunk_is_the_plain_forward():
     model = tiny_model("llama", vocab_size=256)
     prefix, doc, suffix = ids(model, 5, 1), ids(model, 60, 2), ids(model, 4, 3)
     comp = compressor(model)
-    replayed = comp.replay(comp.build_leaf_tier(prefix, doc), suffix)
+    replayed = comp.tree.replay(comp.leaves.build(prefix, doc), suffix)
     with torch.no_grad():
         out = model(torch.cat([prefix, doc, suffix])[None], use_cache=True)
     torch.testing.assert_close(replayed.next_token_logits, out.logits[0, -1], atol=ATOL, rtol=0)
@@ -44,10 +45,10 @@ def test_replay_reads_every_leaf_layer_from_the_tier_not_the_model():
     prefix, suffix = ids(model, 5, 1), ids(model, 4, 3)
     comp = compressor(model)
     doc_a, doc_b = ids(model, 400, 2), ids(model, 400, 5)
-    tier_b = comp.build_leaf_tier(prefix, doc_b)
-    assert_same_compression(comp.replay(tier_b, suffix), comp.compress(prefix, doc_b, suffix))
+    tier_b = comp.leaves.build(prefix, doc_b)
+    assert_same_compression(comp.tree.replay(tier_b, suffix), comp.tree.compress(prefix, doc_b, suffix))
     assert not torch.allclose(
-        comp.replay(tier_b, suffix).next_token_logits, comp.compress(prefix, doc_a, suffix).next_token_logits
+        comp.tree.replay(tier_b, suffix).next_token_logits, comp.tree.compress(prefix, doc_a, suffix).next_token_logits
     )
 
 
@@ -55,8 +56,8 @@ def test_a_suffix_longer_than_the_reserve_keeps_the_split():
     model = tiny_model("llama", vocab_size=256)
     prefix, doc = ids(model, 5, 1), ids(model, 400, 2)
     comp = compressor(model)
-    tier = comp.build_leaf_tier(prefix, doc)
-    result = comp.replay(tier, ids(model, RESERVE + 10, 3))
+    tier = comp.leaves.build(prefix, doc)
+    result = comp.tree.replay(tier, ids(model, RESERVE + 10, 3))
     assert result.plan.piece_len == tier.plan.piece_len
     assert result.plan.suffix_len == RESERVE + 10
     assert len({k.shape[2] for k in result.keys}) == 1
@@ -66,7 +67,7 @@ def test_tier_tensors_round_trip_and_shapes_are_checked():
     model = tiny_model("mistral", vocab_size=256)
     comp = compressor(model)
     prefix, doc, suffix = ids(model, 5, 1), ids(model, 300, 2), ids(model, 4, 3)
-    tier = comp.build_leaf_tier(prefix, doc, word_ids=torch.arange(300) // 2, key="abc")
+    tier = comp.leaves.build(prefix, doc, word_ids=torch.arange(300) // 2, key="abc")
     leaf_layers = len(comp.nodes.schedule(tier.plan).layers_at(0))
     assert tier.leaf_layers == leaf_layers
     assert tier.keys[0].shape == (1, 2, 300, model.config.hidden_size // 4)
@@ -74,7 +75,7 @@ def test_tier_tensors_round_trip_and_shapes_are_checked():
     tensors, meta = tier.to_tensors()
     back = LeafTier.from_tensors(tensors, meta)
     assert back.key == "abc" and back.plan == tier.plan
-    assert_same_compression(comp.replay(back, suffix), comp.replay(tier, suffix))
+    assert_same_compression(comp.tree.replay(back, suffix), comp.tree.replay(tier, suffix))
     tensors["k.0"] = tensors["k.0"][:, :10]
     with pytest.raises(ValueError, match="leaf tier"):
         LeafTier.from_tensors(tensors, meta)
@@ -83,11 +84,11 @@ def test_tier_tensors_round_trip_and_shapes_are_checked():
 def test_tier_built_with_other_settings_is_refused():
     model = tiny_model("llama", vocab_size=256)
     prefix, doc, suffix = ids(model, 5, 1), ids(model, 200, 2), ids(model, 4, 3)
-    tier = compressor(model).build_leaf_tier(prefix, doc)
-    other = TierCompressor(
+    tier = compressor(model).leaves.build(prefix, doc)
+    other = HomerCompressor(
         DecoderStack(model),
         CompressorSettings(max_chunk_len=MCL, warmup_layers=0, final_cache_len=MCL, scoring=uncalibrated()),
         None,
     )
     with pytest.raises(ValueError, match="leaf layers"):
-        other.replay(tier, suffix)
+        other.tree.replay(tier, suffix)

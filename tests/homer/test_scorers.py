@@ -7,8 +7,9 @@ import torch
 from transformers.models.llama.modeling_llama import repeat_kv
 
 from homer_integrations.homer import scorers
-from homer_integrations.homer.compressor import CompressorSettings, HomerCompressor, TierCompressor
+from homer_integrations.homer.compressor import HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
+from homer_integrations.homer.nodes import CompressorSettings
 from homer_integrations.homer.scorers import (
     EveryLayer,
     LastTokenScorer,
@@ -84,7 +85,7 @@ def _kept(model, warmup: int, scorer) -> tuple[list[int], list[int]]:
     ids = torch.randint(0, 256, (700,), generator=torch.Generator().manual_seed(1))
     settings = CompressorSettings(max_chunk_len=128, warmup_layers=warmup, final_cache_len=96, scoring=Scoring(scorer))
     layers: list[int] = []
-    result = HomerCompressor(DecoderStack(model), settings, None, lambda e: layers.append(e.layer)).compress(
+    result = HomerCompressor(DecoderStack(model), settings, None, lambda e: layers.append(e.layer)).tree.compress(
         ids[:5], ids[5:696], ids[696:]
     )
     return result.origin.tolist(), layers
@@ -114,7 +115,7 @@ def test_reconstruction_scores_are_the_repeat_rows_best_attention(kind, every_la
     scorer = ReconstructionScorer(prompt_ids=(7, 8, 9), merged=merged, every_layer=every_layer, probe_layer=probe_layer)
     settings = CompressorSettings(max_chunk_len=128, warmup_layers=3, final_cache_len=64, scoring=Scoring(scorer))
     events = []
-    result = HomerCompressor(DecoderStack(model), settings, None, events.append).compress(prefix, doc, suffix)
+    result = HomerCompressor(DecoderStack(model), settings, None, events.append).tree.compress(prefix, doc, suffix)
     assert result.keys[0].shape[2] == 64 and result.plan.height == 1
     leaf0 = events[0]
     assert leaf0.layer == result.schedule.layers_at(0)[-1]
@@ -145,9 +146,9 @@ def test_a_probing_scorer_cannot_replay_a_tier():
     model = tiny_model("llama", vocab_size=256)
     scoring = Scoring(ReconstructionScorer(prompt_ids=(7,), merged=LastTokenScorer(calibrated=False)))
     settings = CompressorSettings(max_chunk_len=128, warmup_layers=3, final_cache_len=64, scoring=scoring)
-    comp = TierCompressor(DecoderStack(model), settings, None)
-    tier = comp.build_leaf_tier(torch.arange(5), torch.arange(200) % 256)
+    comp = HomerCompressor(DecoderStack(model), settings, None)
+    tier = comp.leaves.build(torch.arange(5), torch.arange(200) % 256)
     with pytest.raises(ValueError, match="with_question"):
-        comp.replay(tier, torch.arange(4))
-    replayed = TierCompressor(DecoderStack(model), replace(settings, scoring=scoring.with_question()), None)
-    assert replayed.replay(tier, torch.arange(4)).keys[0].shape[2] == 64
+        comp.tree.replay(tier, torch.arange(4))
+    replayed = HomerCompressor(DecoderStack(model), replace(settings, scoring=scoring.with_question()), None)
+    assert replayed.tree.replay(tier, torch.arange(4)).keys[0].shape[2] == 64

@@ -2,8 +2,9 @@
 
 import torch
 
-from homer_integrations.homer.compressor import CompressorSettings, TierCompressor
+from homer_integrations.homer.compressor import HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
+from homer_integrations.homer.nodes import CompressorSettings
 from tests.conftest import uncalibrated
 
 KINDS = ["llama", "mistral", "qwen2"]
@@ -18,7 +19,7 @@ def ids(model, n: int, seed: int) -> torch.Tensor:
     return torch.randint(0, model.config.vocab_size, (n,), generator=g)
 
 
-def compressor(model, **kw) -> TierCompressor:
+def compressor(model, **kw) -> HomerCompressor:
     settings = CompressorSettings(
         **{
             "max_chunk_len": MCL,
@@ -30,7 +31,7 @@ def compressor(model, **kw) -> TierCompressor:
             **kw,
         }
     )
-    return TierCompressor(DecoderStack(model), settings, None)
+    return HomerCompressor(DecoderStack(model), settings, None)
 
 
 def assert_same_compression(replayed, scratch) -> None:

@@ -27,10 +27,11 @@ import torch
 from transformers.utils.generic import is_flash_attention_requested
 
 from homer_integrations.homer.chunking import ChunkPlan
-from homer_integrations.homer.compressor import CompressionResult, ProgressFn, TierCompressor
+from homer_integrations.homer.compressor import HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.headwise.selection import SEGMENT_ROWS, head_scores, keep_ragged, survivors
 from homer_integrations.homer.kv import tensors_nbytes
+from homer_integrations.homer.nodes import CompressionResult, ProgressFn
 from homer_integrations.homer.recompute import WHOLE_GROWTH, prefill_kept
 
 logger = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ answer was a cut number (``benchmarks/ruler_notes.md``). False: the ablation
 
 
 def compress_headwise(
-    compressor: TierCompressor,
+    compressor: HomerCompressor,
     prefix_ids: torch.Tensor,
     document_ids: torch.Tensor,
     suffix_ids: torch.Tensor,
@@ -59,16 +60,16 @@ def compress_headwise(
     word_ids: torch.Tensor | None = None,
     whole_words: torch.Tensor | None = None,
 ) -> CompressionResult:
-    """The head-wise root of prefix [P] + document [N] + suffix [S] in ``compressor.settings.final_cache_len``
+    """The head-wise root of prefix [P] + document [N] + suffix [S] in ``compressor.nodes.settings.final_cache_len``
     tokens a head on average. ``prompt_ids`` [R]: the reconstruction prompt read before the repeated
     text. ``word_ids`` [N]: the selection's units; ``whole_words`` [N]: each token's word, which the
     candidates keep whole where the selection touched it (with ``WHOLE_WORDS``). Returns a result whose
     ``keys``/``values`` are per layer [n_l, d] with ``head_lengths`` [L, Hkv], and whose
     ``position_ids``/``origin`` list the tokens some head keeps."""
     start = time.perf_counter()
-    stack = compressor.stack
+    stack, budget = compressor.nodes.stack, compressor.nodes.settings.final_cache_len
     fixed = prefix_ids.numel() + suffix_ids.numel()
-    refusal = headwise_refusal(stack, compressor.settings.final_cache_len, prompt_ids.numel(), fixed)
+    refusal = headwise_refusal(stack, budget, prompt_ids.numel(), fixed)
     if refusal is not None:
         raise ValueError(f"the head-wise root {refusal}: use Recipe(shared_root=FlatRoot())")
     # CANDIDATES read at call time, not bound as a default: benchmarks' whole-document ablation raises it
@@ -85,7 +86,7 @@ def compress_headwise(
     )
     logger.info("head-wise root: scoring %d candidates per layer and head", built.origin.numel())
     scores = score_candidates(stack, built, document_ids, prompt_ids)
-    alive = survivors(scores, built.origin < 0, compressor.settings.final_cache_len)
+    alive = survivors(scores, built.origin < 0, budget)
     keys, values, lengths = keep_ragged(built.keys, built.values, alive)
     some_head = alive.any(0).any(0)
     # the probe's cache: the candidates, and one layer's copy of them grown by a segment's rows
@@ -105,7 +106,7 @@ def compress_headwise(
 
 
 def select_candidates(
-    compressor: TierCompressor,
+    compressor: HomerCompressor,
     prefix_ids: torch.Tensor,
     document_ids: torch.Tensor,
     suffix_ids: torch.Tensor,
@@ -121,7 +122,8 @@ def select_candidates(
     inside the probe's room) is prefilled whole, without the selection. ``whole`` [N] (each document
     token's unit): the re-read takes every unit the selection touched whole. A dense result
     [1, Hkv, W, d] per layer."""
-    stack, settings = compressor.stack, compressor.settings
+    nodes = compressor.nodes
+    stack, settings = nodes.stack, nodes.settings
     fixed, length = prefix_ids.numel() + suffix_ids.numel(), document_ids.numel()
     room = _widest(stack.model.config.max_position_embeddings, prompt_ids.numel(), fixed) - fixed
     wanted = math.ceil(factor * (settings.final_cache_len - fixed))
@@ -135,8 +137,8 @@ def select_candidates(
     wide = fixed + min(wanted, room, length)
     if whole is not None and WHOLE_GROWTH * (wide - fixed) > room:
         whole = None  # the closure could leave the probe's window
-    wider = TierCompressor(stack, replace(settings, final_cache_len=wide), compressor.bias, compressor.observer)
-    return wider.compress_flat(prefix_ids, document_ids, suffix_ids, progress, word_ids, recompute, whole)
+    wider = HomerCompressor(stack, replace(settings, final_cache_len=wide), nodes.bias, nodes.observer)
+    return wider.flat.compress_flat(prefix_ids, document_ids, suffix_ids, progress, word_ids, recompute, whole)
 
 
 def headwise_refusal(stack: DecoderStack, budget: int, prompt_len: int, fixed: int) -> str | None:

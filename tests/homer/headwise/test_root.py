@@ -20,7 +20,7 @@ def engine(tokenizer, tmp_path_factory) -> HomerModel:
 def candidates(engine: HomerModel, text: str, **kw):
     tiers = engine.tiers
     ids = tiers.prompting.encode_span("Context:\n", text, "\nEnd of context.")
-    built = select_candidates(tiers.compressor(True, query_aware=False), *ids, tiers.repeat_ids, **kw)
+    built = select_candidates(tiers.builder().compressor(True, query_aware=False), *ids, tiers.repeat_ids, **kw)
     return ids, built
 
 
