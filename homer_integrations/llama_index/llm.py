@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from llama_index.core.base.llms.types import (
@@ -15,45 +15,27 @@ from llama_index.core.base.llms.types import (
     CompletionResponseAsyncGen,
     CompletionResponseGen,
     LLMMetadata,
-    MessageRole,
-    TextBlock,
 )
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
-from llama_index.core.llms.llm import default_completion_to_prompt
 
-from homer_integrations.aio import iterate_in_thread
 from homer_integrations.engine import AnswerStream, HomerModel
 from homer_integrations.engine_pool import shared_engine
 from homer_integrations.homer.compressed import CompressionStats
 from homer_integrations.homer.config import Mode
 from homer_integrations.homer.generation import GenerationOptions
-from homer_integrations.llama_index.structured import StructuredOutput
-from homer_integrations.prompt_split import (
-    PromptSplit,
-    Renderer,
-    remember_document,
-    render_plain_text,
-    split_prompt,
-    start_answer,
+from homer_integrations.llama_index.messages import chat_messages, completion_messages
+from homer_integrations.llama_index.messages import message_text as message_text  # importable here, as before
+from homer_integrations.llama_index.responses import (
+    chat_response,
+    chat_stream,
+    completion_response,
+    completion_stream,
+    in_thread,
 )
-
-
-def message_text(message: ChatMessage, index: int = 0) -> str:
-    """The text of a chat message (its text blocks, joined as ``ChatMessage.content`` joins them).
-
-    Raises ``ValueError`` for any other block (an image, audio, a document, a tool call...): the
-    model reads text only, and a dropped block would be answered about unseen.
-    """
-    for block in message.blocks:
-        if not isinstance(block, TextBlock):
-            kind = getattr(block, "block_type", type(block).__name__)
-            raise ValueError(
-                f"message {index} ({message.role.value}) has a {kind!r} block, which HomerLLM cannot read: "
-                f"its model takes text only (TextBlock blocks or string content)"
-            )
-    return message.content or ""
+from homer_integrations.llama_index.structured import StructuredOutput
+from homer_integrations.prompt_split import PromptSplit, Renderer, remember_document, split_prompt, start_answer
 
 
 class HomerLLM(StructuredOutput, CustomLLM):
@@ -156,28 +138,16 @@ class HomerLLM(StructuredOutput, CustomLLM):
         settings |= {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed}
         return GenerationOptions.merged(settings, overrides or {})
 
-    def _system(self) -> list[dict[str, str]]:
-        return [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-
     def _completion_split(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> PromptSplit:
         """Where the document is in a completion prompt (rendered with the chat template unless
         ``formatted`` or a custom ``completion_to_prompt`` says how)."""
-        render: Renderer | None = None
-        messages = [{"role": "user", "content": prompt}]
-        if formatted:
-            render = render_plain_text
-        elif self.completion_to_prompt is not default_completion_to_prompt:
-            to_prompt = self.completion_to_prompt
-            render = lambda msgs: to_prompt(render_plain_text(msgs))  # noqa: E731
-        else:
-            messages = self._system() + messages
+        messages, render = completion_messages(
+            prompt, self.system_prompt, formatted=formatted, completion_to_prompt=self.completion_to_prompt
+        )
         return self._split(messages, render, kwargs)
 
     def _chat_split(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> PromptSplit:
-        dicts = [{"role": m.role.value, "content": message_text(m, i)} for i, m in enumerate(messages)]
-        if not any(d["role"] == "system" for d in dicts):
-            dicts = self._system() + dicts
-        return self._split(dicts, None, kwargs)
+        return self._split(chat_messages(messages, self.system_prompt), None, kwargs)
 
     def call_mode(self, kwargs: dict[str, Any] | None = None) -> Mode:
         """The HOMER mode of a call: its ``mode`` (checked), else this LLM's, else the engine's default."""
@@ -225,79 +195,38 @@ class HomerLLM(StructuredOutput, CustomLLM):
         remember_document(self._engine, document)
         return stats
 
-    @staticmethod
-    def _completion_stream(stream: AnswerStream) -> Iterator[CompletionResponse]:
-        text = ""
-        for piece in stream:
-            text += piece
-            yield CompletionResponse(text=text, delta=piece)
-        # a last empty delta carries the statistics, complete only once decoding ended
-        yield CompletionResponse(text=text, delta="", additional_kwargs=stream.info.as_dict())
-
-    @staticmethod
-    def _chat_stream(completions: Iterator[CompletionResponse]) -> Iterator[ChatResponse]:
-        for c in completions:
-            yield ChatResponse(
-                message=ChatMessage(role=MessageRole.ASSISTANT, content=c.text),
-                delta=c.delta,
-                additional_kwargs=c.additional_kwargs,
-            )
-
-    def _complete_now(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponse:
-        stream = self._start_completion(prompt, formatted, kwargs)
-        text = stream.text()
-        return CompletionResponse(text=text, additional_kwargs=stream.info.as_dict())
-
-    def _chat_now(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:
-        stream = self._start_chat(messages, kwargs)
-        text = stream.text()
-        return ChatResponse(
-            message=ChatMessage(role=MessageRole.ASSISTANT, content=text),
-            additional_kwargs=stream.info.as_dict(),
-        )
-
     # ----------------------------------------------------------------------------- LlamaIndex API
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """Answer ``prompt``; ``document=`` names a long document it is about. ``additional_kwargs``
         holds the statistics (cache source, tokens, compression)."""
-        return self._complete_now(prompt, formatted, kwargs)
+        return completion_response(self._start_completion(prompt, formatted, kwargs))
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         """Stream the answer; the last response (empty delta) carries the statistics."""
-        return self._completion_stream(self._start_completion(prompt, formatted, kwargs))
+        return completion_stream(self._start_completion(prompt, formatted, kwargs))
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return self._chat_now(messages, kwargs)
+        return chat_response(self._start_chat(messages, kwargs))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        return self._chat_stream(self._completion_stream(self._start_chat(messages, kwargs)))
+        return chat_stream(completion_stream(self._start_chat(messages, kwargs)))
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return await asyncio.to_thread(self._complete_now, prompt, formatted, kwargs)
+        return await asyncio.to_thread(lambda: completion_response(self._start_completion(prompt, formatted, kwargs)))
 
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
-        async def gen() -> CompletionResponseAsyncGen:
-            make = lambda: self._completion_stream(self._start_completion(prompt, formatted, kwargs))  # noqa: E731
-            async for response in iterate_in_thread(make):
-                yield response
-
-        return gen()
+        return in_thread(lambda: completion_stream(self._start_completion(prompt, formatted, kwargs)))
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return await asyncio.to_thread(self._chat_now, messages, kwargs)
+        return await asyncio.to_thread(lambda: chat_response(self._start_chat(messages, kwargs)))
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
-        async def gen() -> ChatResponseAsyncGen:
-            make = lambda: self._chat_stream(self._completion_stream(self._start_chat(messages, kwargs)))  # noqa: E731
-            async for response in iterate_in_thread(make):
-                yield response
-
-        return gen()
+        return in_thread(lambda: chat_stream(completion_stream(self._start_chat(messages, kwargs))))
