@@ -1,9 +1,11 @@
 """``DocumentCache``: one compression per document, kept in memory and optionally in a store.
 
-It composes the parts of this package: ``MemoryLRU`` (memory, bounded by bytes), ``SingleFlight``
-(one lookup per key across threads) and, given a ``Store`` (``LocalStore``: a directory with an
-optional byte budget; ``FsspecStore``: any fsspec URL), ``StoredEntries`` (the store side: entries
-verified on every read by ``EntryCodec``, the store's per-key lock across processes, writes).
+It composes the parts of this package: ``MemoryLRU`` (memory, bounded by bytes); given a ``Store``
+(``LocalStore``: a directory with an optional byte budget; ``FsspecStore``: any fsspec URL),
+``StoredEntries`` (the store side: entries verified on every read by ``EntryCodec``, the store's
+per-key lock across processes, writes); over both, ``Lookup`` (a key's way through memory, the store
+and ``compute``, one pass per key across threads) and ``Inventory`` (what both hold: listed, sized,
+removed). This class holds the settings and the one door to them.
 
 Interface every caller relies on:
 - ``get_or_compute(key, compute) -> (entry, source)`` with source in ``memory`` / ``disk`` /
@@ -27,36 +29,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import logging
-import threading
-import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from homer_integrations.cache.entry import (
-    FORMAT_VERSION,
-    KINDS,
-    CacheEntry,
-    CacheSource,
-    E,
-    Entry,
-    Unusable,
-    document_nbytes,
-)
-from homer_integrations.cache.flight import SingleFlight
+from homer_integrations.cache.entry import FORMAT_VERSION, CacheEntry, CacheSource, E, Entry
+from homer_integrations.cache.inventory import Inventory
 from homer_integrations.cache.local import LocalStore
-from homer_integrations.cache.memory import MemoryLRU, Slot
+from homer_integrations.cache.lookup import Counters, Lookup
+from homer_integrations.cache.memory import MemoryLRU
 from homer_integrations.cache.secret import default_secret_path, load_secret
 from homer_integrations.cache.store import DiskBudgetError, Store, open_store
-from homer_integrations.cache.stored import DocumentCacheWarning, StoredEntries
-from homer_integrations.homer.compressed import CacheSpec, CompressedDocument
-from homer_integrations.homer.leaf_tier import Allocate, LeafTier
-
-logger = logging.getLogger(__name__)
+from homer_integrations.cache.stored import StoredEntries
+from homer_integrations.homer.compressed import CacheSpec
+from homer_integrations.homer.leaf_tier import Allocate
 
 DEFAULT_MEMORY_BUDGET = 2 * 1024**3
 _LABEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("homer_document_label", default=None)
@@ -87,25 +76,6 @@ class CacheStats:
     @property
     def hits(self) -> int:
         return self.hits_memory + self.hits_disk
-
-
-class _Counters:
-    """Thread-safe event counts."""
-
-    NAMES = ("hits_memory", "hits_disk", "misses", "computations", "discarded")
-
-    def __init__(self) -> None:
-        self._counts = dict.fromkeys(self.NAMES, 0)
-        self._lock = threading.Lock()
-
-    def add(self, *names: str) -> None:
-        with self._lock:
-            for name in names:
-                self._counts[name] += 1
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._counts)
 
 
 class DocumentCache:
@@ -144,7 +114,7 @@ class DocumentCache:
         keyed: bool | str | Path = False,
         **storage_options: Any,
     ) -> None:
-        self._memory = MemoryLRU(memory_budget_bytes)
+        self._memory = memory = MemoryLRU(memory_budget_bytes)
         if directory is True:
             from homer_integrations.paths import cache_root
 
@@ -156,9 +126,7 @@ class DocumentCache:
             raise DiskBudgetError("disk_budget_bytes needs a directory")
         self.lock_timeout = lock_timeout
         self.device = torch.device(device) if device is not None else None
-        self._flights: SingleFlight[tuple[Entry, CacheSource]] = SingleFlight()
-        self._counts = _Counters()
-        self._warned_not_kept = False
+        self._counts = Counters()
         if keyed is not False and self.store is None:
             raise ValueError("keyed= signs the entries of a store: give a directory or URL too")
         secret = None
@@ -170,6 +138,8 @@ class DocumentCache:
             StoredEntries(self.store, self.device, self._counts.add, secret) if self.store is not None else None
         )
         """The store side (None for memory only): verified reads, the locked miss, writes, labels."""
+        self._lookup = Lookup(memory, self.stored, self._counts)
+        self._inventory = Inventory(memory, self.store)
 
     @classmethod
     def open(cls, store: str | Path | Store | None = None, disk_budget: int | None = None) -> DocumentCache:
@@ -214,45 +184,7 @@ class DocumentCache:
         recomputed (without one, only model-independent checks apply).
         """
         label = label if label is not None else _LABEL.get()
-        slot: Slot | None = None
-
-        def cached() -> tuple[Entry, CacheSource] | None:
-            nonlocal slot
-            slot = self._memory.get(key, verified=spec is not None)
-            return (slot.doc, "memory") if slot is not None else None
-
-        def keep(result: tuple[Entry, CacheSource]) -> None:
-            doc, source = result
-            kept = self._memory.put(key, doc, label, unverified=source == "disk" and spec is None)
-            if not kept and self.store is None:
-                self._warn_not_kept(doc)
-
-        def miss() -> tuple[Entry, CacheSource]:
-            computed = lambda: self._compute(key, compute)  # noqa: E731
-            if self.stored is None:
-                return computed(), "computed"
-            return self.stored.load_or_compute(key, computed, label, spec, self.lock_timeout)
-
-        (doc, source), role = self._flights.run(key, cached, miss, keep)
-        if role != "leader":
-            self._counts.add("hits_memory")
-        if role == "cached" and slot is not None and label is not None and slot.label != label:
-            self.set_label(key, label)
-        return doc, "memory" if role == "follower" else source  # type: ignore[return-value]
-
-    def _warn_not_kept(self, doc: Entry) -> None:
-        """Once per cache: an entry neither memory nor a store keeps is computed again on every use."""
-        if self._warned_not_kept:
-            return
-        self._warned_not_kept = True
-        warnings.warn(
-            f"a compressed document of {document_nbytes(doc) / 2**30:.2f} GiB does not fit this cache's memory budget "
-            f"({self.memory_budget_bytes / 2**30:.2f} GiB) and the cache has no store, so it is not kept: every "
-            "question about it computes it again. Keep documents on disk (HomerModel.from_pretrained(..., store=True) "
-            "or store=DIR; the CLI's default) or raise memory_budget_bytes.",
-            DocumentCacheWarning,
-            stacklevel=4,
-        )
+        return self._lookup.get_or_compute(key, compute, label, spec, self.lock_timeout)
 
     async def aget_or_compute(
         self,
@@ -267,30 +199,10 @@ class DocumentCache:
 
     def get(self, key: str, *, spec: CacheSpec | None = None) -> Entry | None:
         """The document for ``key`` from memory or the store, or None; never computes (nor discards)."""
-        slot = self._memory.get(key, verified=spec is not None)
-        if slot is not None:
-            return slot.doc
-        if self.stored is None:
-            return None
-        try:
-            loaded = self.stored.read(key, spec)
-        except Unusable:
-            return None
-        if loaded is None:
-            return None
-        doc, manifest = loaded
-        self._memory.put(key, doc, manifest.get("label"), unverified=spec is None)
-        return doc
+        return self._lookup.get(key, spec)
 
     def __contains__(self, key: str) -> bool:
-        if key in self._memory:
-            return True
-        if self.store is None:
-            return False
-        try:
-            return self.store.read_manifest(key) is not None
-        except OSError:
-            return False
+        return key in self._inventory
 
     @contextlib.contextmanager
     def labelled(self, label: str | None) -> Iterator[None]:
@@ -303,8 +215,7 @@ class DocumentCache:
 
     def set_label(self, key: str, label: str | None) -> bool:
         """Name the entry for ``key`` (in memory and in the store); False when there is no such entry."""
-        in_memory = self._memory.relabel(key, label)
-        return (self.stored is not None and self.stored.write_label(key, label)) or in_memory
+        return self._lookup.relabel(key, label)
 
     def allocator(self, key: str) -> Allocate | None:
         """Storage for ``key``'s leaf tier (CPU) inside the file that becomes its stored entry, so the
@@ -316,15 +227,10 @@ class DocumentCache:
     # ----------------------------------------------------------------------------- housekeeping
     def stats(self) -> CacheStats:
         """Counters and current sizes (store sizes are read from the store now)."""
-        stored = self.store.entries() if self.store is not None else {}
         return CacheStats(
             **self._counts.snapshot(),
-            evictions=self._memory.evictions,
-            waits=self._flights.waits,
-            memory_bytes=self._memory.nbytes,
-            disk_bytes=sum(e.disk_bytes for e in stored.values()),
-            entries=len(self._memory),
-            disk_entries=len(stored),
+            **self._inventory.sizes(),
+            waits=self._lookup.flights.waits,
             memory_budget_bytes=self.memory_budget_bytes,
         )
 
@@ -341,32 +247,14 @@ class DocumentCache:
 
     def entries(self) -> list[CacheEntry]:
         """Every cached document, in memory or in the store, newest first."""
-        found = self.store.entries() if self.store is not None else {}
-        for key, slot in self._memory.items():
-            old = found.get(key)
-            found[key] = CacheEntry(
-                key=key,
-                nbytes=slot.nbytes,
-                tokens=slot.doc.num_tokens,
-                document_tokens=slot.doc.document_tokens,
-                created=old.created if old else slot.created,
-                label=slot.label if slot.label is not None else (old.label if old else None),
-                in_memory=True,
-                on_disk=old is not None,
-                disk_bytes=old.disk_bytes if old else 0,
-                kind=KINDS[type(slot.doc)],
-            )
-        return sorted(found.values(), key=lambda e: e.created, reverse=True)
+        return self._inventory.entries()
 
     def discard(self, key: str) -> bool:
         """Forget ``key`` in memory and in the store; True if anything was removed.
 
         In the store only an entry this cache wrote goes (a homer manifest and its safetensors twin).
         """
-        removed = self._memory.pop(key) is not None
-        if self.store is not None:
-            removed = self.store.discard(key) or removed
-        return removed
+        return self._inventory.discard(key)
 
     def clear(self, *, memory: bool = True, disk: bool = True) -> int:
         """Remove every entry (from memory and/or the store); returns how many distinct keys went.
@@ -374,22 +262,9 @@ class DocumentCache:
         In the store only what this cache wrote goes: homer manifests with their safetensors
         twins, its temporary files and its unheld locks; anything else stays.
         """
-        keys: set[str] = set(self._memory.clear()) if memory else set()
-        if disk and self.store is not None:
-            keys |= self.store.clear()
-        return len(keys)
+        return self._inventory.clear(memory=memory, disk=disk)
 
     def trim(self, budget_bytes: int | None = None) -> int:
         """Evict least recently used stored entries down to ``budget_bytes`` (default: the disk
         budget); how many went. Only a local directory has a budget."""
-        return len(self.store.trim(budget_bytes)) if isinstance(self.store, LocalStore) else 0
-
-    def _compute(self, key: str, compute: Callable[[], E]) -> E:
-        self._counts.add("misses", "computations")
-        doc = compute()
-        if not isinstance(doc, CompressedDocument | LeafTier):
-            raise TypeError(f"compute() returned {type(doc).__name__}, not a CompressedDocument or LeafTier")
-        if doc.key != key:
-            logger.debug("compute() returned a document keyed %s; storing it under %s", doc.key[:12], key[:12])
-            doc = replace(doc, key=key)
-        return doc
+        return self._inventory.trim(budget_bytes)

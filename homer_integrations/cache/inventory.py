@@ -1,0 +1,75 @@
+"""``Inventory``: what a cache holds in memory and in its store, listed, sized and removed."""
+
+from __future__ import annotations
+
+from homer_integrations.cache.entry import KINDS, CacheEntry
+from homer_integrations.cache.local import LocalStore
+from homer_integrations.cache.memory import MemoryLRU
+from homer_integrations.cache.store import Store
+
+
+class Inventory:
+    """The entries of ``memory`` and of ``store`` (None for memory only), as one cache's."""
+
+    def __init__(self, memory: MemoryLRU, store: Store | None) -> None:
+        self.memory = memory
+        self.store = store
+
+    def __contains__(self, key: str) -> bool:
+        if key in self.memory:
+            return True
+        if self.store is None:
+            return False
+        try:
+            return self.store.read_manifest(key) is not None
+        except OSError:
+            return False
+
+    def sizes(self) -> dict[str, int]:
+        """``CacheStats``'s sizes: bytes and entries in memory and in the store (read now), memory evictions."""
+        stored = self.store.entries() if self.store is not None else {}
+        return {
+            "evictions": self.memory.evictions,
+            "memory_bytes": self.memory.nbytes,
+            "disk_bytes": sum(e.disk_bytes for e in stored.values()),
+            "entries": len(self.memory),
+            "disk_entries": len(stored),
+        }
+
+    def entries(self) -> list[CacheEntry]:
+        """Every entry, in memory or in the store, newest first; one held in both is listed once."""
+        found = self.store.entries() if self.store is not None else {}
+        for key, slot in self.memory.items():
+            old = found.get(key)
+            found[key] = CacheEntry(
+                key=key,
+                nbytes=slot.nbytes,
+                tokens=slot.doc.num_tokens,
+                document_tokens=slot.doc.document_tokens,
+                created=old.created if old else slot.created,
+                label=slot.label if slot.label is not None else (old.label if old else None),
+                in_memory=True,
+                on_disk=old is not None,
+                disk_bytes=old.disk_bytes if old else 0,
+                kind=KINDS[type(slot.doc)],
+            )
+        return sorted(found.values(), key=lambda e: e.created, reverse=True)
+
+    def discard(self, key: str) -> bool:
+        """Forget ``key`` in memory and in the store; True if anything was removed."""
+        removed = self.memory.pop(key) is not None
+        if self.store is not None:
+            removed = self.store.discard(key) or removed
+        return removed
+
+    def clear(self, *, memory: bool, disk: bool) -> int:
+        """Remove every entry from memory and/or the store; how many distinct keys went."""
+        keys: set[str] = set(self.memory.clear()) if memory else set()
+        if disk and self.store is not None:
+            keys |= self.store.clear()
+        return len(keys)
+
+    def trim(self, budget_bytes: int | None) -> int:
+        """Evict least recently used stored entries down to ``budget_bytes`` (default: the store's budget);
+        how many went. Only a local directory has a budget."""
+        return len(self.store.trim(budget_bytes)) if isinstance(self.store, LocalStore) else 0
