@@ -118,7 +118,7 @@ class DecoderStack:
             block = slice(start, start + block_rows)
             past = cache.layers[layer_idx].get_seq_length() if layer_idx < len(cache.layers) else 0
             rows = hidden[:, block]
-            layer_mask = self._layer_mask(window, past, rows.shape[1])
+            layer_mask = self._layer_mask(window, past, rows.shape[1], explicit=key_mask is not None)
             if key_mask is not None:
                 seen = key_mask[..., : past + rows.shape[1]]
                 layer_mask = seen if layer_mask is None else layer_mask + seen
@@ -149,17 +149,19 @@ class DecoderStack:
         eager = self.backend == "eager"
         return cpu_rows if self.device.type == "cpu" or eager else ACCELERATOR_ROWS
 
-    def _layer_mask(self, window: int | None, past: int, rows: int) -> torch.Tensor | None:
+    def _layer_mask(self, window: int | None, past: int, rows: int, explicit: bool = False) -> torch.Tensor | None:
         """Additive mask [1, 1, R, past + R]: row i sees keys j with ``past + i - window < j <= past + i``.
 
         None where the backend's causal flag is right: SDPA's ``is_causal`` aligns the triangle
         top-left (and transformers then drops the cached keys), so rows after a cache need a mask;
         flash-attn aligns bottom-right and applies the module's own window by itself; eager
-        attention has no causal flag and always needs the mask.
+        attention has no causal flag and always needs the mask. ``explicit``: a key mask will be added
+        to it, and SDPA drops ``is_causal`` once given any mask, so a causal mask is built for SDPA too.
         """
         windowed = window is not None and past + rows > window
         backend = self.backend
-        if "flash" in backend or (backend == "sdpa" and not windowed and (past == 0 or rows == 1)):
+        implicit = not explicit and not windowed and (past == 0 or rows == 1)
+        if "flash" in backend or (backend == "sdpa" and implicit):
             return None
         query_at = past + torch.arange(rows, device=self.device)[:, None]
         key_at = torch.arange(past + rows, device=self.device)[None, :]
