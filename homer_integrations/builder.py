@@ -30,7 +30,7 @@ from homer_integrations.homer.nodes import CompressionResult, CompressorSettings
 from homer_integrations.homer.passages import Passages, PassageSelection
 from homer_integrations.homer.scoring import Scoring
 from homer_integrations.homer.strategies import Recipe, Reread, RootSpan, SharedRoot, TreeRoot
-from homer_integrations.prompting import Prompting, check_room
+from homer_integrations.prompting import Prompting, PromptTooLongError
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -190,6 +190,28 @@ def _of_statements(
     """``index(tokenizer, document_ids, statements)`` of ``encoded``; None where statements do not line up."""
     units = encoded.units("statement")
     return None if units is None else index(encoded.tokenizer, encoded.document_ids, units)
+
+
+def check_room(fixed_tokens: int, budget: int) -> None:
+    """Raise ``PromptTooLongError`` when the prompt around the document, which is never pruned,
+    leaves the compressed cache no room for the document (``budget``: ``final_cache_len``); warn when it
+    leaves the document less than half of it."""
+    if fixed_tokens >= budget:
+        raise PromptTooLongError(
+            f"the prompt around the document (system prompt, instructions, question, template) is "
+            f"{fixed_tokens} tokens and is never pruned, which leaves no room for the document in "
+            f"final_cache_len={budget}: shorten that text, move it into the document, or raise final_cache_len"
+        )
+    if 2 * fixed_tokens > budget:
+        # RULER's vt at 4k, 8x: a 412-token few-shot example left the document 41 of 481 tokens
+        logger.warning(
+            "the prompt around the document is %d tokens and is never pruned: the document keeps only "
+            "%d of final_cache_len=%d tokens; shorten that text, move it into the document, or raise "
+            "final_cache_len",
+            fixed_tokens,
+            budget - fixed_tokens,
+            budget,
+        )
 
 
 def compressed_document(

@@ -1,6 +1,6 @@
 """``Prompting``: the tokenizer side of an engine. It counts, renders and bounds the texts around
 a document for one model and one ``HomerConfig``; the framework adapters measure and split
-prompts with it."""
+prompts with it. ``DocumentTokens``: what it remembers of the documents it tokenized."""
 
 from __future__ import annotations
 
@@ -13,12 +13,20 @@ from transformers import PreTrainedTokenizerBase
 
 from homer_integrations.homer.config import HomerConfig, Mode, resolve_mode
 from homer_integrations.homer.encoded import EncodedDocument
-from homer_integrations.homer.prompt import PromptText, PromptTexts, encode, layout_around, render_chat, render_layout
+from homer_integrations.homer.prompt import (
+    PromptText,
+    PromptTexts,
+    encode,
+    encode_offsets,
+    layout_around,
+    render_chat,
+    render_layout,
+)
 
 logger = logging.getLogger(__name__)
 
 DOCUMENTS_REMEMBERED = 4
-"""Documents whose token ids ``Prompting`` keeps (an id is 8 bytes: 0.5 MB for a 64k-token document)."""
+"""Documents whose token ids and offsets ``Prompting`` keeps (16 bytes a token: 1 MB for a 64k-token document)."""
 DEFAULT_MAX_DOCUMENT_TOKENS = 2_000_000
 """Most document tokens an engine takes by default (``HomerModel(max_document_tokens=)``): a 500k-token
 book passes; a 50 MB text (about 12M tokens) is refused after counting its first ~8 MB."""
@@ -97,12 +105,8 @@ class Prompting:
         self.context_window = context_window
         self.document_limit = max_document_tokens
         """Most document tokens taken (``DEFAULT_MAX_DOCUMENT_TOKENS``); None: the merge tree's bound only."""
-        # A document's ids are asked for again by every question on it (the tier's build, each replay's
-        # re-read): tokenizing 32k tokens costs ~0.1 s, a fifth of a GPU question. Keyed by the text
-        # itself; a str caches its hash, so a hit on the caller's own string object costs nothing.
-        self._document_ids = functools.lru_cache(maxsize=DOCUMENTS_REMEMBERED)(self._encode_document)
-        # a long document checked up front (the CLI does) is not counted again when it is compressed
-        self._counted = functools.lru_cache(maxsize=DOCUMENTS_REMEMBERED)(self._count_until)
+        self.documents = DocumentTokens(tokenizer)
+        """The last documents' ids and offsets, and long ones' counts."""
 
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` as plain text (a ``PromptText`` keeps its markup's control tokens)."""
@@ -185,7 +189,7 @@ class Prompting:
         if len(document) > self.max_document_chars:
             raise self._too_long(f"{len(document):,} characters, far more than", limit)
         if len(document) > COUNT_SLICE_CHARS:
-            counted, read = self._counted(document, limit)
+            counted, read = self.documents.count(document, limit)
             if counted > limit:
                 raise self._too_long(f"over {counted:,} tokens in its first {read:,} characters, more than", limit)
 
@@ -211,19 +215,6 @@ class Prompting:
             "max_chunk_len",
         )
 
-    def _count_until(self, document: str, limit: int) -> tuple[int, int]:
-        """(tokens counted, characters read): ``document``'s tokens counted ``COUNT_SLICE_CHARS`` at a
-        time (each slice ends after a space where one is near), stopping once the count passes ``limit``."""
-        counted = start = 0
-        while start < len(document) and counted <= limit:
-            end = min(len(document), start + COUNT_SLICE_CHARS)
-            if end < len(document):
-                space = document.rfind(" ", start + COUNT_SLICE_CHARS // 2, end)
-                end = space + 1 if space >= 0 else end
-            counted += encode(self.tokenizer, document[start:end]).numel()
-            start = end
-        return counted, start
-
     def _too_long(self, size: str, limit: int, prefix_tokens: int = 0, suffix_tokens: int = 0) -> InputTooLongError:
         """The refusal of a document of ``size`` ("N tokens, more than") over ``limit`` tokens, naming the
         setting that raises it: ``max_document_tokens``, or ``max_chunk_len`` where the merge tree binds."""
@@ -239,20 +230,19 @@ class Prompting:
             "max_chunk_len",
         )
 
-    def _encode_document(self, document: str) -> torch.Tensor:
-        return encode(self.tokenizer, document)
-
     def encode_document(
         self, prefix: str, document: str, suffix: str, *, full: bool = False, asks: bool = False
     ) -> EncodedDocument:
-        """The call's ``EncodedDocument`` (``encode_span``'s ids, the document's units on demand); ``asks``:
+        """The call's ``EncodedDocument`` of a document ``check_document`` takes (``encode_span``'s ids, the
+        document's units on demand, from the offsets of the one tokenizer call that gave its ids); ``asks``:
         the suffix holds a question, which the document's limit does not count (the leaf tier the question
         replays from is planned without it)."""
-        if not asks:
-            return EncodedDocument(document, *self.encode_span(prefix, document, suffix, full=full), self.tokenizer)
-        prefix_ids, document_ids, _ = self.encode_span(prefix, document, "")
-        suffix_ids = encode(self.tokenizer, suffix, formatted=True)
-        return EncodedDocument(document, prefix_ids, document_ids, suffix_ids, self.tokenizer)
+        self.check_document(document)
+        prefix_ids, document_ids, suffix_ids = self.encode_span(prefix, document, "" if asks else suffix, full=full)
+        if asks:
+            suffix_ids = encode(self.tokenizer, suffix, formatted=True)
+        offsets = self.documents.ids(document)[1] if type(document) is str else None
+        return EncodedDocument(document, prefix_ids, document_ids, suffix_ids, self.tokenizer, offsets)
 
     def encode_span(
         self, prefix: str, document: str, suffix: str, *, full: bool = False
@@ -261,7 +251,7 @@ class Prompting:
         the window) cannot hold is refused here, before calibration or any layer runs."""
         prefix_ids = encode(self.tokenizer, prefix, first=True, formatted=True)
         if type(document) is str:  # a PromptText's markup is not part of its str equality: not remembered
-            document_ids = self._document_ids(document).clone()  # the remembered ids stay untouched
+            document_ids = self.documents.ids(document)[0].clone()  # the remembered ids stay untouched
         else:
             document_ids = encode(self.tokenizer, document)
         suffix_ids = encode(self.tokenizer, suffix, formatted=True)
@@ -279,23 +269,34 @@ class Prompting:
         return prefix_ids, document_ids, suffix_ids
 
 
-def check_room(fixed_tokens: int, budget: int) -> None:
-    """Raise ``PromptTooLongError`` when the prompt around the document, which is never pruned,
-    leaves the compressed cache no room for the document (``budget``: ``final_cache_len``); warn when it
-    leaves the document less than half of it."""
-    if fixed_tokens >= budget:
-        raise PromptTooLongError(
-            f"the prompt around the document (system prompt, instructions, question, template) is "
-            f"{fixed_tokens} tokens and is never pruned, which leaves no room for the document in "
-            f"final_cache_len={budget}: shorten that text, move it into the document, or raise final_cache_len"
-        )
-    if 2 * fixed_tokens > budget:
-        # RULER's vt at 4k, 8x: a 412-token few-shot example left the document 41 of 481 tokens
-        logger.warning(
-            "the prompt around the document is %d tokens and is never pruned: the document keeps only "
-            "%d of final_cache_len=%d tokens; shorten that text, move it into the document, or raise "
-            "final_cache_len",
-            fixed_tokens,
-            budget - fixed_tokens,
-            budget,
-        )
+class DocumentTokens:
+    """What ``Prompting`` remembers of the last ``DOCUMENTS_REMEMBERED`` documents, keyed by their text:
+    ``ids(document)``, its token ids [N] and character spans [N, 2] from one tokenizer call (no spans
+    from a slow tokenizer), and ``count(document, limit)``, a long one's count against a limit."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        # A document's ids are asked for again by every question on it (the tier's build, each replay's
+        # re-read): tokenizing 32k tokens costs ~0.1 s, a fifth of a GPU question. Keyed by the text
+        # itself; a str caches its hash, so a hit on the caller's own string object costs nothing.
+        self.ids = functools.lru_cache(maxsize=DOCUMENTS_REMEMBERED)(self._tokenize)
+        # a long document checked up front (the CLI does) is not counted again when it is compressed
+        self.count = functools.lru_cache(maxsize=DOCUMENTS_REMEMBERED)(self._count_until)
+
+    def _tokenize(self, document: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not self.tokenizer.is_fast:
+            return encode(self.tokenizer, document), None
+        return encode_offsets(self.tokenizer, document)
+
+    def _count_until(self, document: str, limit: int) -> tuple[int, int]:
+        """(tokens counted, characters read): ``document``'s tokens counted ``COUNT_SLICE_CHARS`` at a
+        time (each slice ends after a space where one is near), stopping once the count passes ``limit``."""
+        counted = start = 0
+        while start < len(document) and counted <= limit:
+            end = min(len(document), start + COUNT_SLICE_CHARS)
+            if end < len(document):
+                space = document.rfind(" ", start + COUNT_SLICE_CHARS // 2, end)
+                end = space + 1 if space >= 0 else end
+            counted += encode(self.tokenizer, document[start:end]).numel()
+            start = end
+        return counted, start

@@ -141,27 +141,27 @@ class DocumentTiers:
         from the document's text with no tier at all (source ``computed``). The replayed root is not
         cached.
         """
-        self.prompting.check_document(document)
         mode = resolve_mode(mode, question=question)
         if mode == "query_aware":
             if question is None:
                 raise ValueError("query_aware mode compresses the question with the document: pass question=")
-            encoded = self.prompting.encode_document(prefix, document, suffix, asks=True)
+            encoded = self.prompting.encode_document(prefix, document, suffix, asks=True)  # checks the document
+            tier_key = self.keys.tier(prefix, document)
             found: list[tuple[LeafTier, CacheSource]] = []
 
             def leaf_tier() -> LeafTier:
                 if not found:
-                    tier, source = self.leaf_tier(prefix, document, encoded)
+                    tier, source = self.leaf_tier(prefix, document, encoded, tier_key)
                     found.append((tier.to(self.stack.device), source))
                 return found[0][0]
 
-            tier_key = self.keys.tier(prefix, document)
             key = hashlib.sha256(f"{tier_key}\0{json.dumps(markup(suffix).segments)}".encode()).hexdigest()
             replayed = self.builder().replay(key, encoded, question, leaf_tier)
             if not found:
                 return Compressed(replayed, "computed", 0.0)
             tier, source = found[0]
             return Compressed(replayed, source, tier.seconds if source == "computed" else 0.0)
+        self.prompting.check_document(document)  # a cached entry is served without tokenizing the document
         full = mode == "full"
         key = self.keys.full(prefix, document, suffix) if full else self.keys.root(prefix, document, suffix)
         doc, source = self.document_cache.get_or_compute(
@@ -174,11 +174,11 @@ class DocumentTiers:
         return Compressed(doc, source, doc.stats.seconds if source == "computed" else 0.0)
 
     def leaf_tier(
-        self, prefix: str, document: str, encoded: EncodedDocument | None = None
+        self, prefix: str, document: str, encoded: EncodedDocument | None = None, key: str | None = None
     ) -> tuple[LeafTier, CacheSource]:
         """The document's leaf tier (cached like a root): what every query-aware question replays from.
-        ``encoded``: the call's encoding of prefix and document, where the caller has one."""
-        key = self.keys.tier(prefix, document)
+        ``encoded``: the call's encoding of prefix and document, ``key`` its tier key, where the caller has them."""
+        key = self.keys.tier(prefix, document) if key is None else key
 
         def build() -> LeafTier:
             encoding = self.prompting.encode_document(prefix, document, "") if encoded is None else encoded

@@ -11,11 +11,11 @@ def test_a_documents_ids_are_tokenized_once_and_handed_out_as_copies(tokenizer, 
     first[:] = 0  # a caller that writes into its ids must not change what the next question gets
     _, second, _ = prompting.encode_span("Read:", text, "Who?")
     assert second.tolist() == encode(tokenizer, text).tolist()
-    assert prompting._document_ids.cache_info().hits == 1, "the second question did not re-tokenize"
+    assert prompting.documents.ids.cache_info().hits == 1, "the second question did not re-tokenize"
     for i in range(DOCUMENTS_REMEMBERED):
         prompting.encode_span("", f"{i} {text}", "")
     prompting.encode_span("", text, "")
-    assert prompting._document_ids.cache_info().misses == DOCUMENTS_REMEMBERED + 2, "only the latest are kept"
+    assert prompting.documents.ids.cache_info().misses == DOCUMENTS_REMEMBERED + 2, "only the latest are kept"
 
 
 def test_marked_up_documents_are_not_remembered_by_their_text(tokenizer):
@@ -25,4 +25,4 @@ def test_marked_up_documents_are_not_remembered_by_their_text(tokenizer):
     assert encode(tokenizer, marked).tolist() != encode(tokenizer, plain).tolist(), "markup changes the ids"
     assert prompting.encode_span("", plain, "")[1].tolist() == encode(tokenizer, plain).tolist()
     assert prompting.encode_span("", marked, "")[1].tolist() == encode(tokenizer, marked).tolist()
-    assert prompting._document_ids.cache_info().currsize == 1
+    assert prompting.documents.ids.cache_info().currsize == 1

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from homer_integrations.homer.prompt import unit_ids
+from homer_integrations.homer.prompt import unit_ids, units_at
 
 
 @dataclass(frozen=True, eq=False)
@@ -16,7 +16,9 @@ class EncodedDocument:
 
     ``units(unit)`` [N] (each document token's word, sentence or statement index) is computed on first
     ask and kept, so a call that needs one unit twice (the leaf tier's pruning units and a question's
-    statements) splits the text once. The ids are never changed in place.
+    statements) splits the text once; from ``offsets`` [N, 2] (each document token's character span, given
+    by the tokenizer call that gave the ids) without tokenizing the text again. The ids are never changed
+    in place.
     """
 
     text: str
@@ -24,6 +26,7 @@ class EncodedDocument:
     document_ids: torch.Tensor
     suffix_ids: torch.Tensor
     tokenizer: PreTrainedTokenizerBase = field(repr=False)
+    offsets: torch.Tensor | None = field(default=None, repr=False)
     _units: dict[str, torch.Tensor | None] = field(default_factory=dict, repr=False)
 
     @property
@@ -40,6 +43,9 @@ class EncodedDocument:
         """Unit index [N] of every document token for ``unit`` (a ``Scoring.unit``: ``token`` gives None),
         None too where the tokenizer's offsets do not line up with the ids (token scores then)."""
         if unit not in self._units:
-            found = unit_ids(self.tokenizer, self.text, unit)
+            if self.offsets is None:
+                found = unit_ids(self.tokenizer, self.text, unit)
+            else:
+                found = units_at(self.text, self.offsets, unit)
             self._units[unit] = None if found is None or found.numel() != self.document_ids.numel() else found
         return self._units[unit]

@@ -240,20 +240,32 @@ key and its value ("the number for X is: 8121922.") stay one unit."""
 
 
 def unit_ids(tokenizer: PreTrainedTokenizerBase, text: str, unit: str) -> torch.Tensor | None:
-    """Unit index [n] of every token of ``text``: tokens of one word (no whitespace between them), one
-    ``sentence`` (up to ``.!?;:`` or a line break) or one ``statement`` (up to ``.!?`` or a line break)
-    share an index. None for ``token``.
+    """Unit index [n] of every token of ``text`` (``units_at`` of its offsets); None for ``token``.
 
     Returns None as well when the tokenizer's offsets do not line up with ``encode`` (then
     pruning falls back to single tokens).
     """
-    if unit == "token":
-        return None
+    return None if unit == "token" else units_at(text, encode_offsets(tokenizer, text)[1], unit)
+
+
+def encode_offsets(tokenizer: PreTrainedTokenizerBase, text: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [n] of plain ``text`` (``encode``'s) and each token's character span [n, 2], from one
+    tokenizer call (a fast tokenizer's: only those give offsets)."""
     with _TOKENIZE_LOCK:
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=True)
+    ids = torch.tensor(enc["input_ids"], dtype=torch.long)
+    return ids, torch.tensor(enc["offset_mapping"], dtype=torch.int32).reshape(-1, 2)
+
+
+def units_at(text: str, offsets: torch.Tensor, unit: str) -> torch.Tensor | None:
+    """Unit index [n] of the tokens of ``text`` whose character spans are ``offsets`` [n, 2]: tokens of one
+    word (no whitespace between them), one ``sentence`` (up to ``.!?;:`` or a line break) or one
+    ``statement`` (up to ``.!?`` or a line break) share an index. None for ``token``."""
+    if unit == "token":
+        return None
     ends = _UNIT_ENDS.get(unit, "")
     ids, index, prev_end, closed = [], -1, None, True
-    for start, end in enc["offset_mapping"]:
+    for start, end in offsets.tolist():
         starts_word = (
             prev_end is None
             or start > prev_end

@@ -6,7 +6,7 @@ import torch
 
 from homer_integrations import HomerConfig
 from homer_integrations.homer import encoded as encoded_module
-from homer_integrations.homer.prompt import encode, unit_ids
+from homer_integrations.homer.prompt import encode, unit_ids, units_at
 from homer_integrations.prompting import Prompting
 
 
@@ -17,10 +17,14 @@ def test_a_call_encodes_its_spans_once_and_splits_each_unit_once(tokenizer, text
     assert torch.equal(encoded.prefix_ids, spans[0]) and torch.equal(encoded.document_ids, spans[1])
     assert torch.equal(encoded.suffix_ids, encode(tokenizer, "Who is she?", formatted=True))
     assert encoded.prompt_len == encoded.fixed_len + encoded.document_ids.numel()
-    with mock.patch.object(encoded_module, "unit_ids", wraps=unit_ids) as split:
+    with (
+        mock.patch.object(encoded_module, "units_at", wraps=units_at) as split,
+        mock.patch.object(encoded_module, "unit_ids", wraps=unit_ids) as tokenized,
+    ):
         first = encoded.units("statement")
         assert encoded.units("statement") is first and split.call_count == 1, "a unit is split once per call"
         assert encoded.units("token") is None
+    assert tokenized.call_count == 0, "from the offsets of the call that gave the ids: not tokenized again"
     assert torch.equal(first, unit_ids(tokenizer, text, "statement"))
 
 
