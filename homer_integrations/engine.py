@@ -28,6 +28,7 @@ from homer_integrations.homer.generation import GenerationOptions
 from homer_integrations.homer.headwise.cache import register_headwise_attention
 from homer_integrations.homer.prompt import PromptText, PromptTexts
 from homer_integrations.homer.strategies import Recipe
+from homer_integrations.mode_calls import ModeCalls
 from homer_integrations.models import DEFAULT_MODEL, embedded_defaults, load_model
 from homer_integrations.prompting import DEFAULT_MAX_DOCUMENT_TOKENS, Prompting
 from homer_integrations.quantization import Quantization
@@ -114,6 +115,7 @@ class HomerModel:
         """The document's cached entries (shared root, full prefill, leaf tier), their keys and calibration."""
         self.answerer = Answerer(model, tokenizer, self.tiers)
         """Streams answers after a cache; what the framework adapters call."""
+        self._modes = ModeCalls(self.prompting, self.tiers, self.answerer)
 
     @property
     def context_window(self) -> int:
@@ -177,6 +179,7 @@ class HomerModel:
         other = copy.copy(self)
         other.tiers = self.tiers.with_cache(cache)
         other.answerer = Answerer(self.model, self.tokenizer, other.tiers)
+        other._modes = ModeCalls(self.prompting, other.tiers, other.answerer)
         return other
 
     def mode_for(self, *requested: Mode | None) -> Mode:
@@ -239,17 +242,7 @@ class HomerModel:
         with it (query-aware); without one, the shared root (cached), unless ``mode="full"``. An explicit
         ``mode="query_aware"`` needs ``question=``. To prepare what later questions replay from, see
         ``cache_document``."""
-        requested = mode
-        mode = self.mode_for(mode)
-        if mode == "query_aware" and question is None:
-            if requested is not None:
-                raise ValueError("query_aware mode compresses the question with the document: pass question=")
-            mode = "shared"  # nothing to steer the selection: the question-independent root
-        layout = self.prompting.layout(question or "", mode)
-        asked = question if mode == "query_aware" else None
-        if asked is not None:  # compressed with the document: within the question's limit
-            self.prompting.check_question(asked, allow_empty=True)
-        return self.tiers.compress(layout.prefix, text, layout.suffix, asked, mode).document
+        return self._modes.compress(text, question, self.mode_for(mode), requested=mode is not None)
 
     def compress_span(
         self, prefix: str, document: str, suffix: str, *, question: str | None = None, mode: Mode | None = None
@@ -262,13 +255,7 @@ class HomerModel:
     def entry_key(self, document: str, mode: Mode | None = None) -> str:
         """The document-cache key of ``document``'s stored entry in ``mode`` (default: ``config.mode``), laid
         out with no question: the shared root's, the full prefill's or (``query_aware``) the leaf tier's."""
-        mode = self.mode_for(mode)
-        layout = self.layout("", mode)
-        if mode == "query_aware":
-            return self.tiers.keys.tier(layout.prefix, document)
-        if mode == "full":
-            return self.tiers.keys.full(layout.prefix, document, layout.suffix)
-        return self.tiers.keys.root(layout.prefix, document, layout.suffix)
+        return self._modes.entry_key(document, self.mode_for(mode))
 
     def cache_document(
         self, document: str, mode: Mode | None = None, *, prefix: str | None = None, suffix: str | None = None
@@ -279,19 +266,7 @@ class HomerModel:
         (``layout_prompt``); default: this engine's layout with no question. The source is None when
         there is nothing to store: past the model's window a ``query_aware`` question reads the text's
         passages and no leaf tier (``DocumentTiers.reads_tier``)."""
-        mode = self.mode_for(mode)
-        layout = self.layout("", mode)
-        prefix = layout.prefix if prefix is None else prefix
-        suffix = layout.suffix if suffix is None else suffix
-        if mode == "query_aware":
-            encoded = self.prompting.encode_document(prefix, document, "")  # its ids are kept for the tier
-            tokens = encoded.document_ids.numel()
-            if not self.tiers.reads_tier(tokens):
-                return tokens, None
-            tier, source = self.tiers.leaf_tier(prefix, document, encoded)
-            return tier.document_tokens, source
-        doc, source, _ = self.tiers.compress(prefix, document, suffix, mode=mode)
-        return doc.stats.document_tokens, source
+        return self._modes.cache_document(document, self.mode_for(mode), prefix, suffix)
 
     # ----------------------------------------------------------------------------- answering
     def run_span(
@@ -330,21 +305,7 @@ class HomerModel:
         """
         options = GenerationOptions(**generation)
         self.prompting.check_question(question)  # text (not bytes, no lone surrogate), not empty, not too long
-        mode = self.mode_for(mode)
-        layout = self.prompting.layout(question, mode)
-        if not isinstance(document, CompressedDocument):
-            asked = question if mode == "query_aware" else None
-            return self.answerer.answer_span(
-                layout.prefix, document, layout.suffix, layout.continuation, options, question=asked, mode=mode
-            )
-        if document.question is not None and document.question != question:
-            raise ValueError(
-                "this document was compressed query-aware for another question; compress it again "
-                "with this question, or use shared mode to reuse one cache for every question"
-            )
-        stream = self.answerer.continue_from(document, layout.continuation, options)
-        stream.info.mode = resolve_mode(compressed=document, window=self.context_window)
-        return stream
+        return self._modes.run(document, question, self.mode_for(mode), options)
 
     def answer(
         self, document: str | CompressedDocument, question: str, *, mode: Mode | None = None, **generation: Any
