@@ -4,7 +4,8 @@ Everything above it (CLI, LangChain, LlamaIndex, corpus compression) calls its p
 properties only (``tests/test_engine_door.py`` holds them to it); nothing below it knows any framework.
 Its parts, each one idea: ``prompting`` (token counts, layouts, size limits), ``tiers`` (the
 document's cached entries: shared root, full prefill, leaf tier; their keys, scoring and
-calibration) and ``answerer`` (streams answers after a cache); the methods below are their door.
+calibration), ``answerer`` (streams answers after a cache) and, over them, ``mode_calls.ModeCalls``
+(what a call about a document does in its mode); the methods below are their door.
 """
 
 from __future__ import annotations
