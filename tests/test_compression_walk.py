@@ -30,14 +30,14 @@ tokenizer helpers, which ``prompting`` calls once for each text it encodes or re
 
 TWICE = {
     "shared": {
-        # engine.py lays the prompt out (another helper's file); tiers checks the document on every call,
-        # a cache hit included, and encodes it on a miss only: a stored root needs no tokens
+        # the engine's call lays the prompt out; tiers checks the document on every call, a cache hit
+        # included, and encodes it on a miss only: a stored root needs no tokens
         "prompting": 3,
         # AutoRoot asks whether the head-wise root is possible, then builds it
         "homer.headwise.root": 2,
     },
     "query_aware": {
-        "prompting": 3,  # engine.py lays the prompt out and checks the question; tiers encodes the document
+        "prompting": 3,  # the engine's call lays the prompt out and checks the question; tiers encodes it
         # the leaf tier's passes (no bias, no budget: stored for every question) and the question's
         "homer.compressor": 2,
     },

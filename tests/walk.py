@@ -3,7 +3,7 @@
 A visit of a package module M is control entering a function written in M's file from a frame of another
 ``homer_integrations`` module (the nearest package frame below it: a decorator's or ``functools``'
 frame between them is skipped) while no frame of M is on the stack already. Only visits made from the
-orchestration layer (``ORCHESTRATION``) are counted: what a unit calls in its own loops is its business.
+orchestration layer (``orchestrates``) are counted: what a unit calls in its own loops is its business.
 """
 
 from __future__ import annotations
@@ -13,11 +13,15 @@ from collections import Counter
 from types import FrameType
 
 PACKAGE = "homer_integrations"
-ORCHESTRATION = frozenset(
-    f"{PACKAGE}.{name}" for name in ("engine", "tiers", "prompting", "builder", "homer.strategies")
-)
-"""The modules that sequence a compression. ``homer.compressor`` is not one: it only wires the passes
-over one ``Nodes`` (its frames are their constructors), and is counted as the module a builder enters."""
+
+
+def orchestrates(module: str) -> bool:
+    """Whether ``module`` sequences a compression: the package's top-level modules (``engine``, ``tiers``,
+    ``prompting``, ``builder``, and whichever the engine's calls are split into) and ``homer.strategies``.
+    ``homer.compressor`` is not one: it only wires the passes over one ``Nodes`` (its frames are their
+    constructors), and is counted as a module the builder enters."""
+    inner = module.removeprefix(f"{PACKAGE}.")
+    return inner != module and ("." not in inner or inner == "homer.strategies")
 
 
 def _module(frame: FrameType) -> str:
@@ -54,7 +58,7 @@ class ModuleWalk:
             if caller is None and name.startswith(PACKAGE):
                 caller = name
             back = back.f_back
-        if caller is not None and caller in ORCHESTRATION:
+        if caller is not None and orchestrates(caller):
             self.visits[callee] += 1
             self.edges[caller, callee] += 1
 
