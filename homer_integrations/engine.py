@@ -61,6 +61,9 @@ class HomerModel:
             tree's bound). A longer one is refused with ``InputTooLongError`` (a ``ValueError``) before
             any of it is compressed; its tokens are counted in slices, so a 50 MB text is refused in
             seconds with bounded memory. A question may have at most ``max_chunk_len // 4`` tokens.
+        defaults: the model's measured settings (``ModelDefaults``; default: the embedded model's, else
+            derived from its depth and window).
+        calibration_dir: where computed calibration tables are kept (default: the package's cache).
     """
 
     def __init__(

@@ -11,6 +11,9 @@
 - ``flight``: one computation per key across threads and processes (file locks, leases);
 - ``stored``: ``StoredEntries``, a cache's entries in its store (verified reads, the locked miss,
   writes, a leaf tier built into its own file, labels);
+- ``lookup``: ``Lookup``, a key's way through memory, the store and compute (one computation per key,
+  the counters, the not-kept warning);
+- ``inventory``: ``Inventory``, what memory and the store hold (listing, sizes, removal, trimming);
 - ``document_cache``: ``DocumentCache``, the façade that composes them.
 """
 
