@@ -56,11 +56,14 @@ from homer_integrations.homer.strategies import AutoReplay, PassageReplay, Recom
 from homer_integrations.paths import bundled_text
 from homer_integrations.question_sets import question_set
 
+sys.path.insert(0, str(Path(__file__).parent))
+from passage_layout import layouts
+
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 ROWS = RESULTS / "whole_book_rows.jsonl"
 FACTS = HERE / "book_facts.json"
-METHODS = ("query_aware", "fused", "tokens", "hybrid", "shared", "bm25")
+METHODS = ("query_aware", "fused", "tokens", "hybrid", "shared", "bm25", "sep", "rank", "qfirst")
 CHUNK_CHARS, CHUNK_OVERLAP = 800, 100  # HomerRouter's defaults
 
 
@@ -157,6 +160,7 @@ def replays(read_tokens: int) -> dict[str, Replay]:
         "fused": AutoReplay(PassageReplay(PassageSelection(attention=1.0), budget)),
         "tokens": RecomputeReplay(),
         "hybrid": RecomputeReplay(),
+        **layouts(budget),
     }
 
 

@@ -1,0 +1,119 @@
+"""Ablation: how the kept passages are laid out for the re-read (whole books, past the model's window).
+
+The package's ``PassageReplay`` re-reads the passages BM25 keeps in document order, run into one
+another, after the prompt's prefix and before its question. Half of the facts it keeps are misread
+(whole-book benchmark, 2026-12-02), so three layouts a reader might expect to help were tried on the
+tuning split (``whole_book.py run --methods sep rank qfirst --split tuning --limit 16``: Northanger
+Abbey, 16 questions, Qwen2.5-Coder-1.5B in bfloat16, 2,048 tokens):
+
+- ``sep``: an ``[...]`` line between passages that are not adjacent in the book: 8/16;
+- ``rank``: the passages best first, as the retrieval route lays out its chunks, a blank line between: 7/16;
+- ``qfirst``: the question also before the passages ("Question: ...\\n\\nText:\\n"), so the passages
+  are read knowing it: 6/16;
+
+against 8/16 for the package's layout. None helped, so they stay here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from homer_integrations.homer import recompute
+from homer_integrations.homer.budget import ReadBudget
+from homer_integrations.homer.chunking import ChunkPlan
+from homer_integrations.homer.leaf_tier import LeafTier
+from homer_integrations.homer.nodes import CompressionResult
+from homer_integrations.homer.passages import Passages, PassageSelection
+from homer_integrations.homer.strategies import CompressorFor, PassageReplay, RecomputeReplay, Reread
+
+
+def taken_runs(
+    selection: PassageSelection, question: str, passages: Passages, budget: int, rank: bool
+) -> list[torch.Tensor]:
+    """The document token indices ``selection.select`` keeps, as runs: each passage's new tokens in the
+    order taken (``rank``), or each stretch of adjacent kept tokens in document order."""
+    if not rank:
+        kept = selection.select(question, None, passages, budget)
+        breaks = (kept[1:] != kept[:-1] + 1).nonzero()[:, 0] + 1
+        return list(torch.tensor_split(kept, breaks))
+    room, runs = budget, []
+    taken = torch.zeros(int(passages.stops.max()), dtype=torch.bool)
+    for passage in selection.ranking(question, None, passages):
+        span = passages.tokens(passage)
+        fresh = span[~taken[span]]
+        if 0 < fresh.numel() <= room:
+            taken[fresh] = True
+            room -= fresh.numel()
+            runs.append(fresh)
+        if room < 16:
+            break
+    return runs
+
+
+@dataclass(frozen=True)
+class LaidOutPassages:
+    """``PassageReplay``'s BM25 passages re-read in another layout: ``rank`` order or document order,
+    ``separator`` text between runs, ``question_first`` (a format with ``{question}``) before them."""
+
+    rank: bool = False
+    separator: str = ""
+    question_first: str = ""
+    passages: PassageReplay = field(default_factory=PassageReplay)
+
+    def reads_tier(self, document_tokens: int, window: int, final_cache_len: int) -> bool:
+        return document_tokens <= final_cache_len
+
+    def replay(
+        self,
+        leaf_tier: Callable[[], LeafTier],
+        suffix_ids: torch.Tensor,
+        compressor: CompressorFor,
+        reread: Callable[[], Reread],
+    ) -> CompressionResult:
+        started = time.perf_counter()
+        inputs = reread()
+        chosen = compressor(0)
+        prefix, document, suffix = inputs.prefix_ids.numel(), inputs.document_ids.numel(), suffix_ids.numel()
+        floor = chosen.nodes.settings.final_cache_len - prefix - suffix
+        passages = inputs.passages(self.passages.selection) if document > floor else None
+        if passages is None:
+            return RecomputeReplay().replay(leaf_tier, suffix_ids, compressor, lambda: inputs)
+        budget = self.passages.budget.kept(floor, inputs.window, document, inputs.rate())
+        runs = taken_runs(self.passages.selection, inputs.question, passages, budget, self.rank)
+
+        def encode(text: str) -> torch.Tensor:
+            return torch.tensor(
+                inputs.document.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long
+            )
+
+        gap = encode(self.separator) if self.separator else torch.zeros(0, dtype=torch.long)
+        ids, origin = [], []
+        for i, run in enumerate(runs):
+            if i and gap.numel():
+                ids.append(gap)
+                origin.append(torch.full((gap.numel(),), -1))
+            ids.append(inputs.document_ids[run])
+            origin.append(run)
+        joined, back = torch.cat(ids), torch.cat(origin)
+        head = encode(self.question_first.format(question=inputs.question)) if self.question_first else joined[:0]
+        s = chosen.nodes.settings
+        plan = ChunkPlan.build(prefix, document, 0, s.max_chunk_len, s.suffix_reserve).with_suffix(suffix)
+        every = torch.arange(joined.numel())
+        result = recompute.reread(
+            chosen.nodes, plan, torch.cat([inputs.prefix_ids, head]), joined, every, suffix_ids, started
+        )
+        return replace(result, origin=torch.where(result.origin >= 0, back[result.origin.clamp(min=0)], -1))
+
+
+def layouts(budget: ReadBudget) -> dict[str, LaidOutPassages]:
+    """The layouts measured, by the whole-book benchmark's method names, at ``budget``."""
+    passages = PassageReplay(budget=budget)
+    return {
+        "sep": LaidOutPassages(separator="\n\n[...]\n\n", passages=passages),
+        "rank": LaidOutPassages(rank=True, separator="\n\n", passages=passages),
+        "qfirst": LaidOutPassages(question_first="Question: {question}\n\nText:\n", passages=passages),
+    }
