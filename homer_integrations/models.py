@@ -208,33 +208,53 @@ def gguf_file(spec: EmbeddedModel, work_dir: Path) -> Path:
     return path
 
 
-def converted_dir(spec: EmbeddedModel) -> Path:
-    return cache_root() / "models" / f"{spec.name}-{(spec.sha256 or 'unpinned')[:12]}"
+HALF_COPIES = (torch.bfloat16, torch.float16)
+"""Dtypes an embedded model is also kept in on disk: a half-precision copy is half the float32 one's
+size (3.5 against 7.1 GB for Qwen2.5-Coder-1.5B), and loading it never holds the float32 weights."""
+
+
+def converted_dir(spec: EmbeddedModel, dtype: torch.dtype = torch.float32) -> Path:
+    """Where ``spec``'s converted checkpoint is cached: the float32 one, or a copy in ``HALF_COPIES``."""
+    suffix = "-" + str(dtype).removeprefix("torch.") if dtype in HALF_COPIES else ""
+    return cache_root() / "models" / f"{spec.name}-{(spec.sha256 or 'unpinned')[:12]}{suffix}"
+
+
+def _convert(spec: EmbeddedModel, target: Path, dtype: torch.dtype) -> None:
+    """Write ``spec`` as a transformers checkpoint in ``dtype`` to ``target``: from the float32 copy
+    when one is cached (a half copy is then exactly its weights cast), else from the GGUF file."""
+    full = converted_dir(spec)
+    work = target.with_name(target.name + ".work")
+    if target != full and (full / "config.json").is_file():
+        logger.info("writing a %s copy of %s once; cached in %s", dtype, spec.name, target)
+        model = AutoModelForCausalLM.from_pretrained(str(full), dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(str(full))
+    else:
+        work.mkdir(exist_ok=True)
+        gguf = gguf_file(spec, work)
+        logger.info("converting %s from GGUF once (about a minute); cached in %s", spec.name, target)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+    staging = target.with_name(target.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(str(staging))
+    tokenizer.save_pretrained(str(staging))
+    staging.replace(target)
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def load_embedded(
     spec: EmbeddedModel, dtype: torch.dtype = torch.float32
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load an embedded model, converting its GGUF once into a cached transformers checkpoint."""
-    target = converted_dir(spec)
+    """Load an embedded model, converting its GGUF once into a cached transformers checkpoint (in
+    ``dtype`` itself where it is in ``HALF_COPIES``, else float32)."""
+    target = converted_dir(spec, dtype)
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
         if not (target / "config.json").is_file():
-            work = target.with_name(target.name + ".work")
-            work.mkdir(exist_ok=True)
-            gguf = gguf_file(spec, work)
-            logger.info("converting %s from GGUF once (about a minute); cached in %s", spec.name, target)
-            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-            model.hf_quantizer = None
-            if hasattr(model.config, "quantization_config"):
-                del model.config.quantization_config
-            staging = target.with_name(target.name + ".staging")
-            shutil.rmtree(staging, ignore_errors=True)
-            model.save_pretrained(str(staging))
-            tokenizer.save_pretrained(str(staging))
-            staging.replace(target)
-            shutil.rmtree(work, ignore_errors=True)
+            _convert(spec, target, dtype if dtype in HALF_COPIES else torch.float32)
     model = AutoModelForCausalLM.from_pretrained(str(target), dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(str(target))
     return model.eval(), tokenizer
