@@ -248,14 +248,15 @@ def run(args: argparse.Namespace) -> None:
     if SAMPLES.is_file():
         for line in SAMPLES.read_text().splitlines():
             r = json.loads(line)
-            done.add((r["model"], r["method"], r["tokens"], r["seed"]))
-    model, tok = load_model(args.model)
+            done.add((r["model"], r.get("dtype", "float32"), r["method"], r["tokens"], r["seed"]))
+    model, tok = load_model(args.model, dtype=args.dtype)
+    dtype = str(model.dtype).removeprefix("torch.")
     for tokens in args.tokens:
         for i in range(args.samples):
             seed = 2000 + args.seed_offset + i
             sample = make_sample(tok, tokens, seed)
             for method in args.methods:
-                if (args.model, method, tokens, seed) in done:
+                if (args.model, dtype, method, tokens, seed) in done:
                     continue
                 engine, mode = engine_for(method, model, tok, args.model)
                 if method == "plain":
@@ -267,6 +268,7 @@ def run(args: argparse.Namespace) -> None:
                     row["expected"] = expected
                 record = {
                     "model": args.model,
+                    "dtype": dtype,
                     "method": method,
                     "tokens": tokens,
                     "seed": seed,
@@ -277,7 +279,8 @@ def run(args: argparse.Namespace) -> None:
                 with SAMPLES.open("a") as f:
                     f.write(json.dumps(record) + "\n")
                 marks = " ".join("ok" if r["correct"] else "MISS" for r in rows)
-                print(f"{args.model} {method} {tokens} seed {seed}: {marks} (prepare {prepare:.0f}s)", flush=True)
+                label = f"{args.model} {dtype} {method} {tokens} seed {seed}"
+                print(f"{label}: {marks} (prepare {prepare:.0f}s)", flush=True)
 
 
 def value_tokens(tokenizer, document: str, value: str) -> list[int]:
@@ -362,7 +365,8 @@ def report(_: argparse.Namespace) -> None:
     records = [json.loads(line) for line in SAMPLES.read_text().splitlines() if line.strip()]
     groups: dict[tuple, list] = defaultdict(list)
     for r in records:
-        groups[(r["model"], r["tokens"], r["method"], split_of(r["seed"]))].append(r)
+        model = r["model"] if r.get("dtype", "float32") == "float32" else f"{r['model']} ({r['dtype']})"
+        groups[(model, r["tokens"], r["method"], split_of(r["seed"]))].append(r)
     summary = []
     for (model, tokens, method, split), rs in sorted(groups.items()):
         qs = [q for r in rs for q in r["questions"]]
@@ -431,6 +435,7 @@ def main() -> None:
     r.add_argument("--seed-offset", type=int, default=0)
     r.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     r.add_argument("--threads", type=int, default=2)
+    r.add_argument("--dtype", default="float32", help="float32 (the rows so far), bfloat16, or auto")
     t = sub.add_parser("trace")
     t.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     t.add_argument("--tokens", type=int, default=8000)
