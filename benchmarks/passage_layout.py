@@ -24,7 +24,6 @@ import torch
 
 from homer_integrations.homer import recompute
 from homer_integrations.homer.budget import ReadBudget
-from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.nodes import CompressionResult
 from homer_integrations.homer.passages import Passages, PassageSelection
@@ -77,12 +76,10 @@ class LaidOutPassages:
         started = time.perf_counter()
         inputs = reread()
         chosen = compressor(0)
-        prefix, document, suffix = inputs.prefix_ids.numel(), inputs.document_ids.numel(), suffix_ids.numel()
-        floor = chosen.nodes.settings.final_cache_len - prefix - suffix
-        passages = inputs.passages(self.passages.selection) if document > floor else None
-        if passages is None:
+        room = self.passages.room(inputs, chosen.nodes.settings, suffix_ids)
+        if room is None:
             return RecomputeReplay().replay(leaf_tier, suffix_ids, compressor, lambda: inputs)
-        budget = self.passages.budget.kept(floor, inputs.window, document, inputs.rate())
+        passages, budget, plan = room
         runs = taken_runs(self.passages.selection, inputs.question, passages, budget, self.rank)
 
         def encode(text: str) -> torch.Tensor:
@@ -100,8 +97,6 @@ class LaidOutPassages:
             origin.append(run)
         joined, back = torch.cat(ids), torch.cat(origin)
         head = encode(self.question_first.format(question=inputs.question)) if self.question_first else joined[:0]
-        s = chosen.nodes.settings
-        plan = ChunkPlan.build(prefix, document, 0, s.max_chunk_len, s.suffix_reserve).with_suffix(suffix)
         every = torch.arange(joined.numel())
         result = recompute.reread(
             chosen.nodes, plan, torch.cat([inputs.prefix_ids, head]), joined, every, suffix_ids, started

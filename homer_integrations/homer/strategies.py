@@ -26,7 +26,7 @@ from homer_integrations.homer.compressor import HomerCompressor
 from homer_integrations.homer.encoded import EncodedDocument
 from homer_integrations.homer.headwise.root import compress_headwise, headwise_refusal
 from homer_integrations.homer.leaf_tier import LeafTier
-from homer_integrations.homer.nodes import CompressionResult, ProgressFn
+from homer_integrations.homer.nodes import CompressionResult, CompressorSettings, ProgressFn
 from homer_integrations.homer.passages import Passages, PassageSelection
 from homer_integrations.homer.scoring import Scoring
 
@@ -306,17 +306,27 @@ class PassageReplay:
         started = time.perf_counter()
         inputs = reread()
         chosen = compressor(0)
-        prefix, document, suffix = inputs.prefix_ids.numel(), inputs.document_ids.numel(), suffix_ids.numel()
-        floor = chosen.nodes.settings.final_cache_len - prefix - suffix
-        passages = inputs.passages(self.selection) if document > floor else None
-        if passages is None:
+        room = self.room(inputs, chosen.nodes.settings, suffix_ids)
+        if room is None:
             return RecomputeReplay().replay(leaf_tier, suffix_ids, compressor, lambda: inputs)
-        budget = self.budget.kept(floor, inputs.window, document, inputs.rate())
+        passages, budget, plan = room
         scores = chosen.flat.document_scores(leaf_tier(), suffix_ids) if self.selection.attention > 0 else None
         kept = self.selection.select(inputs.question, scores, passages, budget)
-        s = chosen.nodes.settings
-        plan = ChunkPlan.build(prefix, document, 0, s.max_chunk_len, s.suffix_reserve).with_suffix(suffix)
         return recompute.reread(chosen.nodes, plan, inputs.prefix_ids, inputs.document_ids, kept, suffix_ids, started)
+
+    def room(
+        self, inputs: Reread, settings: CompressorSettings, suffix_ids: torch.Tensor
+    ) -> tuple[Passages, int, ChunkPlan] | None:
+        """The document's passages, the tokens they may fill and the split the re-read reports with; None
+        where the document fits ``final_cache_len`` or has no statements (``RecomputeReplay`` then)."""
+        prefix, document, suffix = inputs.prefix_ids.numel(), inputs.document_ids.numel(), suffix_ids.numel()
+        floor = settings.final_cache_len - prefix - suffix
+        passages = inputs.passages(self.selection) if document > floor else None
+        if passages is None:
+            return None
+        budget = self.budget.kept(floor, inputs.window, document, inputs.rate())
+        plan = ChunkPlan.build(prefix, document, 0, settings.max_chunk_len, settings.suffix_reserve)
+        return passages, budget, plan.with_suffix(suffix)
 
 
 @dataclass(frozen=True)
