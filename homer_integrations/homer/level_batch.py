@@ -42,7 +42,7 @@ from homer_integrations.homer.kv import cache_from_tensors, layer_tensors, tenso
 from homer_integrations.homer.leaf_pass import LeafPass
 from homer_integrations.homer.merging import merge_siblings
 from homer_integrations.homer.nodes import CompressionResult, Nodes, ProgressFn
-from homer_integrations.homer.tree import MergeTree
+from homer_integrations.homer.tree import MergeTree, leaf_chunk, tree_plan
 
 
 def unbatchable(nodes: Nodes) -> str | None:
@@ -127,10 +127,7 @@ class LevelBatchedTree:
             return tree.compress(prefix_ids, document_ids, suffix_ids, progress, word_ids, plan)
         start = time.perf_counter()
         s = self.nodes.settings
-        lengths = (prefix_ids.numel(), document_ids.numel(), suffix_ids.numel())
-        plan = plan or ChunkPlan.build(*lengths, s.max_chunk_len, s.suffix_reserve)
-        if (plan.prefix_len, plan.document_len, plan.suffix_len) != lengths:
-            raise ValueError(f"the plan {plan} does not split these token counts")
+        plan = tree_plan(self.nodes, prefix_ids, document_ids, suffix_ids, plan)
         schedule = self.nodes.schedule(plan)
         self.nodes.word_ids = word_ids
         self.nodes.begin()
@@ -155,18 +152,7 @@ class LevelBatchedTree:
         leaves = make_leaves(prefix_ids, document_ids, suffix_ids, plan)
         embedded = self.nodes.stack.embed(torch.cat([leaf.input_ids for leaf in leaves]))
         hidden = embedded.split([leaf.input_ids.numel() for leaf in leaves], dim=1)
-        return [
-            Chunk(
-                hidden=h,
-                position_ids=leaf.position_ids,
-                reducible=leaf.reducible,
-                origin=leaf.origin,
-                memory=torch.full((leaf.origin.numel(),), float("-inf")),
-                prefix_len=leaf.prefix_len,
-                suffix_len=leaf.suffix_len,
-            )
-            for leaf, h in zip(leaves, hidden, strict=True)
-        ]
+        return [leaf_chunk(leaf, h) for leaf, h in zip(leaves, hidden, strict=True)]
 
     def _run_level(self, chunks: list[Chunk], layers: range, target_len: int, is_root: bool) -> None:
         """Run ``layers`` on every node of ``chunks``, each pruned to ``target_len`` in the last layer."""

@@ -22,6 +22,35 @@ from homer_integrations.homer.probing import probe_scores
 from homer_integrations.homer.schedule import LayerSchedule
 
 
+def tree_plan(
+    nodes: Nodes,
+    prefix_ids: torch.Tensor,
+    document_ids: torch.Tensor,
+    suffix_ids: torch.Tensor,
+    plan: ChunkPlan | None = None,
+) -> ChunkPlan:
+    """``plan``, checked to split these token counts, or the split ``nodes``' settings plan for them."""
+    s = nodes.settings
+    lengths = (prefix_ids.numel(), document_ids.numel(), suffix_ids.numel())
+    plan = plan or ChunkPlan.build(*lengths, s.max_chunk_len, s.suffix_reserve)
+    if (plan.prefix_len, plan.document_len, plan.suffix_len) != lengths:
+        raise ValueError(f"the plan {plan} does not split these token counts")
+    return plan
+
+
+def leaf_chunk(leaf: LeafInput, hidden: torch.Tensor) -> Chunk:
+    """A leaf before its layers: its embedded prefix + piece + suffix ``hidden`` [1, T, D], nothing remembered."""
+    return Chunk(
+        hidden=hidden,
+        position_ids=leaf.position_ids,
+        reducible=leaf.reducible,
+        origin=leaf.origin,
+        memory=torch.full((leaf.origin.numel(),), float("-inf")),
+        prefix_len=leaf.prefix_len,
+        suffix_len=leaf.suffix_len,
+    )
+
+
 class MergeTree:
     """The merge tree on ``nodes``: leaves -> prune -> merge -> ... -> root; ``leaves`` reads a leaf tier."""
 
@@ -45,16 +74,7 @@ class MergeTree:
         (default: planned for these lengths and ``suffix_reserve``) fixes the split, as a leaf tier's does.
         """
         start = time.perf_counter()
-        s = self.nodes.settings
-        plan = plan or ChunkPlan.build(
-            prefix_ids.numel(), document_ids.numel(), suffix_ids.numel(), s.max_chunk_len, s.suffix_reserve
-        )
-        if (plan.prefix_len, plan.document_len, plan.suffix_len) != (
-            prefix_ids.numel(),
-            document_ids.numel(),
-            suffix_ids.numel(),
-        ):
-            raise ValueError(f"the plan {plan} does not split these token counts")
+        plan = tree_plan(self.nodes, prefix_ids, document_ids, suffix_ids, plan)
         schedule = self.nodes.schedule(plan)
         leaves = make_leaves(prefix_ids, document_ids, suffix_ids, plan)
         self.nodes.word_ids = word_ids
@@ -119,15 +139,7 @@ class MergeTree:
 
     def _scratch_leaf(self, leaf: LeafInput, layers: range, target_len: int, is_root: bool) -> Chunk:
         """A leaf computed from its tokens: prefix + piece + suffix through the leaf layers, pruned."""
-        chunk = Chunk(
-            hidden=self.nodes.stack.embed(leaf.input_ids),
-            position_ids=leaf.position_ids,
-            reducible=leaf.reducible,
-            origin=leaf.origin,
-            memory=torch.full((leaf.origin.numel(),), float("-inf")),
-            prefix_len=leaf.prefix_len,
-            suffix_len=leaf.suffix_len,
-        )
+        chunk = leaf_chunk(leaf, self.nodes.stack.embed(leaf.input_ids))
         if not (self.nodes.scoring.scorer.probes and chunk.length > target_len and not is_root):
             self.nodes.run_layers(chunk, layers, target_len, is_root)
             return chunk
