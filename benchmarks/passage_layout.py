@@ -27,6 +27,7 @@ from homer_integrations.homer.budget import ReadBudget
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.nodes import CompressionResult
 from homer_integrations.homer.passages import Passages, PassageSelection
+from homer_integrations.homer.prompt import encode
 from homer_integrations.homer.strategies import CompressorFor, PassageReplay, RecomputeReplay, Reread
 
 
@@ -35,22 +36,11 @@ def taken_runs(
 ) -> list[torch.Tensor]:
     """The document token indices ``selection.select`` keeps, as runs: each passage's new tokens in the
     order taken (``rank``), or each stretch of adjacent kept tokens in document order."""
-    if not rank:
-        kept = selection.select(question, None, passages, budget)
-        breaks = (kept[1:] != kept[:-1] + 1).nonzero()[:, 0] + 1
-        return list(torch.tensor_split(kept, breaks))
-    room, runs = budget, []
-    taken = torch.zeros(int(passages.stops.max()), dtype=torch.bool)
-    for passage in selection.ranking(question, None, passages):
-        span = passages.tokens(passage)
-        fresh = span[~taken[span]]
-        if 0 < fresh.numel() <= room:
-            taken[fresh] = True
-            room -= fresh.numel()
-            runs.append(fresh)
-        if room < 16:
-            break
-    return runs
+    if rank:
+        return selection.taken(question, None, passages, budget)
+    kept = selection.select(question, None, passages, budget)
+    breaks = (kept[1:] != kept[:-1] + 1).nonzero()[:, 0] + 1
+    return list(torch.tensor_split(kept, breaks))
 
 
 @dataclass(frozen=True)
@@ -81,13 +71,8 @@ class LaidOutPassages:
             return RecomputeReplay().replay(leaf_tier, suffix_ids, compressor, lambda: inputs)
         passages, budget, plan = room
         runs = taken_runs(self.passages.selection, inputs.question, passages, budget, self.rank)
-
-        def encode(text: str) -> torch.Tensor:
-            return torch.tensor(
-                inputs.document.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long
-            )
-
-        gap = encode(self.separator) if self.separator else torch.zeros(0, dtype=torch.long)
+        tokenizer = inputs.document.tokenizer
+        gap = encode(tokenizer, self.separator)
         ids, origin = [], []
         for i, run in enumerate(runs):
             if i and gap.numel():
@@ -96,7 +81,7 @@ class LaidOutPassages:
             ids.append(inputs.document_ids[run])
             origin.append(run)
         joined, back = torch.cat(ids), torch.cat(origin)
-        head = encode(self.question_first.format(question=inputs.question)) if self.question_first else joined[:0]
+        head = encode(tokenizer, self.question_first.format(question=inputs.question))
         every = torch.arange(joined.numel())
         result = recompute.reread(
             chosen.nodes, plan, torch.cat([inputs.prefix_ids, head]), joined, every, suffix_ids, started

@@ -132,7 +132,14 @@ class PassageSelection:
 
     def select(self, question: str, scores: torch.Tensor | None, passages: Passages, budget: int) -> torch.Tensor:
         """Ascending document token indices [K] of the best passages, K <= ``budget``."""
-        room = budget
+        taken = self.taken(question, scores, passages, budget)
+        if not taken:
+            raise ValueError(f"no passage of {self.tokens} tokens fits a budget of {budget}")
+        return torch.cat(taken).sort().values
+
+    def taken(self, question: str, scores: torch.Tensor | None, passages: Passages, budget: int) -> list[torch.Tensor]:
+        """The document token indices each kept passage adds, best passage first (``select``'s order of taking)."""
+        room, runs = budget, []
         taken = torch.zeros(int(passages.stops.max()), dtype=torch.bool)
         for passage in self.ranking(question, scores, passages):
             span = passages.tokens(passage)
@@ -140,8 +147,7 @@ class PassageSelection:
             if 0 < fresh.numel() <= room:
                 taken[fresh] = True
                 room -= fresh.numel()
+                runs.append(fresh)
             if room < 16:
                 break
-        if room == budget:
-            raise ValueError(f"no passage of {self.tokens} tokens fits a budget of {budget}")
-        return taken.nonzero()[:, 0]
+        return runs
