@@ -204,6 +204,12 @@ class HomerModel:
         """Tokens of ``text`` as plain text (a ``PromptText`` keeps its markup's control tokens)."""
         return self.prompting.count_tokens(text)
 
+    def token_offsets(self, document: str) -> torch.Tensor | None:
+        """Character span [N, 2] of each token of ``document`` (what a ``CompressedDocument``'s ``origin``
+        indexes), from the tokenizer call that gave its ids: remembered, so free once it was compressed.
+        None from a slow tokenizer (no offsets)."""
+        return self.prompting.documents.ids(document)[1]
+
     def chat_prompt(self, messages: list[dict[str, str]]) -> PromptText:
         """Chat messages (``role``/``content`` dicts) rendered with the tokenizer's template; the contents
         stay plain text."""
