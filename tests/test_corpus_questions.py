@@ -23,8 +23,7 @@ RARE = "The quillwort zephyrine marmalade treaty was signed at Okeechobee by the
 QUESTION = "Where was the quillwort zephyrine marmalade treaty signed?"
 
 
-@pytest.fixture(scope="module")
-def engine(tokenizer, calibration) -> HomerModel:
+def corpus_engine(tokenizer, calibration) -> HomerModel:
     """A tiny Llama (window 2048) keeping 128 tokens: 24-token BM25 passages past the window, no re-read budget."""
     passages = PassageReplay(PassageSelection(tokens=24, overlap=8), ReadBudget(seconds=0))
     recipe = Recipe(replay=AutoReplay(passages), calibration_segments=2)
@@ -32,6 +31,16 @@ def engine(tokenizer, calibration) -> HomerModel:
     return HomerModel(
         tiny_model(), tokenizer, config, model_name="tiny", calibration_dir=calibration, progress=False, recipe=recipe
     )
+
+
+def short_texts(novel: str) -> dict[str, str]:
+    """Three short documents (about 240 tokens together: within the window), the second the rare words."""
+    return {"x.txt": novel[20_000:20_400], "y.txt": f"  {RARE}\n", "z.txt": novel[21_000:21_400]}
+
+
+@pytest.fixture(scope="module")
+def engine(tokenizer, calibration) -> HomerModel:
+    return corpus_engine(tokenizer, calibration)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +74,7 @@ def test_past_the_window_bm25_cites_the_document_that_shares_the_rare_words(engi
 
 
 def test_within_the_window_the_sources_are_exact_and_the_tier_is_reused(engine, novel) -> None:
-    corpus = Corpus([("x", novel[20_000:20_400]), ("y", f"  {RARE}\n"), ("z", novel[21_000:21_400])])
+    corpus = Corpus(short_texts(novel))
     assert engine.count_tokens(corpus.text) < engine.context_window
     first = stream_corpus(engine, corpus, QUESTION, max_new_tokens=2)
     assert_exact(corpus, first.sources)  # known before the first piece
