@@ -1,6 +1,7 @@
-"""LlamaIndex adapters over the shared ``HomerModel``: an LLM, a whole-document query engine,
-whole-document readers and a HOMER-or-retrieval router."""
+"""LlamaIndex adapters over the shared ``HomerModel``: an LLM, a whole-document query engine, a query engine
+across documents that cites its sources, whole-document readers and a HOMER-or-retrieval router."""
 
+from homer_integrations.llama_index.corpus import HomerCorpusQueryEngine
 from homer_integrations.llama_index.llm import HomerLLM
 from homer_integrations.llama_index.query_engine import HomerQueryEngine
 from homer_integrations.llama_index.readers import (
@@ -16,6 +17,7 @@ from homer_integrations.llama_index.selector import HomerRouteSelector
 
 __all__ = [
     "ExcerptSynthesizer",
+    "HomerCorpusQueryEngine",
     "HomerDirectoryReader",
     "HomerFileReader",
     "HomerHTMLReader",
