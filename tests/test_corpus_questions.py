@@ -157,3 +157,15 @@ def test_a_bad_question_or_option_is_refused_before_any_work(engine, novel) -> N
     with pytest.raises(ValueError, match="max_new_tokens"):
         ask_corpus(engine, corpus, QUESTION, max_new_tokens=0)
     assert engine.stats().computations == before
+
+
+def test_the_joined_text_is_tokenized_once_for_every_question(engine, novel, monkeypatch) -> None:
+    from homer_integrations import prompting
+
+    calls: list[str] = []
+    tokenize = prompting.encode_offsets
+    monkeypatch.setattr(prompting, "encode_offsets", lambda tok, text: calls.append(text) or tokenize(tok, text))
+    corpus = Corpus({"p": novel[50_000:50_500], "q": novel[51_000:51_500]})
+    for question in (QUESTION, "Who is there?", "What happened?"):
+        ask_corpus(engine, corpus, question, max_new_tokens=1)
+    assert calls.count(corpus.text) == 1, "the offsets cited are the compression's own, remembered"
