@@ -25,8 +25,9 @@ class HomerCorpusQA(Runnable[CorpusInput, dict[str, Any]]):
     laid out as one text, one selection over all of them (BM25 passages past the model's window, HOMER's
     question-aware pruning within it), one answer, and the text it was read from.
 
-    ``model``: a ``ChatHomer`` (its engine and generation settings answer) or a ``HomerModel``. Each document
-    is named by its ``metadata["source"]``, else ``document <n>`` (1-based); names must differ.
+    ``model``: a ``ChatHomer`` (its engine and generation settings answer; always in ``query_aware`` mode,
+    whatever its ``mode``) or a ``HomerModel``. Each document is named by its ``metadata["source"]``, else
+    ``document <n>`` (1-based); names must differ.
 
     Input: a question, or a dict with ``question`` (or ``query`` / ``input``). Output, as ``RetrievalQA``
     with ``return_source_documents``: ``{"answer": str, "source_documents": [Document, ...]}``, one

@@ -31,8 +31,8 @@ class HomerCorpusQueryEngine(BaseQueryEngine):
     Args:
         documents: the documents; each is named by the first of ``NAME_KEYS`` in its metadata, else
             ``document <n>`` (1-based); names must differ.
-        llm: the ``HomerLLM`` whose engine and generation settings answer; built on ``engine`` (or the
-            embedded default model) when omitted.
+        llm: the ``HomerLLM`` whose engine and generation settings answer (always in ``query_aware`` mode,
+            whatever its ``mode``); built on ``engine`` (or the embedded default model) when omitted.
         engine: a ``HomerModel`` to use when ``llm`` is omitted.
         streaming: ``query`` returns a ``StreamingResponse`` (``aquery`` an ``AsyncStreamingResponse``).
 
