@@ -57,13 +57,14 @@ from homer_integrations.paths import bundled_text
 from homer_integrations.question_sets import question_set
 
 sys.path.insert(0, str(Path(__file__).parent))
+from candidate_merge import CandidateMerge
 from passage_layout import layouts
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 ROWS = RESULTS / "whole_book_rows.jsonl"
 FACTS = HERE / "book_facts.json"
-METHODS = ("query_aware", "fused", "tokens", "hybrid", "shared", "bm25", "sep", "rank", "qfirst")
+METHODS = ("query_aware", "fused", "tokens", "hybrid", "shared", "bm25", "sep", "rank", "qfirst", "merge")
 CHUNK_CHARS, CHUNK_OVERLAP = 800, 100  # HomerRouter's defaults
 
 
@@ -151,15 +152,17 @@ class Bm25Route:
         return "".join(pieces), first if first is not None else time.perf_counter() - started
 
 
-def replays(read_tokens: int) -> dict[str, Replay]:
+def replays(read_tokens: int, unit: str = "token", candidates: int = 8192) -> dict[str, Replay]:
     """The replay each per-question method asks of the engine; ``read_tokens``: the passages' fixed
-    budget (0: the package's ``ReadBudget``, which grows with the machine)."""
+    budget (0: the package's ``ReadBudget``, which grows with the machine); ``unit``: the question
+    scoring's unit; ``candidates``: the BM25 tokens ``merge`` narrows down."""
     budget = ReadBudget(tokens=read_tokens or None)
     return {
         "query_aware": AutoReplay(PassageReplay(budget=budget)),
         "fused": AutoReplay(PassageReplay(PassageSelection(attention=1.0), budget)),
         "tokens": RecomputeReplay(),
         "hybrid": RecomputeReplay(),
+        "merge": CandidateMerge(candidates, unit, PassageReplay(budget=budget)),
         **layouts(budget),
     }
 
@@ -169,7 +172,7 @@ def run(args: argparse.Namespace) -> None:
     config = HomerConfig(final_cache_len=args.budget) if args.budget else None
     engine = HomerModel.from_pretrained(args.model, dtype=args.dtype, config=config, store=args.store or True)
     budget = args.read_tokens or engine.config.final_cache_len or engine.config.max_chunk_len
-    by_method = replays(args.read_tokens)
+    by_method = replays(args.read_tokens, engine.tiers.question_scoring.unit, args.candidates)
     dtype = str(engine.model.dtype).removeprefix("torch.")
     text, items = book_with_facts(args.book)
     items = [i for i in items if args.split == "all" or i.split == args.split]
@@ -339,6 +342,7 @@ def main() -> None:
     r.add_argument(
         "--read-tokens", type=int, default=0, help="past the window: passages' and BM25's kept tokens (0: ReadBudget)"
     )
+    r.add_argument("--candidates", type=int, default=8192, help="merge: BM25 tokens narrowed to the budget")
     r.add_argument("--max-new-tokens", type=int, default=32)
     r.add_argument("--store", default="", help="document store (default: the package's cache directory)")
     r.add_argument("--threads", type=int, default=2)
