@@ -56,13 +56,20 @@ class EntryBuilder:
     allocate: Callable[[str], Allocate | None]
 
     def compressor(
-        self, prunes: bool, *, query_aware: bool, full: bool = False, final_cache_len: int | None = None
+        self,
+        prunes: bool,
+        *,
+        query_aware: bool,
+        full: bool = False,
+        final_cache_len: int | None = None,
+        encoded: EncodedDocument | None = None,
     ) -> HomerCompressor:
         """A compressor with these settings; ``prunes``: it will prune (the calibration bias is read
         when its scoring needs one: question attention does not, so a first query-aware question
         never waits for a calibration); ``query_aware``: planned like a leaf tier, scoring with the
         question in the suffix; ``full``: one chunk as long as the model's window, nothing pruned (a
-        plain prefill); ``final_cache_len``: select this many tokens instead of the configured number."""
+        plain prefill); ``final_cache_len``: select this many tokens instead of the configured number;
+        ``encoded``: the document a ``content`` split will cut (at its statements)."""
         c, window = self.prompting.config, self.prompting.context_window
         scoring = self.question_scoring if query_aware else self.scoring
         reads_bias = prunes and scoring.needs_calibration
@@ -78,6 +85,8 @@ class EntryBuilder:
             # planning for a longer suffix made taller trees of half-empty leaves that scored lower).
             suffix_reserve=self.prompting.shared_suffix_len if query_aware else 0,
             want_logits=query_aware and not self.prompting.reask_question,
+            split="even" if full else c.split,
+            statements=None if encoded is None or c.split == "even" else encoded.units("statement"),
         )
         return HomerCompressor(self.stack, settings, bias, self.observer)
 
@@ -87,7 +96,7 @@ class EntryBuilder:
         prunes = not full and encoded.prompt_len > budget
         if prunes:
             check_room(encoded.fixed_len, budget)
-        compressor = self.compressor(prunes, query_aware=False, full=full)
+        compressor = self.compressor(prunes, query_aware=False, full=full, encoded=encoded)
         root: SharedRoot = TreeRoot() if full else self.recipe.shared_root  # a full prefill prunes nothing
         with self._progress(encoded.document_ids.numel(), "HOMER compress") as bar:
             word_ids = encoded.units(self.scoring.unit) if prunes else None
@@ -105,7 +114,7 @@ class EntryBuilder:
 
     def leaf_tier(self, key: str, encoded: EncodedDocument) -> LeafTier:
         """The leaf tier of ``encoded``'s prefix and document, stored under ``key``."""
-        compressor = self.compressor(False, query_aware=True)
+        compressor = self.compressor(False, query_aware=True, encoded=encoded)
         with self._progress(encoded.document_ids.numel(), "HOMER leaf tier") as bar:
             tier = compressor.leaves.build(
                 encoded.prefix_ids,

@@ -281,4 +281,6 @@ def entry_keys(
             "unit": tier_unit,
         }
     }
+    if config.split != "even":  # only then: the keys of even splits are those of before the setting
+        tier["settings"]["split"] = config.split
     return DocumentKeys(identity, root, tier)

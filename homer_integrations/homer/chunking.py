@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from itertools import pairwise
 
 import torch
 
 
 @dataclass(frozen=True)
 class ChunkPlan:
-    """How a document of ``document_len`` tokens is split into ``2**height`` even leaves.
+    """How a document of ``document_len`` tokens is split into leaves: ``2**height`` even pieces, or the
+    pieces between explicit ``bounds`` (a content-defined split, ``content_split``).
 
     Attributes:
         prefix_len, suffix_len: P and S, the affix lengths every leaf carries.
@@ -19,7 +21,9 @@ class ChunkPlan:
             a reserve): a leaf tier plans once for any question's suffix up to this length.
         max_chunk_len: MCL; no leaf is longer and no position id reaches it.
         height: tree height h; 0 when the whole prompt fits one chunk.
-        piece_len: E = ceil(L / 2**h), the longest piece; the suffix of every leaf starts at P + E.
+        piece_len: E, the longest piece (ceil(L / 2**h) when even); every leaf's suffix starts at P + E.
+        bounds: None (even pieces), or the pieces' starts then the final stop L: leaf i holds
+            ``bounds[i]:bounds[i+1]``, and ``height`` is ceil(log2 of their number).
     """
 
     prefix_len: int
@@ -29,6 +33,11 @@ class ChunkPlan:
     height: int
     piece_len: int
     planned_suffix_len: int
+    bounds: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.bounds is not None and not isinstance(self.bounds, tuple):
+            object.__setattr__(self, "bounds", tuple(self.bounds))  # read back from JSON as a list
 
     @classmethod
     def build(
@@ -49,6 +58,19 @@ class ChunkPlan:
         piece_len = math.ceil(document_len / 2**height)
         return cls(prefix_len, suffix_len, document_len, max_chunk_len, height, piece_len, planned)
 
+    @classmethod
+    def between(
+        cls, bounds: tuple[int, ...], prefix_len: int, suffix_len: int, max_chunk_len: int, suffix_reserve: int = 0
+    ) -> ChunkPlan:
+        """The split into the pieces between ``bounds`` (starts, then the stop L); each must hold 1 to
+        ``effective_len`` tokens. Planned as ``build`` plans."""
+        even = cls.build(prefix_len, bounds[-1], suffix_len, max_chunk_len, suffix_reserve)
+        lengths = [b - a for a, b in pairwise(bounds)]
+        if bounds[0] != 0 or not lengths or min(lengths) < 1 or max(lengths) > even.effective_len:
+            raise ValueError(f"pieces must tile the document with 1..{even.effective_len} tokens each: {bounds}")
+        height = math.ceil(math.log2(len(lengths)))
+        return replace(even, height=height, piece_len=max(lengths), bounds=tuple(bounds))
+
     def with_suffix(self, suffix_len: int) -> ChunkPlan:
         """The same split carrying a suffix of ``suffix_len`` tokens (a question asked of a leaf tier).
 
@@ -58,7 +80,7 @@ class ChunkPlan:
 
     @property
     def num_leaves(self) -> int:
-        return 2**self.height
+        return 2**self.height if self.bounds is None else len(self.bounds) - 1
 
     @property
     def effective_len(self) -> int:
@@ -74,11 +96,20 @@ class ChunkPlan:
         """Document token slice held by leaf ``index``.
 
         Pieces differ in length by at most one token (the first ``L % n`` get ``E``, the rest
-        ``E - 1``), so no leaf is ever empty: ``n <= L`` whenever ``effective_len >= 2``.
+        ``E - 1``), so no leaf is ever empty: ``n <= L`` whenever ``effective_len >= 2``. With
+        ``bounds``, the pieces between them.
         """
+        if self.bounds is not None:
+            return slice(self.bounds[index], self.bounds[index + 1])
         base, extra = divmod(self.document_len, self.num_leaves)
         start = index * base + min(index, extra)
         return slice(start, start + base + (1 if index < extra else 0))
+
+
+def halves(count: int) -> tuple[int, int]:
+    """How a tree node over ``count`` leaves splits them: the left child gets the larger half; (1, 0) is a
+    node with a single child (a leaf count that is not a power of two)."""
+    return (count + 1) // 2, count // 2
 
 
 @dataclass

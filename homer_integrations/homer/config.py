@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 if TYPE_CHECKING:
     from homer_integrations.homer.compressed import CompressedDocument
@@ -125,6 +125,10 @@ class HomerConfig(BaseModel):
             exact; the document must fit the model's window).
         document_suffix: the fixed text after the document in ``shared`` mode.
         system_prompt: system message placed in the prefix (chat models).
+        split: how a document is cut into leaves: ``even`` (the paper: ``2**h`` pieces of equal length)
+            or ``content`` (pieces cut at statement ends chosen by their own tokens,
+            ``homer.content_split``, so an edit changes only the leaves around it; a tree over any
+            number of leaves). Left out of every dump (and so of every cache key) while ``even``.
 
     How the caches are built (the shared root's builder, the per-question replay, the scoring, the
     re-asked question, the calibration's size) is a ``homer.strategies.Recipe`` handed to
@@ -140,6 +144,15 @@ class HomerConfig(BaseModel):
     mode: Mode = "query_aware"
     document_suffix: str = Field(default=DEFAULT_DOCUMENT_SUFFIX, min_length=1)
     system_prompt: str | None = None
+    split: Literal["even", "content"] = "even"
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # the default split is not dumped, so the keys and job ids of configs from before it stay the same
+        data = handler(self)
+        if data.get("split") == "even":
+            del data["split"]
+        return data
 
     @model_validator(mode="before")
     @classmethod

@@ -16,7 +16,7 @@ import time
 import torch
 
 from homer_integrations.homer.chunk import Chunk
-from homer_integrations.homer.chunking import ChunkPlan
+from homer_integrations.homer.chunking import ChunkPlan, halves
 from homer_integrations.homer.kv import cache_from_tensors
 from homer_integrations.homer.leaf_pass import FlatLeafFn, LeafPass, scores_only_leaf
 from homer_integrations.homer.leaf_tier import LeafTier
@@ -107,8 +107,7 @@ class FlatSelection:
         if whole is not None and not recompute:
             raise ValueError("compress_flat(whole=...) needs recompute=True: only the re-read keeps units whole")
         start = time.perf_counter()
-        s = self.nodes.settings
-        plan = ChunkPlan.build(prefix_ids.numel(), document_ids.numel(), suffix_ids.numel(), s.max_chunk_len)
+        plan = self.nodes.plan(prefix_ids.numel(), document_ids, suffix_ids.numel())
         schedule = self.nodes.schedule(plan)
         layers = schedule.layers_at(0)
         scorer = self.nodes.scoring.scorer
@@ -165,7 +164,7 @@ class FlatSelection:
         target = self.nodes.settings.final_cache_len
         leaf_target = target if plan.height == 0 else 0  # with several leaves every one is scored
 
-        def walk(first: int, height: int) -> Chunk:
+        def walk(first: int, count: int, height: int) -> Chunk:
             if height == 0:
                 chunk, scores = leaf(first, leaf_target)
                 if scores is not None:
@@ -176,15 +175,17 @@ class FlatSelection:
                 if progress is not None:
                     progress(int(chunk.reducible.sum()))
             else:
-                left = walk(first, height - 1)
-                self.nodes.alive.append(left)
-                right = walk(first + 2 ** (height - 1), height - 1)
-                self.nodes.alive.pop()
-                chunk = merge_siblings(left, right)
+                left_count, right_count = halves(count)
+                chunk = walk(first, left_count, height - 1)
+                if right_count:  # else a single child (a leaf count that is no power of two) goes up alone
+                    self.nodes.alive.append(chunk)
+                    right = walk(first + left_count, right_count, height - 1)
+                    self.nodes.alive.pop()
+                    chunk = merge_siblings(chunk, right)
             if chunk.length > target:
                 mask = keep_mask(chunk.memory, chunk.reducible, target)
                 self.nodes.keep(chunk, leaf_layers[-1], chunk.memory, mask)
             self.nodes.record_peak(chunk)
             return chunk
 
-        return walk(0, plan.height)
+        return walk(0, plan.num_leaves, plan.height)

@@ -6,8 +6,8 @@ launches, not the arithmetic, set the time (H100, 32k tokens, 16 leaves: the que
 the leaf tier's own time). Here the suffix of every leaf runs the leaf layers together, as a batch
 of B leaves against each leaf's stored K/V: ``leaf_layers`` forwards in all.
 
-Leaves differ in length by at most one token (``ChunkPlan.piece``) and every suffix sits at the
-same positions, so a shorter leaf's missing last slot is padded and masked out of its attention;
+Every suffix sits at the same positions (after the longest piece, ``ChunkPlan.piece_len``), so a
+shorter leaf's missing last slots (one at most in an even split) are padded and masked out of its attention;
 each leaf is then scored on its own keys, exactly as alone.
 """
 
@@ -33,6 +33,13 @@ def leaf_keys(prefix: torch.Tensor, pieces: torch.Tensor, plan: ChunkPlan) -> to
     """One layer's prefix [1, Hkv, P, d] and pieces [1, Hkv, L, d] as a batch [B, Hkv, P + E, d]: leaf b's
     prefix and piece, a shorter piece padded with zeros at its end."""
     B, P, E = plan.num_leaves, plan.prefix_len, plan.piece_len
+    if plan.bounds is not None:  # content-defined pieces: each copied to its slot
+        out = pieces.new_zeros(B, pieces.shape[1], P + E, pieces.shape[3])
+        out[:, :, :P] = prefix
+        for b in range(B):
+            span = plan.piece(b)
+            out[b, :, P : P + span.stop - span.start] = pieces[0, :, span]
+        return out
     base, extra = divmod(plan.document_len, B)  # the first ``extra`` pieces hold E tokens, the rest ``base``
     _, heads, _, dim = pieces.shape
     out = pieces.new_zeros(B, heads, P + E, dim)

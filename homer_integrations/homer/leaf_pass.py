@@ -51,7 +51,7 @@ class LeafPass:
         """
         start = time.perf_counter()
         stack, s = self.nodes.stack, self.nodes.settings
-        plan = ChunkPlan.build(prefix_ids.numel(), document_ids.numel(), 0, s.max_chunk_len, s.suffix_reserve)
+        plan = self.nodes.plan(prefix_ids.numel(), document_ids, 0, s.suffix_reserve)
         layers = self.nodes.schedule(plan).layers_at(0)
         prefix = self.prefix_part(prefix_ids, layers)
         layout = LeafTier.layout(

@@ -33,6 +33,14 @@ Allocate = Callable[[Layout], "dict[str, torch.Tensor] | None"]
 file that will become the stored entry, say); None: the builder's default, process memory."""
 
 
+def plan_fields(plan: ChunkPlan) -> dict:
+    """``plan``'s fields for JSON; an even plan's without ``bounds``, as tiers stored before bounds existed."""
+    fields = asdict(plan)
+    if plan.bounds is None:
+        del fields["bounds"]
+    return fields
+
+
 @dataclass(frozen=True)
 class LeafSlice:
     """One leaf's stored part, ready to extend with a suffix.
@@ -144,7 +152,7 @@ class LeafTier:
             "version": str(SERIAL_VERSION),
             "key": self.key,
             "leaf_layers": str(self.leaf_layers),
-            "plan": json.dumps(asdict(self.plan)),
+            "plan": json.dumps(plan_fields(self.plan)),
             "seconds": repr(self.seconds),
         }
         return tensors, meta

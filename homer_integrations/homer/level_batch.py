@@ -23,9 +23,10 @@ the nodes' K/V and the batch layer's.
 
 What it cannot batch falls back to ``MergeTree.compress`` (same result, depth-first), named by
 ``unbatchable``: flash-attention backends (their layers take no mask), sliding-window layers (a padded
-slot would count in the window) and probing scorers (``ReconstructionScorer``: each leaf is probed with
-its own piece). A tree of height 0 is one node either way. The observer sees the prunings level by
-level, not in post-order.
+slot would count in the window), probing scorers (``ReconstructionScorer``: each leaf is probed with
+its own piece) and content-defined splits (``ChunkPlan.bounds``: a level may hold a node without a
+sibling). A tree of height 0 is one node either way. The observer sees the prunings level by level, not
+in post-order.
 """
 
 from __future__ import annotations
@@ -122,12 +123,12 @@ class LevelBatchedTree:
         plan: ChunkPlan | None = None,
     ) -> CompressionResult:
         """Compress prefix [P] + document [L] + suffix [S] token ids as ``MergeTree.compress`` does."""
-        if self.unbatchable is not None:
+        start = time.perf_counter()
+        plan = tree_plan(self.nodes, prefix_ids, document_ids, suffix_ids, plan)
+        if self.unbatchable is not None or plan.bounds is not None:
             tree = MergeTree(self.nodes, LeafPass(self.nodes))
             return tree.compress(prefix_ids, document_ids, suffix_ids, progress, word_ids, plan)
-        start = time.perf_counter()
         s = self.nodes.settings
-        plan = tree_plan(self.nodes, prefix_ids, document_ids, suffix_ids, plan)
         schedule = self.nodes.schedule(plan)
         self.nodes.word_ids = word_ids
         self.nodes.begin()

@@ -10,12 +10,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from transformers import DynamicCache
 
 from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.chunking import ChunkPlan
+from homer_integrations.homer.content_split import content_plan
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.kv import layer_tensors
 from homer_integrations.homer.pruning import keep_mask
@@ -29,7 +31,9 @@ class CompressorSettings:
     """Resolved settings of one compression (see ``HomerConfig`` for their meaning).
 
     ``scoring`` is what pruning ranks by (default: the paper's calibrated last-token score);
-    ``suffix_reserve`` the suffix tokens a leaf tier's split is planned for.
+    ``suffix_reserve`` the suffix tokens a leaf tier's split is planned for; ``split`` how a document is
+    cut into leaves (``HomerConfig.split``), ``statements`` [N] the document's statement index per token
+    that a ``content`` split cuts at (None: it cuts at token windows, ``content_split``).
     """
 
     max_chunk_len: int
@@ -38,6 +42,8 @@ class CompressorSettings:
     scoring: Scoring = field(default_factory=Scoring)
     suffix_reserve: int = 0
     want_logits: bool = False
+    split: Literal["even", "content"] = "even"
+    statements: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -133,6 +139,14 @@ class Nodes:
     def schedule(self, plan: ChunkPlan) -> LayerSchedule:
         """The layer schedule for ``plan``'s tree (``fit_schedule``)."""
         return fit_schedule(self.stack.num_layers, self.settings.warmup_layers, plan.height)
+
+    def plan(self, prefix_len: int, document_ids: torch.Tensor, suffix_len: int, reserve: int = 0) -> ChunkPlan:
+        """The settings' split of the document's token ids [L] between affixes of these lengths, planned for
+        a suffix of at least ``reserve`` tokens (``ChunkPlan.build``, or ``content_split.content_plan``)."""
+        s = self.settings
+        if s.split == "content":
+            return content_plan(prefix_len, document_ids, suffix_len, s.max_chunk_len, reserve, s.statements)
+        return ChunkPlan.build(prefix_len, document_ids.numel(), suffix_len, s.max_chunk_len, reserve)
 
     def begin(self) -> None:
         """A new tree or selection: no node alive yet, no peak."""

@@ -12,7 +12,7 @@ import time
 import torch
 
 from homer_integrations.homer.chunk import Chunk
-from homer_integrations.homer.chunking import ChunkPlan, LeafInput, make_leaves
+from homer_integrations.homer.chunking import ChunkPlan, LeafInput, halves, make_leaves
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.leaf_pass import LeafPass
 from homer_integrations.homer.leaf_tier import LeafTier
@@ -32,7 +32,7 @@ def tree_plan(
     """``plan``, checked to split these token counts, or the split ``nodes``' settings plan for them."""
     s = nodes.settings
     lengths = (prefix_ids.numel(), document_ids.numel(), suffix_ids.numel())
-    plan = plan or ChunkPlan.build(*lengths, s.max_chunk_len, s.suffix_reserve)
+    plan = plan or nodes.plan(lengths[0], document_ids, lengths[2], s.suffix_reserve)
     if (plan.prefix_len, plan.document_len, plan.suffix_len) != lengths:
         raise ValueError(f"the plan {plan} does not split these token counts")
     return plan
@@ -105,12 +105,14 @@ class MergeTree:
 
     def tree(self, leaf: LeafFn, plan: ChunkPlan, schedule: LayerSchedule, progress: ProgressFn | None) -> Chunk:
         self.nodes.begin()
-        return self._subtree(leaf, 0, plan.height, self.nodes.settings.final_cache_len, plan, schedule, progress, True)
+        final = self.nodes.settings.final_cache_len
+        return self._subtree(leaf, 0, plan.num_leaves, plan.height, final, plan, schedule, progress, True)
 
     def _subtree(
         self,
         leaf: LeafFn,
         first: int,
+        count: int,
         height: int,
         target_len: int,
         plan: ChunkPlan,
@@ -118,24 +120,27 @@ class MergeTree:
         progress: ProgressFn | None,
         is_root: bool = False,
     ) -> Chunk:
-        """Post-order over leaves ``first..first+2**height-1``: left subtree, right subtree, merge
-        (children freed), then this level's layers."""
+        """Post-order over the ``count`` leaves from ``first`` (``halves``): left subtree, right subtree,
+        merge (children freed), then this level's layers. A node with one child (a leaf count that is no
+        power of two) runs this level's layers on that child alone, pruned as a merged node would be."""
         if height == 0:
             chunk = leaf(first, target_len, is_root)
             if progress is not None:
                 span = plan.piece(first)
                 progress(span.stop - span.start)
             return chunk
-        half = 2 ** (height - 1)
+        left_count, right_count = halves(count)
         child_len = plan.child_target_len
-        left = self._subtree(leaf, first, height - 1, child_len, plan, schedule, progress)
-        self.nodes.alive.append(left)
-        right = self._subtree(leaf, first + half, height - 1, child_len, plan, schedule, progress)
-        self.nodes.alive.pop()
-        merged = merge_siblings(left, right)
-        del left, right
-        self.nodes.run_layers(merged, schedule.layers_at(height), target_len, is_root)
-        return merged
+        node = self._subtree(leaf, first, left_count, height - 1, child_len, plan, schedule, progress)
+        if right_count:
+            self.nodes.alive.append(node)
+            right_first = first + left_count
+            right = self._subtree(leaf, right_first, right_count, height - 1, child_len, plan, schedule, progress)
+            self.nodes.alive.pop()
+            node = merge_siblings(node, right)
+            del right
+        self.nodes.run_layers(node, schedule.layers_at(height), target_len, is_root)
+        return node
 
     def _scratch_leaf(self, leaf: LeafInput, layers: range, target_len: int, is_root: bool) -> Chunk:
         """A leaf computed from its tokens: prefix + piece + suffix through the leaf layers, pruned."""

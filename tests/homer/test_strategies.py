@@ -71,6 +71,7 @@ def test_a_removed_field_is_refused_with_what_replaces_it(field, value, replacem
         "mode",
         "document_suffix",
         "system_prompt",
+        "split",
     ]
 
 
