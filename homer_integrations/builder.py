@@ -24,6 +24,7 @@ from homer_integrations.homer.compressed import CompressedDocument, CompressionS
 from homer_integrations.homer.compressor import HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.encoded import EncodedDocument
+from homer_integrations.homer.leaf_reuse import LeafReuse
 from homer_integrations.homer.leaf_tier import Allocate, LeafTier
 from homer_integrations.homer.lexical import Statements
 from homer_integrations.homer.nodes import CompressionResult, CompressorSettings, PruneObserver
@@ -41,7 +42,8 @@ class EntryBuilder:
     """The settings one computation reads: the model's ``stack``, the engine's ``prompting``, ``recipe``,
     ``scoring`` (shared roots) and ``question_scoring`` (query-aware), the ``calibration``, the
     reconstruction prompt ``repeat_ids`` [R], the pruning ``observer``, ``progress`` bars, the document
-    ``indexes`` kept across calls and ``allocate(key)``, storage for a leaf tier (None: process memory)."""
+    ``indexes`` kept across calls, ``allocate(key)``, storage for a leaf tier (None: process memory), and
+    ``leaf_reuse()``, where a leaf tier's build finds leaves already computed (None: nowhere)."""
 
     stack: DecoderStack
     prompting: Prompting
@@ -54,6 +56,7 @@ class EntryBuilder:
     progress: bool | None
     indexes: RecentIndexes
     allocate: Callable[[str], Allocate | None]
+    leaf_reuse: Callable[[], LeafReuse | None] = lambda: None
 
     def compressor(
         self,
@@ -115,6 +118,7 @@ class EntryBuilder:
     def leaf_tier(self, key: str, encoded: EncodedDocument) -> LeafTier:
         """The leaf tier of ``encoded``'s prefix and document, stored under ``key``."""
         compressor = self.compressor(False, query_aware=True, encoded=encoded)
+        reuse = self.leaf_reuse()
         with self._progress(encoded.document_ids.numel(), "HOMER leaf tier") as bar:
             tier = compressor.leaves.build(
                 encoded.prefix_ids,
@@ -123,11 +127,15 @@ class EntryBuilder:
                 key=key,
                 progress=bar.update,
                 allocate=self.allocate(key) if self.stack.device.type == "cpu" else None,
+                reuse=reuse,
             )
+        if reuse is not None:
+            reuse.index.add(key, reuse.keys)
         logger.info(
-            "leaf tier of %d document tokens: %d leaves x %d layers, %.1f MB, %.1fs",
+            "leaf tier of %d document tokens: %d leaves (%d copied from held tiers) x %d layers, %.1f MB, %.1fs",
             tier.document_tokens,
             tier.plan.num_leaves,
+            0 if reuse is None else reuse.copied,
             tier.leaf_layers,
             tier.nbytes / 1e6,
             tier.seconds,

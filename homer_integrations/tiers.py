@@ -31,6 +31,7 @@ from homer_integrations.homer.config import HomerConfig, Mode, resolve_mode
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.encoded import EncodedDocument
 from homer_integrations.homer.fingerprint import tokenizer_fingerprint, weights_fingerprint
+from homer_integrations.homer.leaf_reuse import LeafIndex, LeafReuse
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.nodes import PruneObserver
 from homer_integrations.homer.prompt import encode, markup
@@ -110,6 +111,9 @@ class DocumentTiers:
         """Document-cache keys of these entries (``root``, ``full``, ``tier``)."""
         # A document's BM25 statements and passages, asked for by every question on it; keyed by the text.
         self._indexes = RecentIndexes()
+        # Where each leaf of the tiers built or read was seen, so an edited document's tier copies the
+        # leaves its edit did not touch (content-defined leaves only: even ones all move with an edit).
+        self.leaf_index = LeafIndex(self.keys.tier("", "")) if c.split == "content" else None
         self.prune_observer: PruneObserver | None = None
         """Diagnostics: called with every node's ``PruneEvent`` during compressions computed from now on."""
         self.cache_spec, self.root_spec, self.full_cache_spec = entry_specs(
@@ -179,12 +183,25 @@ class DocumentTiers:
         """The document's leaf tier (cached like a root): what every query-aware question replays from.
         ``encoded``: the call's encoding of prefix and document, ``key`` its tier key, where the caller has them."""
         key = self.keys.tier(prefix, document) if key is None else key
+        encodings = [] if encoded is None else [encoded]
 
         def build() -> LeafTier:
-            encoding = self.prompting.encode_document(prefix, document, "") if encoded is None else encoded
-            return self.builder().leaf_tier(key, encoding)
+            if not encodings:
+                encodings.append(self.prompting.encode_document(prefix, document, ""))
+            return self.builder().leaf_tier(key, encodings[0])
 
-        return self.document_cache.get_or_compute(key, build, spec=self.cache_spec)
+        tier, source = self.document_cache.get_or_compute(key, build, spec=self.cache_spec)
+        index = self.leaf_index
+        if index is not None and encodings and not index.has_tier(key):  # a tier read back: its leaves too
+            ids = encodings[0]
+            if ids.document_ids.numel() == tier.document_tokens and ids.prefix_ids.numel() == tier.plan.prefix_len:
+                index.add(key, index.keys(ids.prefix_ids, ids.document_ids, tier.plan, tier.leaf_layers))
+        return tier, source
+
+    def _held_tier(self, key: str) -> LeafTier | None:
+        """The leaf tier under ``key`` if the document cache holds it (memory or store); never computed."""
+        entry = self.document_cache.get(key, spec=self.cache_spec)
+        return entry if isinstance(entry, LeafTier) else None
 
     def reads_tier(self, document_tokens: int) -> bool:
         """Whether a question about a document of ``document_tokens`` reads its leaf tier (``Replay.reads_tier``:
@@ -212,6 +229,7 @@ class DocumentTiers:
             self.progress,
             self._indexes,
             self.document_cache.allocator,
+            lambda: None if self.leaf_index is None else LeafReuse(self.leaf_index, self._held_tier),
         )
 
 

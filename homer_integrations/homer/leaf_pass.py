@@ -9,7 +9,7 @@ flat selection (``flat``) prunes and merges what that gives.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
@@ -19,6 +19,7 @@ from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.leaf_batch import batchable, leaf_positions, leaf_reducible, score_leaves
+from homer_integrations.homer.leaf_reuse import LeafReuse
 from homer_integrations.homer.leaf_tier import Allocate, Layout, LeafSlice, LeafTier
 from homer_integrations.homer.nodes import Nodes, ProgressFn
 from homer_integrations.homer.schedule import LayerSchedule
@@ -43,11 +44,13 @@ class LeafPass:
         key: str = "",
         progress: ProgressFn | None = None,
         allocate: Allocate | None = None,
+        reuse: LeafReuse | None = None,
     ) -> LeafTier:
         """Run every leaf's prefix [P] + piece through the leaf layers once, without a suffix, and keep
         what a question needs (see ``LeafTier``). The split is planned for ``suffix_reserve`` suffix tokens.
         ``allocate``: where the tier's tensors live (default: process memory on the model's device); each
-        leaf is written into them as it finishes, so nothing else holds the whole tier.
+        leaf is written into them as it finishes, so nothing else holds the whole tier. ``reuse``: a leaf
+        it finds in a held tier is copied from there instead of computed (``leaf_reuse``).
         """
         start = time.perf_counter()
         stack, s = self.nodes.stack, self.nodes.settings
@@ -71,14 +74,18 @@ class LeafPass:
         if word_ids is not None:
             storage["word_ids"].copy_(word_ids)
         P = plan.prefix_len
+        if reuse is not None:
+            reuse.prepare(prefix_ids, document_ids, plan, len(layers))
         for index in range(plan.num_leaves):
             span = plan.piece(index)
-            part = self.leaf_part(prefix, document_ids[span], span.start, layers)
-            tier.hidden[:, span] = part.hidden[:, P:]
-            for k, v, pk, pv in zip(tier.keys, tier.values, part.keys, part.values, strict=True):
-                k[:, :, span] = pk[:, :, P:]
-                v[:, :, span] = pv[:, :, P:]
-            del part
+            held = None if reuse is None else reuse.take(index, span.stop - span.start, len(layers))
+            if held is not None:  # the same leaf in another tier: its piece's rows, copied
+                source, at = held
+                write_piece(tier, span, source.hidden[:, at], source.keys, source.values, at)
+            else:
+                part = self.leaf_part(prefix, document_ids[span], span.start, layers)
+                write_piece(tier, span, part.hidden[:, P:], part.keys, part.values, slice(P, None))
+                del part
             if progress is not None:
                 progress(span.stop - span.start)
         return replace(tier, seconds=time.perf_counter() - start)
@@ -187,6 +194,22 @@ class LeafPass:
             return chunk, scores[index] if chunk.length > target_len else None
 
         return leaf
+
+
+def write_piece(
+    tier: LeafTier,
+    span: slice,
+    hidden: torch.Tensor,
+    keys: Sequence[torch.Tensor],
+    values: Sequence[torch.Tensor],
+    rows: slice,
+) -> None:
+    """Write one leaf's piece into ``tier`` at ``span``: its ``hidden`` [1, n, D] and the ``rows`` of
+    ``keys``/``values`` (per leaf layer [1, Hkv, T, d]) that hold it."""
+    tier.hidden[:, span] = hidden
+    for k, v, pk, pv in zip(tier.keys, tier.values, keys, values, strict=True):
+        k[:, :, span] = pk[:, :, rows]
+        v[:, :, span] = pv[:, :, rows]
 
 
 def scores_only_leaf(stack: DecoderStack, plan: ChunkPlan, index: int) -> Chunk:

@@ -1,0 +1,97 @@
+"""An edited document's leaf tier copies the leaves its edit did not touch from the tier of the version before."""
+
+import pytest
+import torch
+
+from homer_integrations.homer.leaf_pass import LeafPass
+from tests.conftest import mode_engine
+
+QUESTION = "Who is Mr. Bingley?"
+
+
+@pytest.fixture(scope="module")
+def versions(novel: str) -> tuple[str, str]:
+    """About 1,100 tokens of Pride and Prejudice, and the same with one paragraph in the middle rewritten."""
+    start = novel.index("It is a truth universally acknowledged")
+    v1 = novel[start : start + 4500]
+    paragraphs = [i for i in range(len(v1)) if v1.startswith("\n\n", i)]
+    middle = len(paragraphs) // 2
+    a, b = paragraphs[middle], paragraphs[middle + 1]
+    return v1, v1[:a] + "\n\nShe said nothing more, and the matter rested there a while." + v1[b:]
+
+
+def counted(monkeypatch) -> list[int]:
+    """Leaves run through the leaf layers from now on (one entry per leaf)."""
+    computed: list[int] = []
+    leaf_part = LeafPass.leaf_part
+
+    def counting(self, prefix, piece_ids, offset, layers):
+        computed.append(offset)
+        return leaf_part(self, prefix, piece_ids, offset, layers)
+
+    monkeypatch.setattr(LeafPass, "leaf_part", counting)
+    return computed
+
+
+def tier_of(engine, document: str):
+    return engine.tiers.leaf_tier(engine.prompting.layout("", "query_aware").prefix, document)[0]
+
+
+def test_an_edited_documents_tier_computes_only_the_leaves_around_the_edit(
+    tokenizer, calibration, versions, monkeypatch
+):
+    v1, v2 = versions
+    engine = mode_engine(tokenizer, calibration, split="content")
+    engine.cache_document(v1)
+    computed = counted(monkeypatch)
+    engine.cache_document(v2)
+    tier = tier_of(engine, v2)
+    assert tier.plan.num_leaves >= 12
+    assert 1 <= len(computed) <= 3, computed
+
+    fresh = mode_engine(tokenizer, calibration, split="content")
+    computed.clear()
+    scratch = tier_of(fresh, v2)
+    assert len(computed) == scratch.plan.num_leaves, "a fresh engine holds no leaves to copy"
+    assert scratch.plan == tier.plan
+    for a, b in zip(
+        tier.keys + tier.values + (tier.hidden,), scratch.keys + scratch.values + (scratch.hidden,), strict=True
+    ):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    kept = engine.compress(v2, question=QUESTION).origin
+    assert torch.equal(kept, fresh.compress(v2, question=QUESTION).origin)
+    assert engine.answer(v2, QUESTION, max_new_tokens=4) == fresh.answer(v2, QUESTION, max_new_tokens=4)
+
+
+def test_even_splits_copy_nothing(tokenizer, calibration, versions, monkeypatch):
+    v1, v2 = versions
+    engine = mode_engine(tokenizer, calibration)
+    assert engine.tiers.leaf_index is None
+    engine.cache_document(v1)
+    computed = counted(monkeypatch)
+    engine.cache_document(v2)
+    assert len(computed) == tier_of(engine, v2).plan.num_leaves
+
+
+def store_engine(tokenizer, calibration, store):
+    from homer_integrations import HomerConfig, HomerModel
+    from homer_integrations.homer.strategies import Recipe
+    from tests.conftest import tiny_model
+
+    config = HomerConfig(max_chunk_len=128, warmup_layers=3, split="content")
+    return HomerModel(
+        tiny_model(), tokenizer, config, calibration_dir=calibration, progress=False, store=store,
+        recipe=Recipe(calibration_segments=2),
+    )  # fmt: skip
+
+
+def test_a_tier_read_from_the_store_lends_its_leaves(tokenizer, calibration, versions, monkeypatch, tmp_path):
+    v1, v2 = versions
+    assert store_engine(tokenizer, calibration, tmp_path).cache_document(v1)[1] == "computed"
+    engine = store_engine(tokenizer, calibration, tmp_path)  # a new process's memory: nothing held
+    assert engine.cache_document(v1)[1] == "disk"
+    computed = counted(monkeypatch)
+    engine.cache_document(v2)
+    assert 1 <= len(computed) <= 3, computed
+    expected = mode_engine(tokenizer, calibration, split="content")
+    assert engine.answer(v2, QUESTION, max_new_tokens=4) == expected.answer(v2, QUESTION, max_new_tokens=4)
