@@ -54,6 +54,8 @@ def _report(script: str) -> Step:
 NOVEL_QA = "benchmarks/novel_qa.py"
 RULER = "benchmarks/ruler.py"
 WHOLE_BOOK = "benchmarks/whole_book.py"
+CORPUS_QA = "benchmarks/corpus_qa.py"
+CORPUS_METHODS = ("corpus", "bm25", "per_document")
 BUDGET = ("--read-tokens", "2048")  # every method reads the same tokens, whatever the machine
 RULER_GRID = ("--lengths", "4096", "8192", "--ratios", "4", "8", "--samples", "10")
 
@@ -123,6 +125,16 @@ SUITES: dict[str, Suite] = {
                     )
                 ),
                 _report(WHOLE_BOOK),
+            ),
+        ),
+        Suite(
+            "corpus",
+            "questions across 92 chapters of both novels, one-document and two-document (invented two-hop facts), "
+            "held out: ask_corpus against BM25 retrieval and against routing to one chapter",
+            "~1.5 h",
+            (
+                Step(CORPUS_QA, ("run", "--methods", *CORPUS_METHODS, "--split", "heldout", "--limit", "18", *BUDGET)),
+                _report(CORPUS_QA),
             ),
         ),
     )
