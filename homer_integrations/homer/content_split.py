@@ -63,24 +63,33 @@ def statement_hashes(document_ids: torch.Tensor, statements: torch.Tensor | None
 
 
 def peaks(ends: np.ndarray, hashes: np.ndarray, radius: int, length: int) -> np.ndarray:
-    """The statement ends [K] (of ``ends`` [U], ascending) whose hash is the largest within ``radius``
-    tokens on either side, none within ``radius`` of the document's start or end (``length``: as if they
-    outranked every statement, so no edge leaf is tiny): a sparse table of range maxima, every window read
-    in two lookups."""
+    """The statement ends [K] (of ``ends`` [U], ascending) whose hash is larger than every other within
+    ``radius`` tokens on either side (strictly: a run of equal statements holds no peak), none within
+    ``radius`` of the document's start or end (``length``: as if they outranked every statement, so no
+    edge leaf is tiny)."""
     if ends.size == 0:
         return ends
-    table = [hashes]
-    while 2 ** len(table) <= ends.size:
+    at = np.arange(ends.size)
+    lo = np.searchsorted(ends, ends - radius, side="left")
+    hi = np.searchsorted(ends, ends + radius, side="right")
+    rival = np.maximum(range_max(hashes, lo, at), range_max(hashes, at + 1, hi))
+    return ends[(hashes > rival) & (ends > radius) & (ends < length - radius)]
+
+
+def range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``max(values[lo[i]:hi[i]])`` for every i (-1 where the range is empty; ``values`` [U] are >= 0): a
+    sparse table of range maxima, each range read in two lookups."""
+    table = [values]
+    while 2 ** len(table) <= values.size:
         prev, step = table[-1], 2 ** (len(table) - 1)
         table.append(np.maximum(prev[:-step], prev[step:]))
-    lo = np.searchsorted(ends, ends - radius, side="left")
-    hi = np.searchsorted(ends, ends + radius, side="right")  # window [lo, hi)
-    level = np.floor(np.log2(hi - lo)).astype(np.int64)
-    best = np.empty_like(hashes)
-    for k in np.unique(level):
-        at = level == k
-        best[at] = np.maximum(table[k][lo[at]], table[k][hi[at] - 2**k])
-    return ends[(hashes == best) & (ends > radius) & (ends < length - radius)]
+    out = np.full(lo.shape, -1, dtype=values.dtype)
+    size = hi - lo
+    level = np.floor(np.log2(np.maximum(size, 1))).astype(np.int64)
+    for k in np.unique(level[size > 0]):
+        sel = (level == k) & (size > 0)
+        out[sel] = np.maximum(table[k][lo[sel]], table[k][hi[sel] - 2**k])
+    return out
 
 
 def split_gap(start: int, stop: int, ends: np.ndarray, hashes: np.ndarray, max_len: int) -> list[int]:

@@ -148,3 +148,12 @@ def test_an_engine_with_content_leaves_answers_and_keys_them_apart(tokenizer, ca
     tier, _ = content.tiers.leaf_tier(content.prompting.layout("", "query_aware").prefix, text)
     assert tier.plan.bounds is not None and tier.plan.num_leaves > 1
     assert isinstance(content.answer(text, "Who?", mode="shared", max_new_tokens=2), str)
+
+
+@pytest.mark.parametrize("statements", [None, torch.arange(5600) // 8], ids=["token_windows", "statements"])
+def test_repeated_content_holds_no_peak_and_still_fills_leaves(statements):
+    """Equal statements tie: none of them is a boundary, so a repetitive document is cut by length alone
+    (not into one-token leaves)."""
+    bounds = content_bounds(torch.arange(1, 9).repeat(700), statements, 100)
+    lengths = [b - a for a, b in pairwise(bounds)]
+    assert max(lengths) <= 100 and sum(lengths) / len(lengths) >= 95
