@@ -163,6 +163,24 @@ def test_mode_goes_with_every_question_and_the_summary_says_which_served(
         assert q2.startswith("Q2: cache hit in memory")
 
 
+def test_split_content_keeps_its_own_leaf_tier(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, passage: str, tiny_cli: list[str]
+) -> None:
+    book = tmp_path / "chapter1.txt"
+    book.write_text(passage, encoding="utf-8")
+    on_disk = [a for a in tiny_cli if a != "--no-disk-cache"] + ["--cache-dir", str(tmp_path / "store")]
+    common = [str(book), "-q", "Who has taken Netherfield Park?", *on_disk, "--mode", "query_aware"]
+    common += ["--max-new-tokens", "1"]
+    sources = [
+        ask_json(capsys, *common, *split)["answers"][0]["cache_source"]
+        for split in (["--split", "content"], [], ["--split", "content"], ["--split", "even"])
+    ]
+    assert sources == ["computed", "computed", "disk", "disk"], "each split its own tier, each kept on disk"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ask", str(book), "-q", "Who?", "--split", "pages"])
+    assert exit_info.value.code == 2 and "invalid choice: 'pages'" in capsys.readouterr().err
+
+
 def test_how_the_cache_is_built_is_not_a_command_line_option(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -15,7 +15,7 @@ def add_parser(commands: Any) -> None:
     calibrate = commands.add_parser("calibrate", help="compute (once) the pruning calibration of a model")
     calibrate.set_defaults(run=run)
     options.model_options(calibrate)
-    options.homer_options(calibrate, warmup=False)
+    options.homer_options(calibrate, warmup=False, split=False)
 
 
 def run(args: argparse.Namespace) -> int:

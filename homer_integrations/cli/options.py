@@ -73,10 +73,17 @@ def model_options(parser: argparse.ArgumentParser, *, quantize: bool = True) -> 
         )
 
 
-def homer_options(parser: argparse.ArgumentParser, *, warmup: bool = True) -> None:
-    """``--max-chunk-len`` (and ``--warmup-layers``): the HOMER settings a command may change (``config``).
-    How the caches are built (``homer.strategies.Recipe``) is for research, not the command line."""
+def homer_options(parser: argparse.ArgumentParser, *, warmup: bool = True, split: bool = True) -> None:
+    """``--max-chunk-len``, ``--split`` (and ``--warmup-layers``): the HOMER settings a command may change
+    (``config``). How the caches are built (``homer.strategies.Recipe``) is for research, not the command line."""
     parser.add_argument("--max-chunk-len", type=positive_int, metavar="N", help="HOMER chunk length (tokens)")
+    if split:
+        parser.add_argument(
+            "--split",
+            choices=("even", "content"),
+            help="how a document is cut into leaves: even (default, the paper's) or content (at statement ends "
+            "chosen by the text itself, so a document you edit recomputes only the leaves around the edit)",
+        )
     if warmup:
         parser.add_argument("--warmup-layers", type=non_negative_int, metavar="N", help="HOMER warm-up layers")
 
@@ -142,6 +149,7 @@ def config(args: argparse.Namespace) -> HomerConfig:
     fields = {
         "max_chunk_len": getattr(args, "max_chunk_len", None),
         "warmup_layers": getattr(args, "warmup_layers", None),
+        "split": getattr(args, "split", None),
     }
     try:
         return HomerConfig(**{k: v for k, v in fields.items() if v is not None})
