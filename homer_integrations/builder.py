@@ -130,7 +130,7 @@ class EntryBuilder:
                 reuse=reuse,
             )
         if reuse is not None:
-            reuse.index.add(key, reuse.keys)
+            reuse.built(key)
         logger.info(
             "leaf tier of %d document tokens: %d leaves (%d copied from held tiers) x %d layers, %.1f MB, %.1fs",
             tier.document_tokens,

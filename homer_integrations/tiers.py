@@ -203,6 +203,13 @@ class DocumentTiers:
         entry = self.document_cache.get(key, spec=self.cache_spec)
         return entry if isinstance(entry, LeafTier) else None
 
+    def _leaf_reuse(self) -> LeafReuse | None:
+        """Where a leaf tier's build finds leaves already computed: the tiers this engine saw, and those the
+        store's record names (``cache.leaf_records``); None with even splits."""
+        if self.leaf_index is None:
+            return None
+        return LeafReuse(self.leaf_index, self._held_tier, self.document_cache.leaf_records(self.leaf_index.identity))
+
     def reads_tier(self, document_tokens: int) -> bool:
         """Whether a question about a document of ``document_tokens`` reads its leaf tier (``Replay.reads_tier``:
         past the model's window the default reads the text's passages and no tier)."""
@@ -229,7 +236,7 @@ class DocumentTiers:
             self.progress,
             self._indexes,
             self.document_cache.allocator,
-            lambda: None if self.leaf_index is None else LeafReuse(self.leaf_index, self._held_tier),
+            self._leaf_reuse,
         )
 
 

@@ -38,6 +38,7 @@ import torch
 
 from homer_integrations.cache.entry import FORMAT_VERSION, CacheEntry, CacheSource, E, Entry
 from homer_integrations.cache.inventory import Inventory
+from homer_integrations.cache.leaf_records import LeafRecords
 from homer_integrations.cache.local import LocalStore
 from homer_integrations.cache.lookup import Counters, Lookup
 from homer_integrations.cache.memory import MemoryLRU
@@ -132,6 +133,7 @@ class DocumentCache:
         secret = None
         if keyed is not False:
             secret = load_secret(default_secret_path() if keyed is True else Path(keyed).expanduser())
+        self._secret = secret
         self.keyed = secret is not None
         """Whether entries are signed and checked with a secret (``keyed=``)."""
         self.stored = (
@@ -223,6 +225,11 @@ class DocumentCache:
         to the build inside ``get_or_compute``'s ``compute``; if the file cannot be made, it returns
         None and the build allocates in memory instead."""
         return self.stored.allocator(key) if self.stored is not None else None
+
+    def leaf_records(self, identity: str) -> LeafRecords | None:
+        """The store's record of the leaves the leaf tiers of engine ``identity`` hold, so a new process's
+        tier build copies them (``cache.leaf_records``); None without a store."""
+        return None if self.store is None else LeafRecords(self.store, identity, self._secret)
 
     # ----------------------------------------------------------------------------- housekeeping
     def stats(self) -> CacheStats:

@@ -1,7 +1,8 @@
 """``FsspecStore``: entries under any URL fsspec knows (``s3://bucket/prefix``, ``gs://``, ``file://``, ``memory://``).
 
-Layout under the URL: ``<name>.safetensors`` and ``<name>.json`` per key, ``locks/<name>.lease``
-(``LeaseLock``, see ``flight.py``) and ``.tmp/`` (files being written).
+Layout under the URL: ``<name>.safetensors`` and ``<name>.json`` per key, ``<name>.index`` (index
+files, ``Store.read_index``), ``locks/<name>.lease`` (``LeaseLock``, see ``flight.py``) and ``.tmp/``
+(files being written).
 
 Atomic writes: on object stores (S3, GCS, Azure, memory) one PUT is atomic by the service (an
 object appears whole or not at all), so each file is put under its final name. Elsewhere
@@ -32,7 +33,16 @@ from fsspec.implementations.local import LocalFileSystem
 from homer_integrations.cache.entry import MAX_MANIFEST_BYTES, own_manifest, unusable_manifest
 from homer_integrations.cache.files import OverLimit, read_regular
 from homer_integrations.cache.flight import KeyLock, LeaseLock, LockTimeout
-from homer_integrations.cache.store_base import MANIFEST, TENSORS, Store, entry_name, oversized_is_ours
+from homer_integrations.cache.store_base import (
+    INDEX,
+    INDEX_NAME,
+    MANIFEST,
+    MAX_INDEX_BYTES,
+    TENSORS,
+    Store,
+    entry_name,
+    oversized_is_ours,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +167,20 @@ class FsspecStore(Store):
     def write_manifest(self, key: str, manifest: bytes) -> None:
         self._put(self.paths(key)[1], manifest)
 
+    def index_path(self, name: str) -> str:
+        if not INDEX_NAME.fullmatch(name):
+            raise ValueError(f"not an index file name: {name!r}")
+        return f"{self.root}/{name}{INDEX}"
+
+    def read_index(self, name: str) -> bytes | None:
+        try:
+            return self._read(self.index_path(name), MAX_INDEX_BYTES)
+        except FileNotFoundError:
+            return None
+
+    def write_index(self, name: str, data: bytes) -> None:
+        self._put(self.index_path(name), data)
+
     def remove(self, key: str) -> bool:
         removed = False
         for path in reversed(self.paths(key)):  # the manifest first: no reader then sees it alone
@@ -202,6 +226,11 @@ class FsspecStore(Store):
         for manifest, _ in self.listing():
             keys.add(manifest["key"])
             self.remove(manifest["key"])
+        with contextlib.suppress(OSError, ValueError):
+            for path in self._io.ls(self.root, detail=False):
+                name = path.rstrip("/").rsplit("/", 1)[-1]
+                if name.endswith(INDEX) and INDEX_NAME.fullmatch(name.removesuffix(INDEX)):
+                    self._rm_file(path)
         for folder in (TMP_DIR, LOCK_DIR):
             inside = f"{self.root}/{folder}/"
             with contextlib.suppress(OSError, ValueError):

@@ -1,7 +1,8 @@
 """``LocalStore``: entries as files in one directory, optionally within a byte budget (LRU eviction).
 
 Per key ``<name>.safetensors`` and ``<name>.json``; ``locks/<name>.lock`` are the per-key file
-locks. Each file is written to a temporary name beside it (fsync'd) and renamed into place.
+locks; ``<name>.index`` are index files (``Store.read_index``, outside the byte budget). Each file
+is written to a temporary name beside it (fsync'd) and renamed into place.
 With a budget, a writer holds ``locks/.budget.lock`` while it evicts the least recently used
 entries (by the manifest's modification time, which every read refreshes) to make room and then
 renames its files in, so the entries never exceed the budget, however many processes write.
@@ -33,7 +34,10 @@ from homer_integrations.cache.entry import MAX_MANIFEST_BYTES, own_manifest, unu
 from homer_integrations.cache.files import OverLimit, own_directory, read_regular, regular_size, regular_stat
 from homer_integrations.cache.flight import FileKeyLock, KeyLock, remove_unheld_lock
 from homer_integrations.cache.store_base import (
+    INDEX,
+    INDEX_NAME,
     MANIFEST,
+    MAX_INDEX_BYTES,
     SAFE_NAME,
     TENSORS,
     DiskBudgetError,
@@ -45,7 +49,7 @@ from homer_integrations.cache.store_base import (
 
 logger = logging.getLogger(__name__)
 
-TEMP_NAME = re.compile(r"\.[0-9A-Za-z_-][0-9A-Za-z_.-]{0,127}\.(json|safetensors)\.\d+\.[0-9a-f]{8}\.tmp")
+TEMP_NAME = re.compile(r"\.[0-9A-Za-z_-][0-9A-Za-z_.-]{0,127}\.(json|safetensors|index)\.\d+\.[0-9a-f]{8}\.tmp")
 BUDGET_LOCK = ".budget.lock"
 
 
@@ -83,6 +87,28 @@ class LocalStore(Store):
         """The safetensors file to map, when it is a regular file (else ``read_tensors`` says why not)."""
         path = self.paths(key)[0]
         return path if _is_regular(path) else None
+
+    def index_path(self, name: str) -> Path:
+        if not INDEX_NAME.fullmatch(name):
+            raise ValueError(f"not an index file name: {name!r}")
+        return self.directory / f"{name}{INDEX}"
+
+    def read_index(self, name: str) -> bytes | None:
+        try:
+            return read_regular(self.index_path(name), MAX_INDEX_BYTES)
+        except FileNotFoundError:
+            return None
+
+    def write_index(self, name: str, data: bytes) -> None:
+        path = self.index_path(name)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        staged = _stage(path, data)
+        try:
+            os.replace(staged, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                staged.unlink()
+            raise
 
     def touch(self, key: str) -> None:
         with contextlib.suppress(OSError, NotImplementedError):
@@ -156,7 +182,7 @@ class LocalStore(Store):
             _remove_entry_files(path)
         with contextlib.suppress(OSError):
             for path in self.directory.iterdir():
-                if TEMP_NAME.fullmatch(path.name):
+                if TEMP_NAME.fullmatch(path.name) or (path.suffix == INDEX and INDEX_NAME.fullmatch(path.stem)):
                     _unlink_file(path)
         locks = self.directory / "locks"
         if locks.is_dir() and not locks.is_symlink():

@@ -7,7 +7,8 @@ piece's token ids), and ``LeafIndex`` remembers where each content key was last 
 leaf index). Building another tier, ``LeafReuse`` finds each of its leaves there and, if that tier is
 still held (memory or store), copies the leaf instead of running the leaf layers on it. With a
 content-defined split (``content_split``) an edit changes only the leaves around it, so every other
-leaf of the new version is copied.
+leaf of the new version is copied. Where the engine has a store, ``records`` keeps the same in the
+store (``cache.leaf_records``), so a new process finds the leaves of tiers an earlier one built.
 """
 
 from __future__ import annotations
@@ -16,11 +17,24 @@ import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
 from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.leaf_tier import LeafTier
+
+
+class Records(Protocol):
+    """Where an index's tiers are recorded beyond the process (``cache.leaf_records.LeafRecords``)."""
+
+    def read(self) -> list[tuple[str, list[str]]]:
+        """(tier key, content keys of its leaves) of every tier recorded; never raises."""
+        ...
+
+    def append(self, tier: str, leaves: list[str]) -> None:
+        """Record a tier's content keys (best effort, never raises)."""
+        ...
 
 
 class LeafIndex:
@@ -71,19 +85,37 @@ class LeafIndex:
         with self._lock:
             return self._seen.get(key)
 
+    def load(self, records: Records) -> None:
+        """Add the tiers ``records`` holds that this index has not seen (oldest first: the newest win)."""
+        for tier_key, keys in records.read():
+            if not self.has_tier(tier_key):
+                self.add(tier_key, keys)
+
 
 class LeafReuse:
     """A tier build's source of already computed leaves: ``index`` says where each was seen, ``held(key)``
-    gives that tier if it is still held (never computing it)."""
+    gives that tier if it is still held (never computing it); ``records``: the store's record of tiers,
+    read when the index misses a leaf and told of the tier built (None: memory only)."""
 
-    def __init__(self, index: LeafIndex, held: Callable[[str], LeafTier | None]) -> None:
-        self.index, self.held = index, held
+    def __init__(
+        self, index: LeafIndex, held: Callable[[str], LeafTier | None], records: Records | None = None
+    ) -> None:
+        self.index, self.held, self.records = index, held, records
         self.keys: list[str] = []
         self.copied = 0
 
     def prepare(self, prefix_ids: torch.Tensor, document_ids: torch.Tensor, plan: ChunkPlan, leaf_layers: int) -> None:
-        """Content keys of the leaves about to be built (``plan``'s, over these token ids)."""
+        """Content keys of the leaves about to be built (``plan``'s, over these token ids); the store's
+        record is read in when the index misses any of them."""
         self.keys = self.index.keys(prefix_ids, document_ids, plan, leaf_layers)
+        if self.records is not None and any(self.index.find(key) is None for key in self.keys):
+            self.index.load(self.records)
+
+    def built(self, tier_key: str) -> None:
+        """The tier of the prepared leaves was built under ``tier_key``: remembered, and recorded in the store."""
+        self.index.add(tier_key, self.keys)
+        if self.records is not None:
+            self.records.append(tier_key, self.keys)
 
     def take(self, index: int, length: int, leaf_layers: int) -> tuple[LeafTier, slice] | None:
         """Where leaf ``index`` (``length`` document tokens) lies in a held tier: that tier and its piece's

@@ -1,5 +1,7 @@
 """An edited document's leaf tier copies the leaves its edit did not touch from the tier of the version before."""
 
+import json
+
 import pytest
 import torch
 
@@ -95,3 +97,59 @@ def test_a_tier_read_from_the_store_lends_its_leaves(tokenizer, calibration, ver
     assert 1 <= len(computed) <= 3, computed
     expected = mode_engine(tokenizer, calibration, split="content")
     assert engine.answer(v2, QUESTION, max_new_tokens=4) == expected.answer(v2, QUESTION, max_new_tokens=4)
+
+
+def assert_same_tier(tier, other) -> None:
+    assert tier.plan == other.plan
+    for a, b in zip(tier.keys + tier.values + (tier.hidden,), other.keys + other.values + (other.hidden,), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+def test_a_new_process_copies_the_leaves_of_a_tier_an_earlier_one_stored(
+    tokenizer, calibration, versions, monkeypatch, tmp_path
+):
+    v1, v2 = versions
+    assert store_engine(tokenizer, calibration, tmp_path).cache_document(v1)[1] == "computed"
+    (index,) = tmp_path.glob("leaves-*.index")
+    engine = store_engine(tokenizer, calibration, tmp_path)  # a new process: it never saw v1
+    computed = counted(monkeypatch)
+    assert engine.cache_document(v2)[1] == "computed"
+    tier = tier_of(engine, v2)
+    assert 1 <= len(computed) <= 3 < tier.plan.num_leaves, computed
+    assert len(index.read_bytes().splitlines()) == 2, "v2's tier recorded too"
+    expected = mode_engine(tokenizer, calibration, split="content")
+    assert_same_tier(tier, tier_of(expected, v2))
+    assert engine.answer(v2, QUESTION, max_new_tokens=4) == expected.answer(v2, QUESTION, max_new_tokens=4)
+
+
+def forge(index) -> None:
+    """The record's leaves listed in another order, its check left as it was."""
+    record = json.loads(index.read_bytes())
+    index.write_text(json.dumps({**record, "leaves": record["leaves"][::-1]}) + "\n")
+
+
+DAMAGE = {
+    "deleted": lambda index: index.unlink(),
+    "corrupted": lambda index: index.write_bytes(index.read_bytes()[:50] + b"\xff\x00garbage\n" * 3),
+    "forged": forge,
+}
+
+
+@pytest.mark.parametrize("damage", [*DAMAGE, "tier evicted"])
+def test_a_damaged_leaf_index_or_an_evicted_tier_only_costs_recomputation(
+    tokenizer, calibration, versions, monkeypatch, tmp_path, damage
+):
+    v1, v2 = versions
+    first = store_engine(tokenizer, calibration, tmp_path)
+    first.cache_document(v1)
+    (index,) = tmp_path.glob("leaves-*.index")
+    if damage in DAMAGE:
+        DAMAGE[damage](index)
+    else:
+        assert first.document_cache.discard(first.entry_key(v1))
+    engine = store_engine(tokenizer, calibration, tmp_path)
+    computed = counted(monkeypatch)
+    engine.cache_document(v2)
+    tier = tier_of(engine, v2)
+    assert len(computed) == tier.plan.num_leaves, "nothing copied"
+    assert_same_tier(tier, tier_of(mode_engine(tokenizer, calibration, split="content"), v2))
