@@ -128,6 +128,13 @@ SUITES: dict[str, Suite] = {
             ),
         ),
         Suite(
+            "edits",
+            "an edited book's leaf tier (content-defined leaves): the leaves one paragraph's edit recomputes and its "
+            "time against the full build, the even split beside it, one edit checked against a from-scratch build",
+            "~15 min",
+            (Step("benchmarks/leaf_edits.py", ("--verify", "1")),),
+        ),
+        Suite(
             "corpus",
             "questions across 92 chapters of both novels, one-document and two-document (invented two-hop facts), "
             "held out: ask_corpus against BM25 retrieval and against routing to one chapter",
