@@ -1,4 +1,5 @@
-"""Fixtures for the LangChain adapter tests: documents cut from the bundled novel by token count."""
+"""Fixtures for the LangChain adapter tests: documents cut from the bundled novel by token count, and
+fresh engines (SmolLM2, or a tiny random-weight Llama for plumbing tests) with empty document caches."""
 
 from __future__ import annotations
 
@@ -34,3 +35,15 @@ def fresh_engine(smol_parts):
     defaults = ModelDefaults(max_chunk_len=SMOLLM2.max_chunk_len, warmup_layers=SMOLLM2.warmup_layers)
     config = HomerConfig(mode="shared")
     return HomerModel(model, tokenizer, config, model_name=SMOLLM2.name, defaults=defaults, progress=False)
+
+
+@pytest.fixture
+def tiny_engine(tokenizer, calibration):
+    """A new engine over a tiny random-weight Llama with the real SmolLM2 tokenizer (``mode_engine``:
+    ``max_chunk_len`` 128, so a 2,000-token document is a 16-leaf tree) and an empty document cache,
+    answering from the shared root. For plumbing tests (compress once, read the cache, usage metadata):
+    one compression takes about a second where SmolLM2's head-wise root takes 40. Its answers are
+    arbitrary but deterministic tokens (greedy): tests check their counts, not their words."""
+    from tests.conftest import mode_engine
+
+    return mode_engine(tokenizer, calibration, mode="shared")
