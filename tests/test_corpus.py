@@ -190,7 +190,9 @@ def test_ray_workers_report_a_worker_that_died_for_good_then_retry_a_killed_one_
         [corpus], s3_url, model=model_dir, config=CONFIG, ray_address="local", workers=2, retries=0,
         progress=False, worker_class=DiesOnce,
     )  # fmt: skip
-    assert (corpus / "doc1.died").exists(), "the worker died in the middle of the run"
+    # a worker that failed before reaching doc1 (its start, its model load) leaves no mark: say why it failed
+    errors = {Path(d.path).name: d.error for d in report.documents if d.error}
+    assert (corpus / "doc1.died").exists(), f"no worker reached doc1 to die on it; the run's errors: {errors}"
     assert not report.ok and report.backend == "ray" and report.workers == 2
     assert statuses(report)["doc1.txt"] == "failed" and "died" in (report.documents[1].error or "")
     assert statuses(report) | {"doc1.txt": "compressed"} == dict.fromkeys(statuses(report), "compressed")
