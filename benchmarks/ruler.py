@@ -176,7 +176,8 @@ def kvpress_job(sample: RulerSample, document_suffix: str) -> dict:
 
 # ----------------------------------------------------------------------------------- results
 def row_key(row: dict) -> tuple:
-    return (row["task"], row["length"], row["method"], float(row["ratio"]), row["index"])
+    # the dtype too: a bfloat16 run must neither skip nor replace a float32 row (rows before it: float32)
+    return (row["task"], row["length"], row["method"], float(row["ratio"]), row["index"], row.get("dtype", "float32"))
 
 
 def load_rows(path: Path = RESULTS_FILE) -> list[dict]:
@@ -429,7 +430,7 @@ def run(args: argparse.Namespace) -> None:
             (task, length, i)
             for i in indices
             for task in args.tasks
-            if any((task, length, method, r, i) not in done for r in ratios)
+            if any((task, length, method, r, i, args.dtype) not in done for r in ratios)
         ]
 
     def jobs_file(keys: list[tuple[str, int, int]], rows: list[dict] | None = None) -> Path:
