@@ -1,7 +1,7 @@
 """How HOMER builds what ``HomerConfig`` asks for: the shared root's builder, the per-question replay, and
 the ``Recipe`` that holds them with the scoring and the two remaining research switches.
 
-A user sets ``HomerConfig`` (six fields); the defaults here are the measured best, and the variants that
+A user sets ``HomerConfig`` (seven fields); the defaults here are the measured best, and the variants that
 lost their measurements stay reachable for ``benchmarks/`` and ``research/``:
 ``HomerModel(recipe=Recipe(shared_root=TreeRoot(), replay=FlatReplay()))``. Each unit is a frozen
 dataclass whose ``repr`` names it and its parameters, so it can be part of a document-cache key, as
