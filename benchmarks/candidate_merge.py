@@ -30,7 +30,7 @@ import torch
 
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.nodes import CompressionResult
-from homer_integrations.homer.strategies import CompressorFor, PassageReplay, RecomputeReplay, Reread
+from homer_integrations.homer.strategies import CompressorFor, PassageReplay, PassageRoom, Reread
 
 
 @dataclass(frozen=True)
@@ -52,19 +52,17 @@ class CandidateMerge:
         compressor: CompressorFor,
         reread: Callable[[], Reread],
     ) -> CompressionResult:
-        started = time.perf_counter()
-        inputs = reread()
-        chosen = compressor(0)
-        room = self.passages.room(inputs, chosen.nodes.settings, suffix_ids)
-        if room is None:
-            return RecomputeReplay().replay(leaf_tier, suffix_ids, compressor, lambda: inputs)
-        passages, budget, _ = room
-        pool = self.passages.selection.select(inputs.question, None, passages, max(self.candidates, budget))
+        return self.passages.read(leaf_tier, suffix_ids, compressor, reread, self.read)
+
+    def read(self, room: PassageRoom) -> CompressionResult:
+        """BM25's best ``candidates`` tokens of ``room``'s passages, narrowed by question attention, re-read."""
+        inputs = room.inputs
+        pool = self.passages.selection.select(inputs.question, None, room.passages, max(self.candidates, room.budget))
         units = inputs.document.units(self.unit)
         # the candidates' units, renumbered 0..U-1 in order (units cut by a passage's edge stay one unit)
         word_ids = None if units is None else torch.unique_consecutive(units[pool], return_inverse=True)[1]
-        result = chosen.flat.compress_flat(
-            inputs.prefix_ids, inputs.document_ids[pool], suffix_ids, word_ids=word_ids, recompute=True
+        result = room.chosen.flat.compress_flat(
+            inputs.prefix_ids, inputs.document_ids[pool], room.suffix_ids, word_ids=word_ids, recompute=True
         )
         origin = torch.where(result.origin >= 0, pool[result.origin.clamp(min=0)], -1)
-        return replace(result, origin=origin, seconds=time.perf_counter() - started)
+        return replace(result, origin=origin, seconds=time.perf_counter() - room.started)

@@ -16,7 +16,6 @@ against 8/16 for the package's layout. None helped, so they stay here.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -28,7 +27,7 @@ from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.nodes import CompressionResult
 from homer_integrations.homer.passages import Passages, PassageSelection
 from homer_integrations.homer.prompt import encode
-from homer_integrations.homer.strategies import CompressorFor, PassageReplay, RecomputeReplay, Reread
+from homer_integrations.homer.strategies import CompressorFor, PassageReplay, PassageRoom, Reread
 
 
 def taken_runs(
@@ -63,14 +62,12 @@ class LaidOutPassages:
         compressor: CompressorFor,
         reread: Callable[[], Reread],
     ) -> CompressionResult:
-        started = time.perf_counter()
-        inputs = reread()
-        chosen = compressor(0)
-        room = self.passages.room(inputs, chosen.nodes.settings, suffix_ids)
-        if room is None:
-            return RecomputeReplay().replay(leaf_tier, suffix_ids, compressor, lambda: inputs)
-        passages, budget, plan = room
-        runs = taken_runs(self.passages.selection, inputs.question, passages, budget, self.rank)
+        return self.passages.read(leaf_tier, suffix_ids, compressor, reread, self.read)
+
+    def read(self, room: PassageRoom) -> CompressionResult:
+        """The passages ``room`` keeps, in this layout, re-read."""
+        inputs = room.inputs
+        runs = taken_runs(self.passages.selection, inputs.question, room.passages, room.budget, self.rank)
         tokenizer = inputs.document.tokenizer
         gap = encode(tokenizer, self.separator)
         ids, origin = [], []
@@ -83,9 +80,8 @@ class LaidOutPassages:
         joined, back = torch.cat(ids), torch.cat(origin)
         head = encode(tokenizer, self.question_first.format(question=inputs.question))
         every = torch.arange(joined.numel())
-        result = recompute.reread(
-            chosen.nodes, plan, torch.cat([inputs.prefix_ids, head]), joined, every, suffix_ids, started
-        )
+        prefix = torch.cat([inputs.prefix_ids, head])
+        result = recompute.reread(room.chosen.nodes, room.plan, prefix, joined, every, room.suffix_ids, room.started)
         return replace(result, origin=torch.where(result.origin >= 0, back[result.origin.clamp(min=0)], -1))
 
 

@@ -102,13 +102,7 @@ class LocalStore(Store):
     def write_index(self, name: str, data: bytes) -> None:
         path = self.index_path(name)
         self.directory.mkdir(parents=True, exist_ok=True)
-        staged = _stage(path, data)
-        try:
-            os.replace(staged, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                staged.unlink()
-            raise
+        _replace_with(path, data)
 
     def touch(self, key: str) -> None:
         with contextlib.suppress(OSError, NotImplementedError):
@@ -145,14 +139,7 @@ class LocalStore(Store):
                     path.unlink()
 
     def write_manifest(self, key: str, manifest: bytes) -> None:
-        path = self.paths(key)[1]
-        staged = _stage(path, manifest)
-        try:
-            os.replace(staged, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                staged.unlink()
-            raise
+        _replace_with(self.paths(key)[1], manifest)
 
     def remove(self, key: str) -> bool:
         return _remove_entry_files(self.paths(key)[1])
@@ -270,6 +257,17 @@ def _synced(path: Path) -> Path:
     with path.open("rb+") as f:
         os.fsync(f.fileno())
     return path
+
+
+def _replace_with(path: Path, data: bytes) -> None:
+    """``path`` atomically replaced by a file holding ``data`` (``_stage``d, then renamed in)."""
+    staged = _stage(path, data)
+    try:
+        os.replace(staged, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            staged.unlink()
+        raise
 
 
 def _stage(path: Path, data: bytes) -> Path:

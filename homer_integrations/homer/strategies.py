@@ -282,6 +282,20 @@ class TreeReplay:
         return compressor(0).tree.replay(leaf_tier(), suffix_ids)
 
 
+class PassageRoom(NamedTuple):
+    """What a passage re-read works with: the call's ``inputs``, the ``chosen`` compressor, the document's
+    ``passages``, the tokens they may fill (``budget``), the split the re-read reports with (``plan``),
+    the question's suffix [S] and when the question's work began (``started``, ``time.perf_counter()``)."""
+
+    inputs: Reread
+    chosen: HomerCompressor
+    passages: Passages
+    budget: int
+    plan: ChunkPlan
+    suffix_ids: torch.Tensor
+    started: float
+
+
 @dataclass(frozen=True)
 class PassageReplay:
     """Whole passages ranked by BM25 (fused with question attention when the selection weighs it:
@@ -303,16 +317,34 @@ class PassageReplay:
         compressor: CompressorFor,
         reread: Callable[[], Reread],
     ) -> CompressionResult:
+        def select_and_reread(room: PassageRoom) -> CompressionResult:
+            inputs, chosen = room.inputs, room.chosen
+            scores = chosen.flat.document_scores(leaf_tier(), suffix_ids) if self.selection.attention > 0 else None
+            kept = self.selection.select(inputs.question, scores, room.passages, room.budget)
+            return recompute.reread(
+                chosen.nodes, room.plan, inputs.prefix_ids, inputs.document_ids, kept, suffix_ids, room.started
+            )
+
+        return self.read(leaf_tier, suffix_ids, compressor, reread, select_and_reread)
+
+    def read(
+        self,
+        leaf_tier: Callable[[], LeafTier],
+        suffix_ids: torch.Tensor,
+        compressor: CompressorFor,
+        reread: Callable[[], Reread],
+        read: Callable[[PassageRoom], CompressionResult],
+    ) -> CompressionResult:
+        """``read``'s root from the document's passages (``room``), or ``RecomputeReplay``'s where the
+        document fits ``final_cache_len`` or has no statements: what every passage replay (this one's
+        selection, the benchmarks' ablations) shares."""
         started = time.perf_counter()
         inputs = reread()
         chosen = compressor(0)
         room = self.room(inputs, chosen.nodes.settings, suffix_ids)
         if room is None:
             return RecomputeReplay().replay(leaf_tier, suffix_ids, compressor, lambda: inputs)
-        passages, budget, plan = room
-        scores = chosen.flat.document_scores(leaf_tier(), suffix_ids) if self.selection.attention > 0 else None
-        kept = self.selection.select(inputs.question, scores, passages, budget)
-        return recompute.reread(chosen.nodes, plan, inputs.prefix_ids, inputs.document_ids, kept, suffix_ids, started)
+        return read(PassageRoom(inputs, chosen, *room, suffix_ids, started))
 
     def room(
         self, inputs: Reread, settings: CompressorSettings, suffix_ids: torch.Tensor

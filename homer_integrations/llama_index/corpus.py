@@ -63,14 +63,9 @@ class HomerCorpusQueryEngine(BaseQueryEngine):
     @classmethod
     def from_directory(cls, path: str | Path, *, recursive: bool = True, **kwargs: Any) -> HomerCorpusQueryEngine:
         """Read every supported file under ``path`` whole (see ``HomerDirectoryReader``) and query across them."""
-        from homer_integrations.llama_index.readers import HomerDirectoryReader
+        from homer_integrations.llama_index.readers import read_directory
 
-        reader = HomerDirectoryReader(path, recursive=recursive)
-        documents = reader.load_data()
-        if not documents:
-            problems = "; ".join(str(e) for e in reader.errors) or "no supported files"
-            raise ValueError(f"no documents could be read from {path}: {problems}")
-        return cls(documents, **kwargs)
+        return cls(read_directory(path, recursive=recursive), **kwargs)
 
     @property
     def llm(self) -> HomerLLM:

@@ -111,3 +111,14 @@ class HomerDirectoryReader(BaseReader):
             elif result.error is not None:
                 logger.warning("skipped %s", result.error)
                 self.errors.append(result.error)
+
+
+def read_directory(path: str | Path, *, recursive: bool = True) -> list[Document]:
+    """Every supported file under ``path``, whole (``HomerDirectoryReader``); ``ValueError`` naming what
+    went wrong when none could be read (the query engines' ``from_directory``)."""
+    reader = HomerDirectoryReader(path, recursive=recursive)
+    documents = reader.load_data()
+    if not documents:
+        problems = "; ".join(str(e) for e in reader.errors) or "no supported files"
+        raise ValueError(f"no documents could be read from {path}: {problems}")
+    return documents
