@@ -21,6 +21,9 @@ is in the document. Methods, each one engine per model with default settings (wh
   recorded as ``query_aware`` and renamed).
 - ``query_aware_tree``: the recipe of 2026-11-25 replaying the paper's merge tree instead
   (``TreeReplay``, the default before; its rows were recorded as ``query_aware`` and renamed).
+- ``query_aware_content``: ``query_aware`` with content-defined leaves (``HomerConfig(split="content")``:
+  leaves cut at statement ends the text chooses, so an edited document recomputes only the leaves
+  around its edit), for what that split costs in accuracy.
 
 Rows (one per model, length, method and question) are appended to ``results/novel_qa_rows.jsonl``
 and skipped on a re-run, so the grid fills over several runs. Recorded per row: the answer,
@@ -48,7 +51,15 @@ from homer_integrations.question_sets import QuestionSet, question_set
 
 RESULTS = Path(__file__).parent / "results"
 ROWS = RESULTS / "novel_qa_rows.jsonl"
-METHODS = ("full", "shared", "query_aware", "query_aware_stmt_mean", "query_aware_stmt_max", "query_aware_tree")
+METHODS = (
+    "full",
+    "shared",
+    "query_aware",
+    "query_aware_stmt_mean",
+    "query_aware_stmt_max",
+    "query_aware_tree",
+    "query_aware_content",
+)
 PINNED = {"query_aware_stmt_mean": "recompute", "query_aware_tree": "tree"}
 """Methods that answer with the question recipe of 2026-11-25, and the replay each was measured with."""
 MODELS = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
@@ -120,6 +131,9 @@ def run(args: argparse.Namespace) -> None:
         }
         pinned["query_aware_stmt_max"] = HomerModel(
             engine.model, engine.tokenizer, HomerConfig(), model_name=name, progress=False, recipe=recipe_of(best_only)
+        )
+        pinned["query_aware_content"] = HomerModel(
+            engine.model, engine.tokenizer, HomerConfig(split="content"), model_name=name, progress=False
         )
         for tokens in args.tokens:
             doc = excerpt(engine, text, tokens)
@@ -258,6 +272,7 @@ def plot(summary: list[dict]) -> None:
         "query_aware_stmt_mean": "HOMER per question (recompute, statement mean)",
         "query_aware_stmt_max": "HOMER per question (recompute, statement best)",
         "query_aware_tree": "HOMER per question (tree)",
+        "query_aware_content": "HOMER per question (content-defined leaves)",
     }
     width = 0.8 / len(METHODS)
     for j, method in enumerate(METHODS):
