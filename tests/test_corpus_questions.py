@@ -73,6 +73,28 @@ def test_past_the_window_bm25_cites_the_document_that_shares_the_rare_words(engi
     assert answer.info.output_tokens == 2 and answer.info.total_seconds >= answer.info.compress_seconds > 0
 
 
+def test_past_the_window_a_kept_passage_rereads_its_documents_header(engine, long_corpus) -> None:
+    """The re-read's kept tokens (``stream_corpus``'s ``compress_span``) hold the ``Document:`` line of
+    every document a kept passage starts in, so the model reads which document it is in."""
+    layout = engine.layout(QUESTION, "query_aware")
+    text = long_corpus.text
+    found = engine.compress_span(layout.prefix, text, layout.suffix, question=QUESTION, mode="query_aware")
+    offsets = engine.token_offsets(text)
+    kept = found.document.origin[found.document.origin >= 0].unique()
+    breaks = (kept[1:] != kept[:-1] + 1).nonzero()[:, 0] + 1
+    firsts = [int(offsets[run[0], 0]) for run in torch.tensor_split(kept, breaks)]  # each kept run's first char
+    named = set()
+    for doc, (start, end) in zip(long_corpus, long_corpus.spans, strict=True):
+        if not any(start <= first < end for first in firsts):
+            continue  # no kept run starts in this document's text
+        line = text.rindex(HEADER.format(name=doc.name), 0, start)
+        header = ((offsets[:, 0] < line + len(f"Document: {doc.name}")) & (offsets[:, 1] > line)).nonzero()[:, 0]
+        assert set(header.tolist()) <= set(kept.tolist()), f"{doc.name}'s header is re-read with its passage"
+        named.add(doc.name)
+    assert "b.txt" in named, "the passage with the rare words is kept, under its header"
+    assert found.document.num_tokens <= 128
+
+
 def test_within_the_window_the_sources_are_exact_and_the_tier_is_reused(engine, novel) -> None:
     corpus = Corpus(short_texts(novel))
     assert engine.count_tokens(corpus.text) < engine.context_window

@@ -6,10 +6,11 @@
 
 The documents are laid out as one text (``Corpus.text``: each introduced by a ``Document: <name>`` line and
 a blank line, separated by blank lines) and answered by the engine's per-question path (``query_aware``),
-so the selection is global: past the model's window one BM25 ranking of every document's passages, within
-it HOMER's question-aware pruning; one re-read, one answer. The kept tokens' origins map, through the
-tokenizer's offsets, to character ranges of that text, then to ``Source``s: (document, start, end) in the
-document's own text, ranges merged where they touch, headers left out.
+so the selection is global: past the model's window one BM25 ranking of every document's passages, each
+re-read with its document's header (``PassageSelection.heading``) so the model can name the document it
+read; within it HOMER's question-aware pruning; one re-read, one answer. The kept tokens' origins map,
+through the tokenizer's offsets, to character ranges of that text, then to ``Source``s: (document, start,
+end) in the document's own text, ranges merged where they touch, headers left out.
 """
 
 from __future__ import annotations

@@ -11,10 +11,13 @@ ranks far worse than BM25, and fusing it with BM25 (reciprocal-rank fusion, ``at
 alone over the same passages (28 of 36 at 2k and 4k tokens; at 1k the fusion 26, BM25 25): at this
 length whole passages, not attention, close the gap to the retrieval route. So BM25 alone is the
 default (``attention=0``), and it needs no leaf tier: the selection reads the document's text only.
+A kept passage also keeps the heading it falls under (a corpus's ``Document: <name>`` line), so the
+model knows which document it read.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,14 +31,20 @@ class Passages:
     ``overlap`` tokens before it (as a text splitter's chunks overlap, so a fact at a passage's start
     keeps the sentence that leads to it).
 
-    ``starts``, ``stops`` [M]: each passage's document token span (overlap included); ``index``: BM25
-    over the passages' texts.
+    ``starts``, ``stops`` [M]: each passage's document token span (overlap included); ``headings`` [M, 2]:
+    the token span of the heading each passage falls under (``heading_spans``; [0, 0], empty, where none
+    does); ``index``: BM25 over the passages' texts.
     """
 
-    def __init__(self, starts: torch.Tensor, stops: torch.Tensor, texts: Sequence[str]) -> None:
+    def __init__(
+        self, starts: torch.Tensor, stops: torch.Tensor, texts: Sequence[str], headings: torch.Tensor | None = None
+    ) -> None:
         if not (len(texts) == starts.numel() == stops.numel()) or not bool((stops > starts).all()):
             raise ValueError(f"{len(texts)} passage texts for {starts.numel()} spans, or an empty span")
         self.starts, self.stops = starts, stops
+        self.headings = torch.zeros(starts.numel(), 2, dtype=torch.long) if headings is None else headings
+        if self.headings.shape != (starts.numel(), 2):
+            raise ValueError(f"heading spans {tuple(self.headings.shape)} for {starts.numel()} passages")
         self.index = BM25Index([t if t.strip() else "-" for t in texts])
 
     def __len__(self) -> int:
@@ -43,21 +52,37 @@ class Passages:
 
     @classmethod
     def of(
-        cls, tokenizer, document_ids: torch.Tensor, statements: torch.Tensor, tokens: int, overlap: int = 0
+        cls,
+        tokenizer,
+        document_ids: torch.Tensor,
+        statements: torch.Tensor,
+        tokens: int,
+        overlap: int = 0,
+        heading: str | None = None,
     ) -> Passages:
         """The passages of a document's token ids [N] whose statement index per token is ``statements``
-        [N] (``unit_ids(..., "statement")``); see ``spans``."""
+        [N] (``unit_ids(..., "statement")``); see ``spans``. A statement whose stripped text fullmatches
+        the regex ``heading`` is a heading (None: there are none); see ``heading_spans``."""
         counts = torch.bincount(statements - statements.min())
         counts = counts[counts > 0]
         texts = tokenizer.batch_decode([p.tolist() for p in torch.split(document_ids, counts.tolist())])
         ends = [t.rstrip(" \t").endswith("\n\n") for t in texts]
         starts, stops = spans(counts, ends, tokens, overlap)
         pieces = [document_ids[a:b].tolist() for a, b in zip(starts.tolist(), stops.tolist(), strict=True)]
-        return cls(starts, stops, tokenizer.batch_decode(pieces))
+        # the statement splitter ends a statement at a line break, so a heading line is a statement of its own
+        # (a corpus's header "Document: <name>\n\n" is followed by a blank line), unless the line itself holds
+        # a sentence end followed by a space (a name such as "Notes. Draft"): such a heading is not found
+        is_heading = [heading is not None and re.fullmatch(heading, t.strip()) is not None for t in texts]
+        headings = heading_spans(counts, torch.tensor(is_heading, dtype=torch.bool), starts)
+        return cls(starts, stops, tokenizer.batch_decode(pieces), headings)
 
     def tokens(self, passage: int) -> torch.Tensor:
         """Document token indices of ``passage``."""
         return torch.arange(int(self.starts[passage]), int(self.stops[passage]))
+
+    def heading(self, passage: int) -> torch.Tensor:
+        """Document token indices of the heading ``passage`` falls under (none where it falls under none)."""
+        return torch.arange(int(self.headings[passage, 0]), int(self.headings[passage, 1]))
 
     def best(self, scores: torch.Tensor) -> torch.Tensor:
         """Each passage's best token score [M] from the document's scores [N]."""
@@ -90,13 +115,26 @@ def spans(
     return (torch.tensor(starts, dtype=torch.long) - overlap).clamp(min=0), stops
 
 
+def heading_spans(counts: torch.Tensor, is_heading: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """The token span [M, 2] of the heading each passage starting at ``starts`` [M] falls under: the last
+    statement (of ``counts`` [U] tokens) flagged by ``is_heading`` [U] that starts at or before the
+    passage's start; [0, 0] where none does."""
+    if not bool(is_heading.any()):
+        return torch.zeros(starts.numel(), 2, dtype=torch.long)
+    ends = counts.cumsum(0)
+    spans = torch.stack([(ends - counts)[is_heading], ends[is_heading]], dim=1)  # [H, 2]
+    found = torch.searchsorted(spans[:, 0].contiguous(), starts, right=True) - 1  # [M]
+    return torch.where((found >= 0)[:, None], spans[found.clamp(min=0)], 0)
+
+
 @dataclass(frozen=True)
 class PassageSelection:
     """Keep whole passages of about ``tokens`` tokens (each with the ``overlap`` tokens before it), best
     first by BM25 over the passages (fused by reciprocal rank, constant ``fusion``, with question
     attention's ranking of each passage's best statement when ``attention`` > 0), until the budget is
-    full; a passage that would overflow it is passed over for the next one. Defaults:
-    ``research/book_selection.py`` on the tuning split."""
+    full; a passage that would overflow it is passed over for the next one. Each passage kept keeps the
+    ``heading`` it falls under too, where that fits. Defaults: ``research/book_selection.py`` on the
+    tuning split."""
 
     tokens: int = 128
     overlap: int = 48
@@ -104,6 +142,11 @@ class PassageSelection:
     attention: float = 0.0
     """Weight of attention's reciprocal rank against BM25's (0: BM25 alone orders the passages, and no
     attention scores, hence no leaf tier, are needed)."""
+    heading: str | None = r"Document: [^\n]+"
+    """What a heading is: a regex a statement's stripped text fullmatches (None: no headings). The default
+    is the corpus layout's header (``corpus.questions.HEADER``), so a passage from a document's middle is
+    read with its document's name; a book has no such line. A heading kept costs budget like any token:
+    it is taken with a passage where both fit, else the passage alone; once kept it costs nothing again."""
 
     def __post_init__(self) -> None:
         if self.tokens < 16:
@@ -115,7 +158,7 @@ class PassageSelection:
 
     def passages(self, tokenizer, document_ids: torch.Tensor, statements: torch.Tensor) -> Passages:
         """This selection's passages of a document (token ids [N], statement index per token [N])."""
-        return Passages.of(tokenizer, document_ids, statements, self.tokens, self.overlap)
+        return Passages.of(tokenizer, document_ids, statements, self.tokens, self.overlap, self.heading)
 
     def ranking(self, question: str, scores: torch.Tensor | None, passages: Passages) -> list[int]:
         """Passage indices, best first, from BM25 on ``question`` and the document's attention scores [N]
@@ -138,16 +181,22 @@ class PassageSelection:
         return torch.cat(taken).sort().values
 
     def taken(self, question: str, scores: torch.Tensor | None, passages: Passages, budget: int) -> list[torch.Tensor]:
-        """The document token indices each kept passage adds, best passage first (``select``'s order of taking)."""
+        """The document token indices each kept passage adds (with its heading's, ascending), best passage
+        first (``select``'s order of taking)."""
         room, runs = budget, []
         taken = torch.zeros(int(passages.stops.max()), dtype=torch.bool)
         for passage in self.ranking(question, scores, passages):
             span = passages.tokens(passage)
-            fresh = span[~taken[span]]  # an overlap already kept costs nothing again
-            if 0 < fresh.numel() <= room:
-                taken[fresh] = True
-                room -= fresh.numel()
-                runs.append(fresh)
+            if bool(taken[span].all()):
+                continue  # kept already, by others' overlaps: nothing to take, its heading included
+            headed = torch.cat([passages.heading(passage), span]).unique()  # a heading may reach into its passage
+            for read in (headed, span):  # the heading where it fits, else the passage alone
+                fresh = read[~taken[read]]  # an overlap (or a heading) already kept costs nothing again
+                if 0 < fresh.numel() <= room:
+                    taken[fresh] = True
+                    room -= fresh.numel()
+                    runs.append(fresh)
+                    break
             if room < 16:
                 break
         return runs

@@ -9,7 +9,7 @@ import torch
 
 from homer_integrations.homer.budget import ReadBudget
 from homer_integrations.homer.passages import Passages, PassageSelection, spans
-from homer_integrations.homer.prompt import encode, unit_ids
+from homer_integrations.homer.prompt import encode, encode_offsets, unit_ids
 from homer_integrations.homer.recompute import reread
 from homer_integrations.homer.scoring import Scoring
 from tests.conftest import mode_engine, tiny_model
@@ -165,3 +165,85 @@ def test_within_the_window_the_default_replay_is_the_token_selection(tokenizer, 
     engine = mode_engine(tokenizer, calibration, final_cache_len=96)
     engine.tiers.recipe = Recipe(replay=RecomputeReplay(), calibration_segments=2)
     assert torch.equal(default.origin, engine.compress(text, question=question).origin)
+
+
+LEASE = (
+    "The landlord repaints the hall every spring. The boiler is serviced in October.\n\n"
+    "Rent is paid on the first day of each month by transfer. Late rent bears no interest.\n\n"
+    "The tenant may sublet the attic to a lodger with the landlord's written consent.\n\n"
+    "Keys are returned on the last day of the lease."
+)
+DEED = (
+    "The orchard passes to the buyer with its well. The fences stay where they stand.\n\n"
+    "The seller keeps the right to cross the lower field on foot."
+)
+
+
+@pytest.fixture(scope="module")
+def corpus_passages(tokenizer) -> tuple[str, Passages, torch.Tensor]:
+    from homer_integrations.corpus import Corpus
+
+    text = Corpus({"deed.txt": DEED, "lease.txt": LEASE, "notes.txt": TEXT}).text
+    document_ids = encode(tokenizer, text)
+    statements = unit_ids(tokenizer, text, "statement")
+    return text, PassageSelection(tokens=24, overlap=4).passages(tokenizer, document_ids, statements), document_ids
+
+
+def header_tokens(tokenizer, text: str, name: str) -> set[int]:
+    """Token indices of ``text``'s ``Document: <name>`` line, its line break included."""
+    start = text.index(f"Document: {name}\n")
+    end = start + len(f"Document: {name}\n")
+    offsets = encode_offsets(tokenizer, text)[1]
+    return set(((offsets[:, 0] < end) & (offsets[:, 1] > start)).nonzero()[:, 0].tolist())
+
+
+SUBLET = "Which contract lets the tenant sublet the attic to a lodger?"
+
+
+def test_a_kept_passage_keeps_its_documents_header_within_the_budget(corpus_passages, tokenizer) -> None:
+    text, found, document_ids = corpus_passages
+    best = PassageSelection(tokens=24, overlap=4).ranking(SUBLET, None, found)[0]
+    passage = set(found.tokens(best).tolist())
+    header = header_tokens(tokenizer, text, "lease.txt")
+    assert header and not header & passage, "the passage is from the lease's middle, past its header"
+    assert set(found.heading(best).tolist()) == header, "the heading is the header line's statement"
+    size = len(passage | header)
+    kept = PassageSelection(tokens=24, overlap=4).select(SUBLET, None, found, budget=size)
+    assert torch.equal(kept, kept.unique()) and kept.numel() <= size, "the header is charged to the budget"
+    assert set(kept.tolist()) == passage | header
+    assert "Document: lease.txt" in tokenizer.decode(document_ids[kept].tolist())
+    alone = PassageSelection(tokens=24, overlap=4).select(SUBLET, None, found, budget=len(passage))
+    assert set(alone.tolist()) == passage, "no room for the header: the passage alone, not skipped"
+
+
+def test_a_header_kept_once_is_not_charged_again(corpus_passages, tokenizer) -> None:
+    text, found, _ = corpus_passages
+    selection = PassageSelection(tokens=24, overlap=4)
+    kept = [set(r.tolist()) for r in selection.taken(SUBLET, None, found, budget=4 * selection.tokens)]
+    offsets = encode_offsets(tokenizer, text)[1]
+    start = text.index(LEASE)
+    lease = set(((offsets[:, 0] >= start) & (offsets[:, 1] <= start + len(LEASE))).nonzero()[:, 0].tolist())
+    assert sum(bool(run & lease) for run in kept) >= 2, "two lease passages are kept"
+    assert sum(map(len, kept)) == len(set().union(*kept)) <= 4 * selection.tokens, "no token is charged twice"
+    header = header_tokens(tokenizer, text, "lease.txt")
+    assert [bool(header & run) for run in kept].count(True) == 1, "the lease header is taken with one passage only"
+    assert header <= set().union(*kept)
+
+
+def test_without_headings_the_selection_is_the_passages_alone(corpus_passages, passages, tokenizer) -> None:
+    text, _, document_ids = corpus_passages
+    off = PassageSelection(tokens=24, overlap=4, heading=None)
+    plain = off.passages(tokenizer, document_ids, unit_ids(tokenizer, text, "statement"))
+    assert not bool(plain.headings.any()), "heading=None: no headings"
+    question = "How many silver spoons were in the parcel from Bristol?"
+    for budget in (24, 48, 96, 1000):
+        kept = torch.cat(off.taken(question, None, plain, budget))
+        spans = torch.cat([plain.tokens(p) for p in off.ranking(question, None, plain)])
+        assert set(kept.tolist()) <= set(spans.tolist()) and kept.numel() <= budget
+    book, _ = passages  # TEXT has no `Document:` line: the default selects as heading=None does
+    assert not bool(book.headings.any())
+    for budget in (24, 48, 96, 1000):
+        assert torch.equal(
+            PassageSelection(tokens=24, overlap=4).select(question, None, book, budget),
+            off.select(question, None, book, budget),
+        )

@@ -96,7 +96,7 @@ def test_units_are_named_by_their_repr_and_the_recipe_checks_its_parts():
         "RecomputeRoot()",
         "TreeRoot()",
     ]
-    selection = "PassageSelection(tokens=128, overlap=48, fusion=60, attention=0.0)"
+    selection = r"PassageSelection(tokens=128, overlap=48, fusion=60, attention=0.0, heading='Document: [^\\n]+')"
     passages = (
         f"PassageReplay(selection={selection}, budget=ReadBudget(tokens=None, seconds=10.0, share=0.5, step=1024))"
     )
