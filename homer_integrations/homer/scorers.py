@@ -107,21 +107,31 @@ so a reconstruction probe of a 4k leaf (8k keys) scores in blocks of ~70 rows, n
 def log_max_attention(x: ScoreInput, length: int, block: int = 256, per_head: bool = False) -> torch.Tensor:
     """Log of the most attention (softmax probability, max over rows and heads) each of the first
     ``length`` keys receives from the R query rows, which sit at the end of the keys (causal) -> [length];
-    ``per_head``: max over rows and each K/V head's query group only -> [Hkv, length]."""
+    ``per_head``: max over rows and each K/V head's query group only -> [Hkv, length].
+
+    A block of rows reads the keys up to its last row only (the later ones are masked for all of its rows,
+    and a softmax gives them exactly 0) and masks its own triangle: the rows of a probe after its cache skip
+    about half of the probe's own keys (``research/headwise_speed.py``)."""
     rows, keys = x.queries.shape[2], x.keys.shape[2]
     heads, kv_heads = x.queries.shape[1], x.keys.shape[1]
     block = max(1, min(block, BLOCK_FLOATS // (heads * keys)))
     k = x.keys[0].float()  # [Hkv, K, d]
     best = torch.full((kv_heads, length) if per_head else (length,), float("-inf"), device=k.device)
     reduce = (1, 2) if per_head else (0, 1, 2)
+    first = keys - rows  # the key of row 0
     for start in range(0, rows, block):
         stop = min(rows, start + block)
+        seen = first + stop  # keys any row of the block sees
         q = x.queries[0, :, start:stop].float().view(kv_heads, heads // kv_heads, stop - start, -1)
-        logits = torch.einsum("hgrd,hkd->hgrk", q, k).mul_(x.scaling)  # [Hkv, G, b, K]
-        row_pos = torch.arange(keys - rows + start, keys - rows + stop, device=k.device)
-        unseen = torch.arange(keys, device=k.device)[None, :] > row_pos[:, None]  # [b, K]
-        probs = logits.masked_fill_(unseen, float("-inf")).softmax(-1)[..., :length]
-        best = torch.maximum(best, probs.amax(dim=reduce))
+        logits = torch.einsum("hgrd,hkd->hgrk", q, k[:, :seen]).mul_(x.scaling)  # [Hkv, G, b, seen]
+        unseen = torch.ones(stop - start, stop - start, dtype=torch.bool, device=k.device).triu_(1)  # [b, b]
+        logits[..., first + start : seen].masked_fill_(unseen, float("-inf"))
+        probs = logits.softmax(-1)[..., :length]
+        scored = min(length, seen)  # keys past ``seen`` get 0 from this block: the final clamp covers them
+        if per_head:
+            best[:, :scored] = torch.maximum(best[:, :scored], probs.amax(dim=reduce))
+        else:
+            best[:scored] = torch.maximum(best[:scored], probs.amax(dim=reduce))
         del logits, probs
     return best.clamp(min=1e-12).log()
 
