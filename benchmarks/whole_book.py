@@ -180,6 +180,9 @@ def run(args: argparse.Namespace) -> None:
         count = min(args.limit, len(items))
         items = [items[round(j * (len(items) - 1) / max(count - 1, 1))] for j in range(count)]
     items = items[:: args.stride]
+    if args.ids:
+        wanted = set(args.ids)
+        items = [i for i in items if i.id in wanted]
     done = done_keys()
     book_tokens = len(engine.tokenizer(text, add_special_tokens=False)["input_ids"])
     print(f"{args.book}: {len(text):,} characters, {book_tokens:,} tokens; {len(items)} questions", file=sys.stderr)
@@ -338,6 +341,7 @@ def main() -> None:
     r.add_argument("--split", default="tuning", choices=("tuning", "heldout", "all"))
     r.add_argument("--limit", type=int, default=0, help="at most this many questions, spread over the book")
     r.add_argument("--stride", type=int, default=1, help="then every n-th of those (still spread over the book)")
+    r.add_argument("--ids", nargs="+", default=[], help="then only these question ids (e.g. to pair dtypes)")
     r.add_argument("--budget", type=int, default=0, help="kept tokens (final_cache_len); 0: the model's default")
     r.add_argument(
         "--read-tokens", type=int, default=0, help="past the window: passages' and BM25's kept tokens (0: ReadBudget)"
