@@ -44,3 +44,21 @@ def test_a_document_compressed_for_another_question_is_refused(calls: ModeCalls,
     doc = calls.compress(document, "Who is there?", "query_aware", requested=True)
     with pytest.raises(ValueError, match="another question"):
         calls.run(doc, "Where are they?", "query_aware", GenerationOptions(max_new_tokens=1))
+
+
+def test_a_shared_root_past_the_window_warns_once_built_not_when_reread(
+    calls: ModeCalls, novel: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past the model's window a question-agnostic root keeps a sliver of the document: the build says so."""
+    window = calls.prompting.context_window
+    long = novel[40_000:50_000]  # past the 2048-token window, within the tiny tree's 3,040
+    assert calls.prompting.count_tokens(long) > window
+    with caplog.at_level("WARNING", logger="homer_integrations.builder"):
+        calls.compress(long, None, "shared", requested=True)
+        calls.compress(long, None, "shared", requested=True)  # the stored root: nothing built, nothing said
+    warned = [r.getMessage() for r in caplog.records if "past the model's" in r.getMessage()]
+    assert len(warned) == 1 and f"{window}-token window" in warned[0] and "query_aware" in warned[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="homer_integrations.builder"):
+        calls.compress(novel[60_000:66_000], None, "shared", requested=True)  # pruned, within it
+    assert not [r for r in caplog.records if "past the model's" in r.getMessage()], "within the window: silent"
