@@ -107,11 +107,11 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def done_keys() -> set[tuple]:
-    if not ROWS.is_file():
+def done_keys(rows: Path = ROWS) -> set[tuple]:
+    if not rows.is_file():
         return set()
     keys = set()
-    for line in ROWS.read_text(encoding="utf-8").splitlines():
+    for line in rows.read_text(encoding="utf-8").splitlines():
         r = json.loads(line)
         keys.add((r["model"], r["book"], r["dtype"], r["method"], r["budget"], r["id"]))
     return keys
@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> None:
     if args.ids:
         wanted = set(args.ids)
         items = [i for i in items if i.id in wanted]
-    done = done_keys()
+    done = done_keys(args.rows)
     book_tokens = len(engine.tokenizer(text, add_special_tokens=False)["input_ids"])
     print(f"{args.book}: {len(text):,} characters, {book_tokens:,} tokens; {len(items)} questions", file=sys.stderr)
     retrieval = Bm25Route(engine, text, budget) if "bm25" in args.methods else None
@@ -228,7 +228,7 @@ def run(args: argparse.Namespace) -> None:
                 "k": route.k if route else None,
                 "peak_rss_mb": round(peak_rss_mb()),
             }
-            with ROWS.open("a", encoding="utf-8") as f:
+            with args.rows.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
             mark = "ok " if row["correct"] else "-- "
             print(f"{mark}{method} {item.id} ttft {row['ttft_seconds']}s: {answer.strip()[:80]!r}", file=sys.stderr)
@@ -350,6 +350,7 @@ def main() -> None:
     r.add_argument("--max-new-tokens", type=int, default=32)
     r.add_argument("--store", default="", help="document store (default: the package's cache directory)")
     r.add_argument("--threads", type=int, default=2)
+    r.add_argument("--rows", type=Path, default=ROWS, help="rows file (another: a timing run apart)")
     r.set_defaults(func=run)
     sub.add_parser("report").set_defaults(func=report)
     args = parser.parse_args()
