@@ -19,6 +19,8 @@ each with its split (``tuning`` / ``heldout``). Methods, the same model and toke
 - ``corpus``: ``stream_corpus`` (what ``ask_corpus`` consumes) over the whole corpus: past the model's
   window the passages BM25 ranks best across every chapter, ``--read-tokens`` of them, re-read once;
   ``cited_evidence`` is the share of the question's evidence chapters among the sources it cites.
+- ``corpus_noheading``: ``corpus`` whose kept passages come without their document's ``Document:`` line
+  (``PassageSelection(heading=None)``: the package before 2026-12-02; its rows were named ``corpus``).
 - ``bm25``: the retrieval route over the joined text (``whole_book.Bm25Route``: ``HomerRouter``'s 800-character
   chunks, as many as fill the budget); ``cited_evidence`` from the chapters its chunks lie in.
 - ``per_document``: the one chapter BM25 ranks best for the question (whole chapters indexed), then
@@ -57,11 +59,14 @@ import torch
 
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.corpus import Corpus, NamedText, stream_corpus
+from homer_integrations.homer.budget import ReadBudget
+from homer_integrations.homer.passages import PassageSelection
+from homer_integrations.homer.strategies import AutoReplay, PassageReplay
 from homer_integrations.paths import bundled_text
 from homer_integrations.question_sets import KeywordQuestion, question_set
 
 sys.path.insert(0, str(Path(__file__).parent))
-from whole_book import Bm25Route, peak_rss_mb, replays
+from whole_book import Bm25Route, peak_rss_mb
 
 if TYPE_CHECKING:
     from homer_integrations.answering import AnswerInfo
@@ -71,7 +76,7 @@ RESULTS = HERE / "results"
 ROWS = RESULTS / "corpus_qa_rows.jsonl"
 FACTS = HERE / "corpus_facts.json"
 BOOKS = ("northangerabbey", "prideprejudice")
-METHODS = ("corpus", "bm25", "per_document")
+METHODS = ("corpus", "corpus_noheading", "bm25", "per_document")
 KINDS = ("one_doc", "two_doc")
 CHAPTER = re.compile(r"^(?:CHAPTER|Chapter) (\d+)[ \t]*$", re.MULTILINE)
 
@@ -220,14 +225,20 @@ class Methods:
     def __init__(self, engine: HomerModel, corpus: Corpus, budget: int, methods: Sequence[str]) -> None:
         self.engine, self.corpus = engine, corpus
         # every HOMER call re-reads the same tokens, whatever the machine (whole_book's query_aware)
-        engine.tiers.recipe = replace(engine.tiers.recipe, replay=replays(budget)["query_aware"])
+        read = ReadBudget(tokens=budget)
+        self.replays = {
+            "corpus": AutoReplay(PassageReplay(budget=read)),
+            "corpus_noheading": AutoReplay(PassageReplay(PassageSelection(heading=None), read)),
+        }
         self.retrieval = Bm25Route(engine, corpus.text, budget) if "bm25" in methods else None
         self.chunk_docs = chunk_documents(corpus, self.retrieval.index.chunks) if self.retrieval else []
         self.router = DocumentRouter(corpus) if "per_document" in methods else None
 
     def ask(self, method: str, question: str, max_new_tokens: int) -> Asked:
         started = time.perf_counter()
-        if method == "corpus":
+        replay = self.replays.get(method, self.replays["corpus"])
+        self.engine.tiers.recipe = replace(self.engine.tiers.recipe, replay=replay)
+        if method in self.replays:
             stream = stream_corpus(self.engine, self.corpus, question, max_new_tokens=max_new_tokens)
             answer, ttft = consume(stream, started)
             return Asked(answer, ttft, {s.name for s in stream.sources}, stream.info)
