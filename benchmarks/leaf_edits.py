@@ -155,9 +155,10 @@ def measure(
     verify: int = 0,
     question: str = QUESTION,
     max_new_tokens: int = 16,
+    even: bool = True,
 ) -> list[dict]:
     """Rows: the content split's v1 build, each edit's build (``ratio``: its seconds / v1's), the even
-    split's v1 build; ``verify`` edits also rebuilt from scratch and compared (``verify`` fields)."""
+    split's v1 build (``even``); ``verify`` edits also rebuilt from scratch and compared (``verify`` fields)."""
     rows = []
     with LeafLog() as log:
         engine = make("content", store / "content")
@@ -189,15 +190,18 @@ def measure(
             rows.append(row)
             print(rows[-1], file=sys.stderr, flush=True)
         del engine, v1
-        _, row = build(make("even", store / "even"), book, log)
-        rows.append({"split": "even", "version": "v1", "depth": None, **row})
-        print(rows[-1], file=sys.stderr, flush=True)
+        if even:
+            _, row = build(make("even", store / "even"), book, log)
+            rows.append({"split": "even", "version": "v1", "depth": None, **row})
+            print(rows[-1], file=sys.stderr, flush=True)
     return rows
 
 
 def markdown(result: dict) -> str:
+    excerpt = f" (its first {result['characters']:,} characters)" if result.get("characters") else ""
     lines = [
-        f"Leaf tier of {result['book']} ({result['book_tokens']:,} tokens), {result['model']}, {result['dtype']}, "
+        f"Leaf tier of {result['book']}{excerpt} ({result['book_tokens']:,} tokens), "
+        f"{result['model']}, {result['dtype']}, "
         f"{result['threads']} threads; an edit appends one sentence to one paragraph at the depth given, "
         "its tier copies the leaves the content split finds unchanged in the v1 tier.",
         "",
@@ -231,6 +235,8 @@ def main() -> None:
     parser.add_argument("--book", default="northangerabbey")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--store", type=Path, help="where the tiers are stored (default: a temporary directory)")
+    parser.add_argument("--chars", type=int, default=0, help="the book's first N characters (0: whole)")
+    parser.add_argument("--no-even", action="store_true", help="skip the even split's build for comparison")
     parser.add_argument("--edits", type=int, default=3)
     parser.add_argument("--verify", type=int, nargs="?", const=1, default=0, help="edits rebuilt from scratch")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -242,6 +248,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model, dtype=args.dtype)
     book = bundled_text(args.book)
+    book = book[: args.chars] if args.chars else book
     recipe = Recipe(replay=RecomputeReplay())  # a question past the window then reads the tier too
 
     def make(split: str, store: Path | None) -> HomerModel:
@@ -253,10 +260,19 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         store = args.store or Path(tmp)
-        rows = measure(make, book, store, edits=args.edits, verify=args.verify, max_new_tokens=args.max_new_tokens)
+        rows = measure(
+            make,
+            book,
+            store,
+            edits=args.edits,
+            verify=args.verify,
+            max_new_tokens=args.max_new_tokens,
+            even=not args.no_even,
+        )
     result = {
         "model": args.model,
         "book": args.book,
+        "characters": args.chars or None,
         "dtype": str(model.dtype).removeprefix("torch."),
         "threads": args.threads,
         "book_tokens": rows[0]["document_tokens"],
@@ -265,7 +281,8 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / "leaf_edits.json"
     kept = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
-    same = lambda r: (r["model"], r["book"], r["dtype"]) == (result["model"], result["book"], result["dtype"])  # noqa: E731
+    fields = ("model", "book", "characters", "dtype")
+    same = lambda r: all(r.get(f) == result[f] for f in fields)  # noqa: E731
     results = [r for r in kept if not same(r)] + [result]
     path.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     (RESULTS / "leaf_edits.md").write_text("\n".join(markdown(r) for r in results), encoding="utf-8")

@@ -45,6 +45,8 @@ def test_edits_recompute_few_leaves_and_the_verified_one_equals_a_fresh_build(
     assert "| content | edit 1 | 0.25 |" in leaf_edits.markdown(
         {"book": "b", "book_tokens": 1, "model": "tiny", "dtype": "float32", "threads": 1, "rows": rows}
     )
+    excerpt = {"book": "b", "characters": 6000, "book_tokens": 1, "model": "tiny", "dtype": "bf16", "threads": 1}
+    assert "Leaf tier of b (its first 6,000 characters)" in leaf_edits.markdown({**excerpt, "rows": rows})
 
 
 def test_an_edit_appends_one_sentence_to_a_paragraph_at_its_depth(novel) -> None:
