@@ -59,14 +59,13 @@ import torch
 
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.corpus import Corpus, NamedText, stream_corpus
-from homer_integrations.homer.budget import ReadBudget
 from homer_integrations.homer.passages import PassageSelection
-from homer_integrations.homer.strategies import AutoReplay, PassageReplay
+from homer_integrations.homer.strategies import AutoReplay
 from homer_integrations.paths import bundled_text
 from homer_integrations.question_sets import KeywordQuestion, question_set
 
 sys.path.insert(0, str(Path(__file__).parent))
-from whole_book import Bm25Route, peak_rss_mb
+from whole_book import Bm25Route, peak_rss_mb, replays
 
 if TYPE_CHECKING:
     from homer_integrations.answering import AnswerInfo
@@ -225,11 +224,9 @@ class Methods:
     def __init__(self, engine: HomerModel, corpus: Corpus, budget: int, methods: Sequence[str]) -> None:
         self.engine, self.corpus = engine, corpus
         # every HOMER call re-reads the same tokens, whatever the machine (whole_book's query_aware)
-        read = ReadBudget(tokens=budget)
-        self.replays = {
-            "corpus": AutoReplay(PassageReplay(budget=read)),
-            "corpus_noheading": AutoReplay(PassageReplay(PassageSelection(heading=None), read)),
-        }
+        default = replays(budget)["query_aware"]
+        noheading = replace(default.passages, selection=PassageSelection(heading=None))
+        self.replays = {"corpus": default, "corpus_noheading": AutoReplay(noheading)}
         self.retrieval = Bm25Route(engine, corpus.text, budget) if "bm25" in methods else None
         self.chunk_docs = chunk_documents(corpus, self.retrieval.index.chunks) if self.retrieval else []
         self.router = DocumentRouter(corpus) if "per_document" in methods else None
