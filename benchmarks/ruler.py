@@ -912,6 +912,35 @@ def report(args: argparse.Namespace) -> None:
     print(table)
 
 
+def dtype_pairs(
+    rows: list[dict], reference: list[dict], dtype: str, lengths: list[int], draws: int = 2000
+) -> list[dict]:
+    """Each method of ``rows`` run in ``dtype`` against the same method's float32 ``reference`` rows, on the
+    samples both ran (``paired``, float32 the reference), at ``lengths``."""
+    comparisons = []
+    for method in sorted({r["method"] for r in rows if r["dtype"] == dtype}):
+        named = [
+            {**r, "method": f"{method} {r['dtype']}"}
+            for r in rows + reference
+            if r["method"] == method and r["dtype"] in (dtype, "float32") and r["length"] in lengths
+        ]
+        # a reference other than "plain" pairs at the same ratio, which plain's rows (ratio 1) also share
+        comparisons += paired(named, f"{method} {dtype}", f"{method} float32", draws=draws)
+    return comparisons
+
+
+def dtypes(args: argparse.Namespace) -> None:
+    """``dtype_pairs`` of ``args.rows`` against ``results/ruler.jsonl``, as a table."""
+
+    def read(path: Path) -> list[dict]:
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+    comparisons = dtype_pairs(read(args.rows), read(HERE / "results" / "ruler.jsonl"), args.dtype, args.lengths)
+    print(paired_markdown(comparisons))
+    for c in comparisons:
+        print(f"{c['method']}: pairs per task {c['pairs']}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -948,10 +977,16 @@ def main() -> None:
     w.add_argument("--device", default="cpu")
     w.add_argument("--dtype", default="float32")
     w.add_argument("--threads", type=int, default=None)
+    d = sub.add_parser("dtypes", help="another dtype's rows against float32's, paired on the same samples")
+    d.add_argument("--rows", type=Path, default=HERE / "results" / "ruler_bfloat16" / "ruler.jsonl")
+    d.add_argument("--dtype", default="bfloat16")
+    d.add_argument("--lengths", type=int, nargs="+", default=[8192])
     rep = sub.add_parser("report", help="JSON summary, markdown table and plots from results/ruler.jsonl")
     rep.add_argument("--ratio-length", type=int, default=8192, help="length of the accuracy-by-ratio plot")
     args = parser.parse_args()
-    {"samples": ensure_samples, "run": run, "worker": homer_rows, "report": report}[args.command](args)
+    {"samples": ensure_samples, "run": run, "worker": homer_rows, "report": report, "dtypes": dtypes}[args.command](
+        args
+    )
 
 
 if __name__ == "__main__":

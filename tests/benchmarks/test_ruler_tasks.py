@@ -125,6 +125,32 @@ def test_paired_compares_only_the_samples_both_answered() -> None:
     assert "| method | homer_shared | difference |" in ruler.paired_markdown([{**c, "reference": "homer_shared"}])
 
 
+def test_dtype_pairs_compare_each_method_with_its_float32_rows_only() -> None:
+    def row(method: str, dtype: str, index: int, score: float, length: int = 8192) -> dict:
+        return {"method": method, "task": "vt", "index": index, "length": length, "score": score, "dtype": dtype,
+                "ratio": 1.0 if method == "plain" else 4.0}  # fmt: skip
+
+    ours = [
+        row("plain", "bfloat16", 0, 1.0),
+        row("plain", "bfloat16", 1, 0.0),
+        row("homer_query_aware", "bfloat16", 0, 1.0),
+    ]
+    reference = [
+        row("plain", "float32", 0, 1.0),
+        row("plain", "float32", 1, 1.0),
+        row("plain", "float32", 2, 0.0),  # bfloat16 has no sample 2
+        row("plain", "float32", 1, 0.0, length=4096),  # another length
+        row("homer_query_aware", "float32", 0, 0.0),
+        row("snapkv", "float32", 0, 1.0),  # no bfloat16 rows: not compared
+    ]
+    by_method = {c["method"]: c for c in ruler.dtype_pairs(ours, reference, "bfloat16", [8192], draws=50)}
+    assert set(by_method) == {"plain bfloat16", "homer_query_aware bfloat16"}
+    plain = by_method["plain bfloat16"]
+    assert plain["reference"] == "plain float32" and plain["pairs"] == {"vt": 2}
+    assert plain["difference"] == pytest.approx(-0.5)
+    assert by_method["homer_query_aware bfloat16"]["difference"] == pytest.approx(1.0)
+
+
 def test_a_press_is_compared_at_the_same_ratio() -> None:
     def row(method: str, ratio: float, index: int, score: float) -> dict:
         return {"method": method, "task": "vt", "index": index, "length": 4096, "score": score, "ratio": ratio}
