@@ -26,15 +26,26 @@ class Passage:
 
 
 class BM25Index:
-    """BM25 (``bm25s``) over texts, built once; ``search`` returns the best ones."""
+    """BM25 (``bm25s``) over texts, built once; ``search`` returns the best ones.
 
-    def __init__(self, texts: Sequence[str], *, stopwords: str | None = "en") -> None:
+    Words are stemmed (PyStemmer's Snowball ``stemmer``; None: matched as written), so a question that says
+    "marry" finds a passage that says "married", as LlamaIndex's BM25 retriever does. Over both bundled
+    novels whole (2,048 tokens kept, ``research/bm25_stemming.py``), stemming kept the answer's
+    words for 53 of 63 tuning questions against 50, and for 102 of 126 held out against 96.
+    """
+
+    def __init__(self, texts: Sequence[str], *, stopwords: str | None = "en", stemmer: str | None = "english") -> None:
         import bm25s
 
         if not texts:
             raise ValueError("BM25Index needs at least one text")
         self.chunks = list(texts)
         self._stopwords = stopwords
+        self._stemmer = None
+        if stemmer is not None:
+            import Stemmer
+
+            self._stemmer = Stemmer.Stemmer(stemmer)
         self._bm25 = bm25s.BM25()
         self._bm25.index(self._tokenize(self.chunks), show_progress=False)
 
@@ -42,7 +53,9 @@ class BM25Index:
         import bm25s
 
         # strings, not ids: each tokenize() call numbers words its own way
-        return bm25s.tokenize(texts, stopwords=self._stopwords, return_ids=False, show_progress=False)
+        return bm25s.tokenize(
+            texts, stopwords=self._stopwords, stemmer=self._stemmer, return_ids=False, show_progress=False
+        )
 
     def search(self, query: str, k: int = 3) -> list[Passage]:
         """The ``k`` best texts for ``query`` with a positive score, best first."""

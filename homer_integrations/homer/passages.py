@@ -37,7 +37,12 @@ class Passages:
     """
 
     def __init__(
-        self, starts: torch.Tensor, stops: torch.Tensor, texts: Sequence[str], headings: torch.Tensor | None = None
+        self,
+        starts: torch.Tensor,
+        stops: torch.Tensor,
+        texts: Sequence[str],
+        headings: torch.Tensor | None = None,
+        stemmer: str | None = "english",
     ) -> None:
         if not (len(texts) == starts.numel() == stops.numel()) or not bool((stops > starts).all()):
             raise ValueError(f"{len(texts)} passage texts for {starts.numel()} spans, or an empty span")
@@ -45,7 +50,7 @@ class Passages:
         self.headings = torch.zeros(starts.numel(), 2, dtype=torch.long) if headings is None else headings
         if self.headings.shape != (starts.numel(), 2):
             raise ValueError(f"heading spans {tuple(self.headings.shape)} for {starts.numel()} passages")
-        self.index = BM25Index([t if t.strip() else "-" for t in texts])
+        self.index = BM25Index([t if t.strip() else "-" for t in texts], stemmer=stemmer)
 
     def __len__(self) -> int:
         return self.starts.numel()
@@ -59,10 +64,12 @@ class Passages:
         tokens: int,
         overlap: int = 0,
         heading: str | None = None,
+        stemmer: str | None = "english",
     ) -> Passages:
         """The passages of a document's token ids [N] whose statement index per token is ``statements``
         [N] (``unit_ids(..., "statement")``); see ``spans``. A statement whose stripped text fullmatches
-        the regex ``heading`` is a heading (None: there are none); see ``heading_spans``."""
+        the regex ``heading`` is a heading (None: there are none); see ``heading_spans``. BM25 stems the
+        passages' words with ``stemmer`` (``BM25Index``)."""
         counts = torch.bincount(statements - statements.min())
         counts = counts[counts > 0]
         texts = tokenizer.batch_decode([p.tolist() for p in torch.split(document_ids, counts.tolist())])
@@ -74,7 +81,7 @@ class Passages:
         # a sentence end followed by a space (a name such as "Notes. Draft"): such a heading is not found
         is_heading = [heading is not None and re.fullmatch(heading, t.strip()) is not None for t in texts]
         headings = heading_spans(counts, torch.tensor(is_heading, dtype=torch.bool), starts)
-        return cls(starts, stops, tokenizer.batch_decode(pieces), headings)
+        return cls(starts, stops, tokenizer.batch_decode(pieces), headings, stemmer)
 
     def tokens(self, passage: int) -> torch.Tensor:
         """Document token indices of ``passage``."""
@@ -147,6 +154,9 @@ class PassageSelection:
     is the corpus layout's header (``corpus.questions.HEADER``), so a passage from a document's middle is
     read with its document's name; a book has no such line. A heading kept costs budget like any token:
     it is taken with a passage where both fit, else the passage alone; once kept it costs nothing again."""
+    stemmer: str | None = "english"
+    """The Snowball stemmer BM25 reduces words with (a PyStemmer algorithm: ``"german"``, ``"french"``,
+    ...; None: words as written). English kept the answer of more whole-book questions (``BM25Index``)."""
 
     def __post_init__(self) -> None:
         if self.tokens < 16:
@@ -155,10 +165,18 @@ class PassageSelection:
             raise ValueError(f"PassageSelection.fusion must be at least 1, not {self.fusion}")
         if self.attention < 0:
             raise ValueError(f"PassageSelection.attention must not be negative, not {self.attention}")
+        if self.stemmer is not None:
+            import Stemmer
+
+            if self.stemmer not in Stemmer.algorithms():
+                raise ValueError(
+                    f"PassageSelection.stemmer {self.stemmer!r} is not a Snowball stemmer; "
+                    f"known: {', '.join(Stemmer.algorithms())}, or None"
+                )
 
     def passages(self, tokenizer, document_ids: torch.Tensor, statements: torch.Tensor) -> Passages:
         """This selection's passages of a document (token ids [N], statement index per token [N])."""
-        return Passages.of(tokenizer, document_ids, statements, self.tokens, self.overlap, self.heading)
+        return Passages.of(tokenizer, document_ids, statements, self.tokens, self.overlap, self.heading, self.stemmer)
 
     def ranking(self, question: str, scores: torch.Tensor | None, passages: Passages) -> list[int]:
         """Passage indices, best first, from BM25 on ``question`` and the document's attention scores [N]

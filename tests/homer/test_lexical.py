@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from homer_integrations.homer.lexical import LexicalEvidence, Statements
+from homer_integrations.homer.lexical import BM25Index, LexicalEvidence, Statements
 from homer_integrations.homer.prompt import encode, unit_ids
 from tests.conftest import mode_engine
 
@@ -64,3 +64,16 @@ def test_a_per_question_reread_keeps_the_statement_bm25_found(tokenizer, tmp_pat
 def _token_span(tokenizer, text: str, start: int, span: str) -> list[int]:
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     return [i for i, (a, b) in enumerate(enc["offset_mapping"]) if a >= start and b <= start + len(span) and b > a]
+
+
+def test_bm25_index_stems_so_inflections_match() -> None:
+    chunks = ["Catherine married Henry Tilney at Fullerton.", "General Tilney returned to Northanger Abbey."]
+    stemmed = BM25Index(chunks)
+    assert [h.index for h in stemmed.search("Whom does Catherine marry?", k=2)] == [0]
+    assert [h.index for h in stemmed.search("Who returns to the abbey?", k=2)] == [1]
+    # as written, "marry" is not "married", nor "returns" "returned": only the shared names match
+    plain = BM25Index(chunks, stemmer=None)
+    assert plain.search("Whom does anyone marry?", k=2) == []
+    assert [h.index for h in plain.search("Who returns to the abbey?", k=2)] == [1]  # "abbey" alone
+    with pytest.raises(KeyError):
+        BM25Index(chunks, stemmer="klingon")

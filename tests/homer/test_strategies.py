@@ -96,7 +96,10 @@ def test_units_are_named_by_their_repr_and_the_recipe_checks_its_parts():
         "RecomputeRoot()",
         "TreeRoot()",
     ]
-    selection = r"PassageSelection(tokens=128, overlap=48, fusion=60, attention=0.0, heading='Document: [^\\n]+')"
+    selection = (
+        r"PassageSelection(tokens=128, overlap=48, fusion=60, attention=0.0, heading='Document: [^\\n]+', "
+        "stemmer='english')"
+    )
     passages = (
         f"PassageReplay(selection={selection}, budget=ReadBudget(tokens=None, seconds=10.0, share=0.5, step=1024))"
     )
