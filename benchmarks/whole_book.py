@@ -25,6 +25,9 @@ and is reported by split, kind and depth. Methods, the same model and token budg
 - ``shared``: the book's one question-agnostic root (``mode="shared"``), built once.
 - ``bm25``: the retrieval route the package ships (``HomerRouter``'s: ``RecursiveCharacterTextSplitter``
   chunks of 800 characters, BM25, ``retrieval_prompt``), with as many chunks as fill the budget.
+- ``query_aware_unstemmed``, ``bm25_unstemmed``: the two above with BM25 over words as written, as
+  they were before 2026-12-03, when BM25 began to stem (``BM25Index``); their rows of before are
+  relabelled. The rows of ``fused``, ``hybrid`` and the layouts also ran BM25 over words as written.
 
 Rows (one per model, book, dtype, method, budget and question) are appended to
 ``results/whole_book_rows.jsonl`` and skipped on a re-run. Several methods in one invocation take the
@@ -64,7 +67,20 @@ HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 ROWS = RESULTS / "whole_book_rows.jsonl"
 FACTS = HERE / "book_facts.json"
-METHODS = ("query_aware", "fused", "tokens", "hybrid", "shared", "bm25", "sep", "rank", "qfirst", "merge")
+METHODS = (
+    "query_aware",
+    "fused",
+    "tokens",
+    "hybrid",
+    "shared",
+    "bm25",
+    "sep",
+    "rank",
+    "qfirst",
+    "merge",
+    "query_aware_unstemmed",
+    "bm25_unstemmed",
+)
 CHUNK_CHARS, CHUNK_OVERLAP = 800, 100  # HomerRouter's defaults
 
 
@@ -120,14 +136,14 @@ def done_keys(rows: Path = ROWS) -> set[tuple]:
 class Bm25Route:
     """The retrieval route at a token budget: the chunks ``HomerRouter`` makes, as many as fill it."""
 
-    def __init__(self, engine: HomerModel, text: str, budget: int) -> None:
+    def __init__(self, engine: HomerModel, text: str, budget: int, stemmer: str | None = "english") -> None:
         from langchain_text_splitters import RecursiveCharacterTextSplitter
 
         from homer_integrations.retrieval import BM25Index
 
         splitter = RecursiveCharacterTextSplitter(chunk_size=CHUNK_CHARS, chunk_overlap=CHUNK_OVERLAP)
         chunks = splitter.split_text(text)
-        self.index = BM25Index(chunks)
+        self.index = BM25Index(chunks, stemmer=stemmer)
         sample = chunks[:: max(1, len(chunks) // 200)]
         per_chunk = statistics.mean(len(engine.tokenizer(c, add_special_tokens=False)["input_ids"]) for c in sample)
         self.k = max(1, round(budget / per_chunk))
@@ -163,6 +179,7 @@ def replays(read_tokens: int, unit: str = "token", candidates: int = 8192) -> di
         "tokens": RecomputeReplay(),
         "hybrid": RecomputeReplay(),
         "merge": CandidateMerge(candidates, unit, PassageReplay(budget=budget)),
+        "query_aware_unstemmed": AutoReplay(PassageReplay(PassageSelection(stemmer=None), budget)),
         **layouts(budget),
     }
 
@@ -186,13 +203,17 @@ def run(args: argparse.Namespace) -> None:
     done = done_keys(args.rows)
     book_tokens = len(engine.tokenizer(text, add_special_tokens=False)["input_ids"])
     print(f"{args.book}: {len(text):,} characters, {book_tokens:,} tokens; {len(items)} questions", file=sys.stderr)
-    retrieval = Bm25Route(engine, text, budget) if "bm25" in args.methods else None
+    routes = {
+        method: Bm25Route(engine, text, budget, stemmer="english" if method == "bm25" else None)
+        for method in ("bm25", "bm25_unstemmed")
+        if method in args.methods
+    }
     # question by question, every method in turn: a busy machine slows the methods alike
     for item in items:
         for method in args.methods:
             if (args.model, args.book, dtype, method, budget, item.id) in done:
                 continue
-            route = retrieval if method == "bm25" else None
+            route = routes.get(method)
             started = time.perf_counter()
             if route is not None:
                 answer, ttft = route.answer(item.question, args.max_new_tokens)

@@ -87,4 +87,7 @@ def test_each_per_question_method_asks_its_own_replay_at_the_budget_given() -> N
     assert grown["query_aware"].passages.budget.tokens is None, "0: the package's budget, which grows with the machine"
     assert fixed["query_aware"].passages.selection.attention == 0, "the default ranks passages by BM25 alone"
     assert fixed["fused"].passages.selection.attention == 1.0
-    assert set(fixed) == set(whole_book.METHODS) - {"shared", "bm25"}
+    assert fixed["query_aware"].passages.selection.stemmer == "english"
+    assert fixed["query_aware_unstemmed"].passages.selection.stemmer is None, "the ablation: words as written"
+    assert fixed["query_aware_unstemmed"].passages.budget == fixed["query_aware"].passages.budget
+    assert set(fixed) == set(whole_book.METHODS) - {"shared", "bm25", "bm25_unstemmed"}
