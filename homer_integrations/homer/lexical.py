@@ -25,6 +25,17 @@ class Passage:
     score: float
 
 
+def snowball(stemmer: str | None):
+    """PyStemmer's Snowball stemmer of that name (None: no stemmer); a clear error for an unknown one."""
+    if stemmer is None:
+        return None
+    import Stemmer
+
+    if stemmer not in Stemmer.algorithms():
+        raise ValueError(f"{stemmer!r} is not a Snowball stemmer; known: {', '.join(Stemmer.algorithms())}, or None")
+    return Stemmer.Stemmer(stemmer)
+
+
 class BM25Index:
     """BM25 (``bm25s``) over texts, built once; ``search`` returns the best ones.
 
@@ -41,11 +52,7 @@ class BM25Index:
             raise ValueError("BM25Index needs at least one text")
         self.chunks = list(texts)
         self._stopwords = stopwords
-        self._stemmer = None
-        if stemmer is not None:
-            import Stemmer
-
-            self._stemmer = Stemmer.Stemmer(stemmer)
+        self._stemmer = snowball(stemmer)
         self._bm25 = bm25s.BM25()
         self._bm25.index(self._tokenize(self.chunks), show_progress=False)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from homer_integrations.homer.lexical import BM25Index
+from homer_integrations.homer.lexical import BM25Index, snowball
 
 
 class Passages:
@@ -165,14 +165,7 @@ class PassageSelection:
             raise ValueError(f"PassageSelection.fusion must be at least 1, not {self.fusion}")
         if self.attention < 0:
             raise ValueError(f"PassageSelection.attention must not be negative, not {self.attention}")
-        if self.stemmer is not None:
-            import Stemmer
-
-            if self.stemmer not in Stemmer.algorithms():
-                raise ValueError(
-                    f"PassageSelection.stemmer {self.stemmer!r} is not a Snowball stemmer; "
-                    f"known: {', '.join(Stemmer.algorithms())}, or None"
-                )
+        snowball(self.stemmer)  # an unknown stemmer fails here, not at the first question
 
     def passages(self, tokenizer, document_ids: torch.Tensor, statements: torch.Tensor) -> Passages:
         """This selection's passages of a document (token ids [N], statement index per token [N])."""
