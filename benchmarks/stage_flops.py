@@ -96,6 +96,18 @@ def timing(module, name: str, into: dict[str, list[float]]):
         setattr(module, name, original)
 
 
+def decoded_bytes(model: torch.nn.Module) -> int:
+    """Bytes of weights one decoding step reads: every parameter but the input embedding table, of which
+    a step reads one row (unless the output layer shares it, tied, and reads it whole)."""
+    embedding = model.get_input_embeddings().weight
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding or _tied(model))
+
+
+def _tied(model: torch.nn.Module) -> bool:
+    output = model.get_output_embeddings()
+    return output is not None and output.weight is model.get_input_embeddings().weight
+
+
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     store = args.store or tempfile.mkdtemp(prefix="homer-stage-flops-")
@@ -159,7 +171,7 @@ def run(args: argparse.Namespace) -> dict:
     kept = info.cache_tokens
     stage("re-read", sum(calls["prefill_kept"]), shapes.forward(kept, 0, shapes.layers))
     stage("question, first token", info.time_to_first_token or 0.0)
-    weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    weights = decoded_bytes(engine.model)
     if info.output_tokens > 1:
         per_token = (info.total_seconds - (info.time_to_first_token or 0.0)) / (info.output_tokens - 1)
         stage("decoding, per token", per_token, nbytes=weights)
