@@ -5,7 +5,8 @@
 Loads the converted Qwen2.5-Coder-1.5B in bfloat16 (the package's model cache; run the package once
 first), prefills ``--context`` random tokens into a ``DynamicCache`` with SDPA, then times single-token
 steps of ``model(...)`` (as ``homer.generation.decode`` calls it) with each attention implementation,
-and profiles three SDPA steps by operator. Also times one bfloat16 matrix-vector product per weight
+and profiles three SDPA steps by operator; ``package`` is the attention the engine registers
+(``register_headwise_attention``). Also times one bfloat16 matrix-vector product per weight
 shape, the rate that bounds a step that only read its weights.
 """
 
@@ -18,13 +19,14 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
+from homer_integrations.homer.headwise.cache import register_headwise_attention
 from homer_integrations.paths import cache_root
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--context", type=int, default=2048)
-    p.add_argument("--attention", nargs="+", default=["sdpa", "eager"])
+    p.add_argument("--attention", nargs="+", default=["sdpa", "eager", "package"])
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -36,7 +38,10 @@ def main() -> None:
         cache = DynamicCache(config=model.config)
         with torch.inference_mode():
             out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-            model.set_attn_implementation(attention)
+            if attention == "package":  # the engine's registered attention (eager for one-row steps on a CPU)
+                register_headwise_attention(model)
+            else:
+                model.set_attn_implementation(attention)
             state = {"position": args.context, "token": int(out.logits[0, -1].argmax())}
 
             def step(state: dict = state, cache: DynamicCache = cache) -> None:

@@ -93,6 +93,30 @@ def test_the_wrapped_attention_leaves_dense_caches_and_masks_as_they_were(base: 
         torch.testing.assert_close(model(ids).logits, plain)
 
 
+@pytest.mark.parametrize(("kind", "window"), [("llama", None), ("mistral", 8)])
+def test_a_one_row_step_on_a_cpu_runs_the_models_eager_attention(kind: str, window: int | None) -> None:
+    overrides = {"sliding_window": window} if window else {}
+    model = tiny_model(kind, vocab_size=256, **overrides)
+    context = torch.randint(0, 256, (1, 30), generator=torch.Generator().manual_seed(0))
+
+    def step(attention: str) -> torch.Tensor:
+        """One decoding step after the context (prefilled with SDPA), with ``attention``."""
+        model.set_attn_implementation("sdpa")
+        with torch.no_grad():
+            cache = model(context, use_cache=True).cache
+            if attention == "registered":
+                assert register_headwise_attention(model)
+            else:
+                model.set_attn_implementation(attention)
+            return model(input_ids=torch.tensor([[11]]), position_ids=torch.tensor([[30]]), cache=cache).logits[0, -1]
+
+    eager, sdpa = step("eager"), step("sdpa")
+    registered = step("registered")  # last: it renames the model's implementation
+    # SDPA's boolean mask (a sliding window of 8 over 31 keys) is handed to eager as eager's own additive mask
+    assert torch.equal(registered, eager)
+    torch.testing.assert_close(registered, sdpa)
+
+
 def test_a_headwise_document_round_trips_and_a_damaged_one_is_refused() -> None:
     from homer_integrations.homer.compressed import CompressedDocument, CompressionStats, check_consistent
 
