@@ -5,9 +5,9 @@ head-wise root keeps n[l, h] tokens in head h of layer l. ``HeadwiseLayer`` stor
 flat ([sum_h n[l, h], d], heads in order, each a view of it) and what decoding appends as a dense tail
 [1, Hkv, t, d]; its ``update`` hands attention a ``HeadwiseKV`` in place of a tensor. ``HeadwiseAttention``
 attends each K/V head to its own tokens and the tail, and passes every other call to the model's own
-attention function unchanged. A padded dense layout with a mask would answer the same but hold every
-head at the widest head's length (1.9x the budget on RULER): the memory the selection saves would be
-spent again.
+attention function (a one-row step on a CPU to the model's eager attention, faster there than
+SDPA). A padded dense layout with a mask would answer the same but hold every head at the widest
+head's length (1.9x the budget on RULER): the memory the selection saves would be spent again.
 
 transformers picks a layer's attention function by the name in ``config._attn_implementation``, from
 its ``AttentionInterface`` registry. ``register_headwise_attention`` registers ``HeadwiseAttention`` there
@@ -108,7 +108,8 @@ def headwise_attention(
 class HeadwiseAttention:
     """The attention function registered as ``PREFIX + wraps``: ``headwise_attention`` for a head-wise
     layer's ``HeadwiseKV``, the ``wraps`` implementation (``sdpa``, ``eager``, ...) for every other call,
-    so a dense cache answers exactly as without it. ``DecoderStack.backend`` reads ``wraps``."""
+    so a dense cache answers as without it; but a one-row SDPA step on a CPU (decoding) runs the model's
+    eager attention, which rounds differently in the last bits. ``DecoderStack.backend`` reads ``wraps``."""
 
     wraps: str
 
