@@ -931,11 +931,8 @@ def dtype_pairs(
 
 def dtypes(args: argparse.Namespace) -> None:
     """``dtype_pairs`` of ``args.rows`` against ``results/ruler.jsonl``, as a table."""
-
-    def read(path: Path) -> list[dict]:
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-    comparisons = dtype_pairs(read(args.rows), read(HERE / "results" / "ruler.jsonl"), args.dtype, args.lengths)
+    reference = load_rows(HERE / "results" / "ruler.jsonl")
+    comparisons = dtype_pairs(load_rows(args.rows), reference, args.dtype, args.lengths)
     print(paired_markdown(comparisons))
     for c in comparisons:
         print(f"{c['method']}: pairs per task {c['pairs']}")

@@ -100,12 +100,9 @@ def decoded_bytes(model: torch.nn.Module) -> int:
     """Bytes of weights one decoding step reads: every parameter but the input embedding table, of which
     a step reads one row (unless the output layer shares it, tied, and reads it whole)."""
     embedding = model.get_input_embeddings().weight
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding or _tied(model))
-
-
-def _tied(model: torch.nn.Module) -> bool:
     output = model.get_output_embeddings()
-    return output is not None and output.weight is model.get_input_embeddings().weight
+    tied = output is not None and output.weight is embedding
+    return sum(p.numel() * p.element_size() for p in model.parameters() if tied or p is not embedding)
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -25,7 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from book_selection import Chunks, evidence_offsets, token_span
 from whole_book import book_with_facts
 
-from homer_integrations.homer.lexical import BM25Index
 from homer_integrations.homer.passages import PassageSelection
 from homer_integrations.homer.prompt import unit_ids
 from homer_integrations.paths import cache_root
@@ -49,8 +48,7 @@ def main() -> None:
         for stemmer in ("english", None):
             selection = PassageSelection(stemmer=stemmer)
             passages = selection.passages(tokenizer, ids, statements)
-            chunks = Chunks(text, offsets)
-            chunks.index = BM25Index(chunks.texts, stemmer=stemmer)
+            chunks = Chunks(text, offsets, stemmer)
             for item in items:
                 answer = token_span(offsets, at[item.id], at[item.id] + 24)
                 by_passages = torch.zeros(ids.numel(), dtype=torch.bool)

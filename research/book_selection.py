@@ -52,12 +52,12 @@ def token_span(offsets: torch.Tensor, start: int, stop: int) -> torch.Tensor:
 class Chunks:
     """The retrieval route's 800-character chunks as token spans."""
 
-    def __init__(self, text: str, offsets: torch.Tensor) -> None:
+    def __init__(self, text: str, offsets: torch.Tensor, stemmer: str | None = "english") -> None:
         from langchain_text_splitters import RecursiveCharacterTextSplitter
 
         splitter = RecursiveCharacterTextSplitter(chunk_size=CHUNK_CHARS, chunk_overlap=CHUNK_OVERLAP)
         self.texts = splitter.split_text(text)
-        self.index = BM25Index(self.texts)
+        self.index = BM25Index(self.texts, stemmer=stemmer)
         self.spans: list[torch.Tensor] = []
         cursor = 0
         for t in self.texts:

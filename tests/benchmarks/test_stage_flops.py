@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from transformers import LlamaConfig, LlamaForCausalLM
+
+from tests.conftest import tiny_model
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import stage_flops
@@ -14,11 +15,7 @@ import stage_flops
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_a_decoding_step_reads_every_weight_but_the_input_embedding_table(tied: bool) -> None:
-    config = LlamaConfig(
-        vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, tie_word_embeddings=tied,
-    )  # fmt: skip
-    model = LlamaForCausalLM(config)
+    model = tiny_model("llama", vocab_size=1000, tie_word_embeddings=tied)
     table = model.get_input_embeddings().weight
     everything = sum(p.numel() * p.element_size() for p in model.parameters())
     expected = everything if tied else everything - table.numel() * table.element_size()
