@@ -20,7 +20,11 @@ each with its split (``tuning`` / ``heldout``). Methods, the same model and toke
   window the passages BM25 ranks best across every chapter, ``--read-tokens`` of them, re-read once;
   ``cited_evidence`` is the share of the question's evidence chapters among the sources it cites.
 - ``corpus_noheading``: ``corpus`` whose kept passages come without their document's ``Document:`` line
-  (``PassageSelection(heading=None)``: the package before 2026-12-02; its rows were named ``corpus``).
+  and BM25 over words as written (``PassageSelection(heading=None, stemmer=None)``: the package before
+  2026-12-02; its rows were named ``corpus``).
+- ``corpus_unstemmed``, ``bm25_unstemmed``: ``corpus`` and ``bm25`` with BM25 over words as written (the
+  package before 2026-12-03; their rows were named ``corpus`` and ``bm25``). ``per_document``'s rows
+  also predate stemming (its routing BM25 over whole chapters).
 - ``bm25``: the retrieval route over the joined text (``whole_book.Bm25Route``: ``HomerRouter``'s 800-character
   chunks, as many as fill the budget); ``cited_evidence`` from the chapters its chunks lie in.
 - ``per_document``: the one chapter BM25 ranks best for the question (whole chapters indexed), then
@@ -65,7 +69,7 @@ from homer_integrations.paths import bundled_text
 from homer_integrations.question_sets import KeywordQuestion, question_set
 
 sys.path.insert(0, str(Path(__file__).parent))
-from whole_book import Bm25Route, peak_rss_mb, replays
+from whole_book import Bm25Route, paired, paired_markdown, peak_rss_mb, replays
 
 if TYPE_CHECKING:
     from homer_integrations.answering import AnswerInfo
@@ -75,7 +79,7 @@ RESULTS = HERE / "results"
 ROWS = RESULTS / "corpus_qa_rows.jsonl"
 FACTS = HERE / "corpus_facts.json"
 BOOKS = ("northangerabbey", "prideprejudice")
-METHODS = ("corpus", "corpus_noheading", "bm25", "per_document")
+METHODS = ("corpus", "corpus_noheading", "corpus_unstemmed", "bm25", "bm25_unstemmed", "per_document")
 KINDS = ("one_doc", "two_doc")
 CHAPTER = re.compile(r"^(?:CHAPTER|Chapter) (\d+)[ \t]*$", re.MULTILINE)
 
@@ -225,10 +229,20 @@ class Methods:
         self.engine, self.corpus = engine, corpus
         # every HOMER call re-reads the same tokens, whatever the machine (whole_book's query_aware)
         default = replays(budget)["query_aware"]
-        noheading = replace(default.passages, selection=PassageSelection(heading=None))
-        self.replays = {"corpus": default, "corpus_noheading": AutoReplay(noheading)}
-        self.retrieval = Bm25Route(engine, corpus.text, budget) if "bm25" in methods else None
-        self.chunk_docs = chunk_documents(corpus, self.retrieval.index.chunks) if self.retrieval else []
+        noheading = replace(default.passages, selection=PassageSelection(heading=None, stemmer=None))
+        unstemmed = replace(default.passages, selection=PassageSelection(stemmer=None))
+        self.replays = {
+            "corpus": default,
+            "corpus_noheading": AutoReplay(noheading),
+            "corpus_unstemmed": AutoReplay(unstemmed),
+        }
+        self.routes = {
+            method: Bm25Route(engine, corpus.text, budget, stemmer=stemmer)
+            for method, stemmer in (("bm25", "english"), ("bm25_unstemmed", None))
+            if method in methods
+        }
+        route = next(iter(self.routes.values()), None)  # both split the text alike
+        self.chunk_docs = chunk_documents(corpus, route.index.chunks) if route else []
         self.router = DocumentRouter(corpus) if "per_document" in methods else None
 
     def ask(self, method: str, question: str, max_new_tokens: int) -> Asked:
@@ -239,10 +253,10 @@ class Methods:
             stream = stream_corpus(self.engine, self.corpus, question, max_new_tokens=max_new_tokens)
             answer, ttft = consume(stream, started)
             return Asked(answer, ttft, {s.name for s in stream.sources}, stream.info)
-        if method == "bm25":
-            assert self.retrieval is not None
-            answer, ttft = self.retrieval.answer(question, max_new_tokens)
-            kept = self.retrieval.index.search(question, self.retrieval.k)  # the same search, again: cheap
+        if method in self.routes:
+            retrieval = self.routes[method]
+            answer, ttft = retrieval.answer(question, max_new_tokens)
+            kept = retrieval.index.search(question, retrieval.k)  # the same search, again: cheap
             return Asked(answer, ttft, set().union(*(self.chunk_docs[p.index] for p in kept)))
         if method == "per_document":
             assert self.router is not None
@@ -404,6 +418,12 @@ def plot(summary: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def paired_command(args: argparse.Namespace) -> None:
+    rows = [r for r in load_rows() if args.split in ("all", r["split"]) and r["budget"] == args.read_tokens]
+    rows = [r for r in rows if args.dtype in ("any", r["dtype"])]
+    print(paired_markdown(paired(rows, args.method, args.reference, kind_of=lambda r: r["kind"])), end="")
+
+
 def report(_: argparse.Namespace) -> None:
     rows = load_rows()
     summary = summarize(rows)
@@ -442,6 +462,13 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=int, default=2)
     r.set_defaults(func=run)
     sub.add_parser("report").set_defaults(func=report)
+    pair = sub.add_parser("paired", help="one method against another on the questions both answered")
+    pair.add_argument("method", choices=METHODS)
+    pair.add_argument("reference", choices=METHODS)
+    pair.add_argument("--split", default="heldout", choices=("tuning", "heldout", "all"))
+    pair.add_argument("--read-tokens", type=int, default=2048)
+    pair.add_argument("--dtype", default="bfloat16", help="or 'any'")
+    pair.set_defaults(func=paired_command)
     return p
 
 

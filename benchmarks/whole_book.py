@@ -80,6 +80,8 @@ METHODS = (
     "merge",
     "query_aware_unstemmed",
     "bm25_unstemmed",
+    "route_prompt",
+    "instructed",
 )
 CHUNK_CHARS, CHUNK_OVERLAP = 800, 100  # HomerRouter's defaults
 
@@ -314,6 +316,70 @@ def markdown(summary: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def story_or_facts(row: dict) -> str:
+    return "facts" if row["kind"].startswith("fact") else "story"
+
+
+def paired(
+    rows: list[dict], method: str, reference: str, kind_of: Callable[[dict], str] = story_or_facts, draws: int = 2000
+) -> list[dict]:
+    """``method`` against ``reference`` on the questions both answered (the same model, book, dtype,
+    budget and question), per ``kind_of`` (story questions, inserted facts) and over all: right counts, the mean
+    difference per question and its 90% interval from a bootstrap over the pairs."""
+    import random
+
+    answers: dict[tuple, dict[str, bool]] = defaultdict(dict)
+    for r in rows:
+        if r["method"] in (method, reference):
+            key = (kind_of(r), r["model"], r.get("book"), r["dtype"], r["budget"], r["id"])
+            answers[key][r["method"]] = r["correct"]
+    kinds = sorted({key[0] for key in answers}, key=lambda k: (k == "facts", k))
+    out = []
+    for kind in kinds + (["all"] if len(kinds) > 1 else []):
+        pairs = [
+            (int(a[method]), int(a[reference]))
+            for key, a in sorted(answers.items())
+            if len(a) == 2 and kind in ("all", key[0])
+        ]
+        if not pairs:
+            continue
+        rng = random.Random(0)
+        gaps = sorted(sum(x - y for x, y in rng.choices(pairs, k=len(pairs))) / len(pairs) for _ in range(draws))
+        out.append(
+            {
+                "method": method,
+                "reference": reference,
+                "kind": kind,
+                "pairs": len(pairs),
+                "right": sum(x for x, _ in pairs),
+                "reference_right": sum(y for _, y in pairs),
+                "difference": sum(x - y for x, y in pairs) / len(pairs),
+                "interval_90": [gaps[int(0.05 * draws)], gaps[int(0.95 * draws) - 1]],
+            }
+        )
+    return out
+
+
+def paired_markdown(comparisons: list[dict]) -> str:
+    lines = [
+        "| method | reference | questions | pairs | method right | reference right | difference | 90% interval |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in comparisons:
+        low, high = c["interval_90"]
+        lines.append(
+            f"| {c['method']} | {c['reference']} | {c['kind']} | {c['pairs']} | {c['right']} | {c['reference_right']} "
+            f"| {c['difference']:+.2f} | [{low:+.2f}, {high:+.2f}] |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def paired_command(args: argparse.Namespace) -> None:
+    rows = [r for r in load_rows() if args.split in ("all", r["split"]) and args.book in ("both", r["book"])]
+    rows = [r for r in rows if r["budget"] == args.read_tokens and args.dtype in ("any", r["dtype"])]
+    print(paired_markdown(paired(rows, args.method, args.reference)), end="")
+
+
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -374,6 +440,14 @@ def main() -> None:
     r.add_argument("--rows", type=Path, default=ROWS, help="rows file (another: a timing run apart)")
     r.set_defaults(func=run)
     sub.add_parser("report").set_defaults(func=report)
+    pair = sub.add_parser("paired", help="one method against another on the questions both answered")
+    pair.add_argument("method")
+    pair.add_argument("reference")
+    pair.add_argument("--split", default="heldout", choices=("tuning", "heldout", "all"))
+    pair.add_argument("--book", default="both", choices=("both", "northangerabbey", "prideprejudice"))
+    pair.add_argument("--read-tokens", type=int, default=2048)
+    pair.add_argument("--dtype", default="bfloat16", help="or 'any'")
+    pair.set_defaults(func=paired_command)
     args = parser.parse_args()
     args.func(args)
 

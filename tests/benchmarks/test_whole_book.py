@@ -91,3 +91,29 @@ def test_each_per_question_method_asks_its_own_replay_at_the_budget_given() -> N
     assert fixed["query_aware_unstemmed"].passages.selection.stemmer is None, "the ablation: words as written"
     assert fixed["query_aware_unstemmed"].passages.budget == fixed["query_aware"].passages.budget
     assert set(fixed) == set(whole_book.METHODS) - {"shared", "bm25", "bm25_unstemmed"}
+
+
+def test_paired_compares_only_the_questions_both_methods_answered() -> None:
+    def row(method: str, qid: str, kind: str, correct: bool, book: str = "northangerabbey") -> dict:
+        keys = {"model": "m", "book": book, "dtype": "bfloat16", "budget": 2048}
+        return keys | {"method": method, "id": qid, "kind": kind, "correct": correct}
+
+    rows = [
+        row("a", "q1", "who", True),
+        row("b", "q1", "who", False),
+        row("a", "q2", "why", True),
+        row("b", "q2", "why", True),
+        row("a", "q1", "who", False, book="prideprejudice"),  # another book's q1: its own pair
+        row("b", "q1", "who", False, book="prideprejudice"),
+        row("a", "q3", "who", True),  # b never answered q3: left out
+        row("a", "f1", "fact_number", True),
+        row("b", "f1", "fact_number", False),
+    ]
+    story, facts, both = whole_book.paired(rows, "a", "b")
+    assert (story["kind"], story["pairs"], story["right"], story["reference_right"]) == ("story", 3, 2, 1)
+    assert story["difference"] == pytest.approx(1 / 3)
+    low, high = story["interval_90"]
+    assert 0.0 <= low <= story["difference"] <= high <= 1.0
+    assert (facts["kind"], facts["pairs"], facts["difference"]) == ("facts", 1, 1.0)
+    assert (both["kind"], both["pairs"], both["right"]) == ("all", 4, 3)
+    assert "| a | b | story | 3 | 2 | 1 | +0.33 |" in whole_book.paired_markdown([story])
