@@ -23,11 +23,13 @@ import torch
 
 from homer_integrations.homer import recompute
 from homer_integrations.homer.budget import ReadBudget
+from homer_integrations.homer.config import DEFAULT_DOCUMENT_SUFFIX
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.nodes import CompressionResult
 from homer_integrations.homer.passages import Passages, PassageSelection
-from homer_integrations.homer.prompt import encode
+from homer_integrations.homer.prompt import DOCUMENT_MARK, encode, render_chat
 from homer_integrations.homer.strategies import CompressorFor, PassageReplay, PassageRoom, Reread
+from homer_integrations.retrieval import DEFAULT_RETRIEVAL_INSTRUCTION, retrieval_prompt
 
 
 def taken_runs(
@@ -45,11 +47,14 @@ def taken_runs(
 @dataclass(frozen=True)
 class LaidOutPassages:
     """``PassageReplay``'s BM25 passages re-read in another layout: ``rank`` order or document order,
-    ``separator`` text between runs, ``question_first`` (a format with ``{question}``) before them."""
+    ``separator`` text between runs, ``question_first`` (a format with ``{question}``) before them;
+    ``frame`` (a format with ``{text}`` and ``{question}``): the user message around them, in place of
+    the engine's prompt."""
 
     rank: bool = False
     separator: str = ""
     question_first: str = ""
+    frame: str = ""
     passages: PassageReplay = field(default_factory=PassageReplay)
 
     def reads_tier(self, document_tokens: int, window: int, final_cache_len: int) -> bool:
@@ -80,9 +85,20 @@ class LaidOutPassages:
         joined, back = torch.cat(ids), torch.cat(origin)
         head = encode(tokenizer, self.question_first.format(question=inputs.question))
         every = torch.arange(joined.numel())
-        prefix = torch.cat([inputs.prefix_ids, head])
-        result = recompute.reread(room.chosen.nodes, room.plan, prefix, joined, every, room.suffix_ids, room.started)
+        prefix, suffix = torch.cat([inputs.prefix_ids, head]), room.suffix_ids
+        if self.frame:
+            message = self.frame.format(text=DOCUMENT_MARK, question=inputs.question)
+            before, _, after = render_chat(tokenizer, [{"role": "user", "content": message}]).partition(DOCUMENT_MARK)
+            prefix = encode(tokenizer, before, first=True, formatted=True)
+            suffix = encode(tokenizer, after, formatted=True)
+        result = recompute.reread(room.chosen.nodes, room.plan, prefix, joined, every, suffix, room.started)
         return replace(result, origin=torch.where(result.origin >= 0, back[result.origin.clamp(min=0)], -1))
+
+
+ROUTE_FRAME = retrieval_prompt("{question}", ["{text}"])
+"""The retrieval route's user message (``retrieval.retrieval_prompt``) around the passages."""
+INSTRUCTED_FRAME = "{text}" + DEFAULT_DOCUMENT_SUFFIX + "{question}\n" + DEFAULT_RETRIEVAL_INSTRUCTION
+"""The engine's own message with the route's closing instruction after the question."""
 
 
 def layouts(budget: ReadBudget) -> dict[str, LaidOutPassages]:
@@ -92,4 +108,6 @@ def layouts(budget: ReadBudget) -> dict[str, LaidOutPassages]:
         "sep": LaidOutPassages(separator="\n\n[...]\n\n", passages=passages),
         "rank": LaidOutPassages(rank=True, separator="\n\n", passages=passages),
         "qfirst": LaidOutPassages(question_first="Question: {question}\n\nText:\n", passages=passages),
+        "route_prompt": LaidOutPassages(rank=True, separator="\n\n", frame=ROUTE_FRAME, passages=passages),
+        "instructed": LaidOutPassages(frame=INSTRUCTED_FRAME, passages=passages),
     }

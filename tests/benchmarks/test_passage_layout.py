@@ -9,7 +9,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-from passage_layout import LaidOutPassages, taken_runs
+from passage_layout import INSTRUCTED_FRAME, LaidOutPassages, taken_runs
 
 from homer_integrations.homer.budget import ReadBudget
 from homer_integrations.homer.passages import PassageSelection
@@ -35,7 +35,12 @@ def test_runs_hold_the_selected_tokens_in_either_order(tokenizer, novel) -> None
 
 @pytest.mark.parametrize(
     "layout",
-    [dict(separator="\n\n[...]\n\n"), dict(rank=True, separator="\n\n"), dict(question_first="Q: {question}\n")],
+    [
+        dict(separator="\n\n[...]\n\n"),
+        dict(rank=True, separator="\n\n"),
+        dict(question_first="Q: {question}\n"),
+        dict(frame=INSTRUCTED_FRAME),
+    ],
 )
 def test_a_layout_rereads_the_same_book_tokens_plus_its_own(tokenizer, calibration, novel, layout) -> None:
     book = novel[20_000:32_000]
