@@ -74,7 +74,9 @@ def test_the_summary_pairs_methods_counts_story_and_facts_apart_and_times_only_l
             "document_seconds": 0.0,
         },
     ]
-    bm25, query_aware = whole_book.summarize(rows)
+    few = {**base, "method": "merge", "id": "q1", "kind": "who", "correct": True, "ttft_seconds": 1.0}
+    bm25, merge, query_aware = whole_book.summarize([*rows, few | {"document_seconds": 0.0}])
+    assert merge["story"] == [1, 1], "an ablation asked one question: counted on that one"
     assert query_aware["story"] == [1, 2] and query_aware["facts"] == [1, 1], "q3 only one method asked"
     assert query_aware["build_seconds"] == 800.0 and query_aware["median_ttft_seconds"] == 25.0
     assert bm25["story"] == [1, 2] and bm25["median_ttft_seconds"] == 6.0 and bm25["peak_rss_mb"] == 12
