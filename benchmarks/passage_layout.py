@@ -11,7 +11,15 @@ Abbey, 16 questions, Qwen2.5-Coder-1.5B in bfloat16, 2,048 tokens):
 - ``qfirst``: the question also before the passages ("Question: ...\\n\\nText:\\n"), so the passages
   are read knowing it: 6/16;
 
-against 8/16 for the package's layout. None helped, so they stay here.
+against 8/16 for the package's layout. None helped, so they stay here. Two more (2026-12-03, the same
+16 questions, ``--methods route_prompt instructed query_aware bm25``) asked whether the retrieval
+route's lead is its prompt (``frame``):
+
+- ``route_prompt``: the route's own message (``retrieval.retrieval_prompt``: ``Text:``, the passages
+  best first with blank lines between, ``Question:`` and its closing instruction): 8/15 story;
+- ``instructed``: the engine's message with the route's closing instruction after the question: 9/15;
+
+against 8/15 for the package and 6/15 for the route itself.
 """
 
 from __future__ import annotations
