@@ -223,7 +223,7 @@ class Asked:
 
 
 class Methods:
-    """The three ways to answer a question across ``corpus`` with one engine at one token budget."""
+    """The ways to answer a question across ``corpus`` (``METHODS``) with one engine at one token budget."""
 
     def __init__(self, engine: HomerModel, corpus: Corpus, budget: int, methods: Sequence[str]) -> None:
         self.engine, self.corpus = engine, corpus

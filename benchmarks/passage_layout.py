@@ -19,7 +19,8 @@ route's lead is its prompt (``frame``):
   best first with blank lines between, ``Question:`` and its closing instruction): 8/15 story;
 - ``instructed``: the engine's message with the route's closing instruction after the question: 9/15;
 
-against 8/15 for the package and 6/15 for the route itself.
+against 8/15 for the package and 6/15 for the route itself. Held out (43 questions of both books),
+``instructed`` answered 17/33 story questions and 8/10 facts against the package's 18 and 10.
 """
 
 from __future__ import annotations
