@@ -69,7 +69,7 @@ from homer_integrations.paths import bundled_text
 from homer_integrations.question_sets import KeywordQuestion, question_set
 
 sys.path.insert(0, str(Path(__file__).parent))
-from whole_book import Bm25Route, paired, paired_markdown, peak_rss_mb, replays
+from whole_book import Bm25Route, paired, paired_markdown, paired_parser, paired_rows, peak_rss_mb, replays
 
 if TYPE_CHECKING:
     from homer_integrations.answering import AnswerInfo
@@ -419,8 +419,7 @@ def plot(summary: list[dict], path: Path) -> None:
 
 
 def paired_command(args: argparse.Namespace) -> None:
-    rows = [r for r in load_rows() if args.split in ("all", r["split"]) and r["budget"] == args.read_tokens]
-    rows = [r for r in rows if args.dtype in ("any", r["dtype"])]
+    rows = paired_rows(load_rows(), args)
     print(paired_markdown(paired(rows, args.method, args.reference, kind_of=lambda r: r["kind"])), end="")
 
 
@@ -462,13 +461,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=int, default=2)
     r.set_defaults(func=run)
     sub.add_parser("report").set_defaults(func=report)
-    pair = sub.add_parser("paired", help="one method against another on the questions both answered")
-    pair.add_argument("method", choices=METHODS)
-    pair.add_argument("reference", choices=METHODS)
-    pair.add_argument("--split", default="heldout", choices=("tuning", "heldout", "all"))
-    pair.add_argument("--read-tokens", type=int, default=2048)
-    pair.add_argument("--dtype", default="bfloat16", help="or 'any'")
-    pair.set_defaults(func=paired_command)
+    paired_parser(sub, METHODS).set_defaults(func=paired_command)
     return p
 
 

@@ -45,9 +45,10 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -386,10 +387,32 @@ def paired_markdown(comparisons: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def paired_parser(sub: Any, methods: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``paired`` command's parser (its rows picked by ``paired_rows``), for this benchmark and corpus_qa's."""
+    pair = sub.add_parser("paired", help="one method against another on the questions both answered")
+    pair.add_argument("method", choices=methods)
+    pair.add_argument("reference", choices=methods)
+    pair.add_argument("--split", default="heldout", choices=("tuning", "heldout", "all"))
+    pair.add_argument("--read-tokens", type=int, default=2048)
+    pair.add_argument("--dtype", default="bfloat16", help="or 'any'")
+    return pair
+
+
+def paired_rows(rows: list[dict], args: argparse.Namespace) -> list[dict]:
+    """The ``rows`` of ``args``' split, budget, dtype and (where the parser has ``--book``) book."""
+    book = getattr(args, "book", "both")
+    return [
+        r
+        for r in rows
+        if args.split in ("all", r["split"])
+        and r["budget"] == args.read_tokens
+        and args.dtype in ("any", r["dtype"])
+        and book in ("both", r.get("book"))
+    ]
+
+
 def paired_command(args: argparse.Namespace) -> None:
-    rows = [r for r in load_rows() if args.split in ("all", r["split"]) and args.book in ("both", r["book"])]
-    rows = [r for r in rows if r["budget"] == args.read_tokens and args.dtype in ("any", r["dtype"])]
-    print(paired_markdown(paired(rows, args.method, args.reference)), end="")
+    print(paired_markdown(paired(paired_rows(load_rows(), args), args.method, args.reference)), end="")
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -454,13 +477,8 @@ def main() -> None:
     r.add_argument("--rows", type=Path, default=ROWS, help="rows file (another: a timing run apart)")
     r.set_defaults(func=run)
     sub.add_parser("report").set_defaults(func=report)
-    pair = sub.add_parser("paired", help="one method against another on the questions both answered")
-    pair.add_argument("method")
-    pair.add_argument("reference")
-    pair.add_argument("--split", default="heldout", choices=("tuning", "heldout", "all"))
+    pair = paired_parser(sub)
     pair.add_argument("--book", default="both", choices=("both", "northangerabbey", "prideprejudice"))
-    pair.add_argument("--read-tokens", type=int, default=2048)
-    pair.add_argument("--dtype", default="bfloat16", help="or 'any'")
     pair.set_defaults(func=paired_command)
     args = parser.parse_args()
     args.func(args)
