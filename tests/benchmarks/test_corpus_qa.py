@@ -125,3 +125,16 @@ def test_a_run_of_every_method_writes_rows_that_report_summarises(
     assert {s["method"] for s in summary} == set(corpus_qa.METHODS)
     assert all(s["one_doc"][1] == s["two_doc"][1] == 1 for s in summary)
     assert (tmp_path / "corpus_qa.png").stat().st_size > 0 and "| tiny |" in (tmp_path / "corpus_qa.md").read_text()
+
+
+def test_the_summary_counts_each_method_over_the_questions_it_shares_with_the_corpus_path() -> None:
+    def row(method: str, id: str, correct: bool) -> dict:
+        return dict(
+            model="m", dtype="bfloat16", budget=2048, split="heldout", method=method, id=id, kind="one_doc",
+            correct=correct, cited_evidence=1.0, document_seconds=0.0, ttft_seconds=1.0, peak_rss_mb=1,
+        )  # fmt: skip
+
+    rows = [row(m, i, ok) for m in ("corpus", "bm25") for i, ok in (("q1", True), ("q2", False), ("q3", True))]
+    rows += [row("corpus_noheading", "q1", False), row("bm25", "q4", True)]
+    summary = {s["method"]: s["one_doc"] for s in corpus_qa.summarize(rows)}
+    assert summary == {"corpus": [2, 3], "bm25": [2, 3], "corpus_noheading": [0, 1]}, "an ablation shrinks no row"
