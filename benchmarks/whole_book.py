@@ -28,6 +28,8 @@ and is reported by split, kind and depth. Methods, the same model and token budg
 - ``query_aware_unstemmed``, ``bm25_unstemmed``: the two above with BM25 over words as written, as
   they were before 2026-12-03, when BM25 began to stem (``BM25Index``); their rows of before are
   relabelled. The rows of ``fused``, ``hybrid`` and the layouts also ran BM25 over words as written.
+- ``upper``: the default's passages read from the leaf tier, only the layers above the leaves run per
+  question (``upper_read.UpperRead``).
 
 Rows (one per model, book, dtype, method, budget and question) are appended to
 ``results/whole_book_rows.jsonl`` and skipped on a re-run. Several methods in one invocation take the
@@ -63,6 +65,7 @@ from homer_integrations.question_sets import question_set
 sys.path.insert(0, str(Path(__file__).parent))
 from candidate_merge import CandidateMerge
 from passage_layout import layouts
+from upper_read import UpperRead
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
@@ -83,6 +86,7 @@ METHODS = (
     "bm25_unstemmed",
     "route_prompt",
     "instructed",
+    "upper",
 )
 CHUNK_CHARS, CHUNK_OVERLAP = 800, 100  # HomerRouter's defaults
 
@@ -183,6 +187,7 @@ def replays(read_tokens: int, unit: str = "token", candidates: int = 8192) -> di
         "hybrid": RecomputeReplay(),
         "merge": CandidateMerge(candidates, unit, PassageReplay(budget=budget)),
         "query_aware_unstemmed": AutoReplay(PassageReplay(PassageSelection(stemmer=None), budget)),
+        "upper": AutoReplay(UpperRead(budget=budget)),
         **layouts(budget),
     }
 
