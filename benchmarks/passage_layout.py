@@ -11,7 +11,9 @@ Abbey, 16 questions, Qwen2.5-Coder-1.5B in bfloat16, 2,048 tokens):
 - ``qfirst``: the question also before the passages ("Question: ...\\n\\nText:\\n"), so the passages
   are read knowing it: 6/16;
 
-against 8/16 for the package's layout. None helped, so they stay here. Two more (2026-12-03, the same
+against 8/16 for the package's layout. None helped, so they stay here. ``rank_last`` (2026-12-03, after
+BM25 began to stem): ``rank`` reversed, the best passage next to the question: 8/15 story questions, as
+the package's layout. Two more (2026-12-03, the same
 16 questions, ``--methods route_prompt instructed query_aware bm25``) asked whether the retrieval
 route's lead is its prompt (``frame``):
 
@@ -55,12 +57,14 @@ def taken_runs(
 
 @dataclass(frozen=True)
 class LaidOutPassages:
-    """``PassageReplay``'s BM25 passages re-read in another layout: ``rank`` order or document order,
+    """``PassageReplay``'s BM25 passages re-read in another layout: ``rank`` order or document order
+    (``last``: that order reversed, so the best passage ends nearest the question),
     ``separator`` text between runs, ``question_first`` (a format with ``{question}``) before them;
     ``frame`` (a format with ``{text}`` and ``{question}``): the user message around them, in place of
     the engine's prompt."""
 
     rank: bool = False
+    last: bool = False
     separator: str = ""
     question_first: str = ""
     frame: str = ""
@@ -82,6 +86,7 @@ class LaidOutPassages:
         """The passages ``room`` keeps, in this layout, re-read."""
         inputs = room.inputs
         runs = taken_runs(self.passages.selection, inputs.question, room.passages, room.budget, self.rank)
+        runs = runs[::-1] if self.last else runs
         tokenizer = inputs.document.tokenizer
         gap = encode(tokenizer, self.separator)
         ids, origin = [], []
@@ -116,6 +121,7 @@ def layouts(budget: ReadBudget) -> dict[str, LaidOutPassages]:
     return {
         "sep": LaidOutPassages(separator="\n\n[...]\n\n", passages=passages),
         "rank": LaidOutPassages(rank=True, separator="\n\n", passages=passages),
+        "rank_last": LaidOutPassages(rank=True, last=True, separator="\n\n", passages=passages),
         "qfirst": LaidOutPassages(question_first="Question: {question}\n\nText:\n", passages=passages),
         "route_prompt": LaidOutPassages(rank=True, separator="\n\n", frame=ROUTE_FRAME, passages=passages),
         "instructed": LaidOutPassages(frame=INSTRUCTED_FRAME, passages=passages),

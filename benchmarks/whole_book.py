@@ -80,6 +80,7 @@ METHODS = (
     "bm25",
     "sep",
     "rank",
+    "rank_last",
     "qfirst",
     "merge",
     "query_aware_unstemmed",

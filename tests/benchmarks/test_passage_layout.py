@@ -38,6 +38,7 @@ def test_runs_hold_the_selected_tokens_in_either_order(tokenizer, novel) -> None
     [
         dict(separator="\n\n[...]\n\n"),
         dict(rank=True, separator="\n\n"),
+        dict(rank=True, last=True, separator="\n\n"),
         dict(question_first="Q: {question}\n"),
         dict(frame=INSTRUCTED_FRAME),
     ],
@@ -55,3 +56,7 @@ def test_a_layout_rereads_the_same_book_tokens_plus_its_own(tokenizer, calibrati
     assert other.numel() > reference.numel(), "the layout's own tokens (separators, the question) are read too"
     if layout.get("rank"):
         assert not torch.equal(other[other >= 0], reference[reference >= 0])
+    if layout.get("last"):
+        passages = replay.selection.passages(tokenizer, encode(tokenizer, book), unit_ids(tokenizer, book, "statement"))
+        best = taken_runs(replay.selection, QUESTION, passages, 200, rank=True)[0]
+        assert torch.equal(other[other >= 0][-best.numel() :], best), "the best passage ends nearest the question"
