@@ -166,6 +166,31 @@ def test_attention_in_blocks_gives_the_same_rows_and_cache(kind, attn, monkeypat
     torch.testing.assert_close(last_queries(16), last_queries(4096), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize(
+    ("kind", "attn", "empty_calls"), [("qwen3", "sdpa", 1), ("qwen3", "eager", 5), ("gemma3", "sdpa", 5)]
+)
+def test_rows_with_nothing_cached_run_as_one_block_where_no_mask_is_built(kind, attn, empty_calls, monkeypatch):
+    """SDPA's causal flag serves a prefill with nothing cached (a re-read) whole, so it skips the masked
+    half instead of computing blocks under masks; eager attention (a mask always) and a window shorter
+    than the rows keep the blocks. After a cached prefix the rows go in blocks as before."""
+    stack = DecoderStack(build(kind, attn=attn))
+    monkeypatch.setattr(decoder, "ATTENTION_ROWS", 16)
+    calls: list[int] = []
+    attend = stack.family.attend
+    monkeypatch.setattr(stack.family, "attend", lambda i, rows, *a: calls.append(rows.shape[1]) or attend(i, rows, *a))
+    ids = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(2))
+    hidden = stack.embed(ids)
+    with torch.no_grad():
+        stack.attention(0, hidden, stack.rotary(hidden, torch.arange(70)), DynamicCache())
+        assert len(calls) == empty_calls and sum(calls) == 70
+        calls.clear()
+        cache = DynamicCache()
+        run_stack(stack, ids[:20], torch.arange(20), cache)
+        calls.clear()
+        stack.attention(0, hidden[:, 20:], stack.rotary(hidden[:, 20:], torch.arange(20, 70)), cache)
+    assert calls == [16, 16, 16, 2], "after a cache, blocks under masks"
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_pruning_queries_are_the_ones_attention_uses(kind):
     """Softmax of our last-row query against the cached keys = the model's own attention row, every layer."""
