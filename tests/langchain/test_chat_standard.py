@@ -85,7 +85,7 @@ class TestChatHomerUnit(_Params, ChatModelUnitTests):
             assert ser == snapshot(name="serialized")
             assert "engine" not in ser["kwargs"]  # a loaded model re-resolves by name
             loaded = load(ser, valid_namespaces=["homer_integrations"], allowed_objects=[ChatHomer])
-            assert loaded.dict() == model.dict() and loaded.engine is None
+            assert loaded.asdict() == model.asdict() and loaded.engine is None
 
 
 class TestChatHomerIntegration(_Params, ChatModelIntegrationTests):
