@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from homer_integrations import HomerModel
-from homer_integrations.homer import flat
+from homer_integrations.homer import leaf_pass, recompute
 from homer_integrations.paths import bundled_text
 
 RESULTS = Path(__file__).parent / "results"
@@ -96,6 +96,14 @@ def timing(module, name: str, into: dict[str, list[float]]):
         setattr(module, name, original)
 
 
+@contextlib.contextmanager
+def timed_stages(into: dict[str, list[float]]):
+    """Time the per-question stages into ``into``: ``score_leaves`` (every leaf scored with the question, in
+    one batched pass) and ``prefill_kept`` (the re-read), where the package calls them."""
+    with timing(leaf_pass, "score_leaves", into), timing(recompute, "prefill_kept", into):
+        yield
+
+
 def decoded_bytes(model: torch.nn.Module) -> int:
     """Bytes of weights one decoding step reads: every parameter but the input embedding table, of which
     a step reads one row (unless the output layer shares it, tied, and reads it whole)."""
@@ -144,7 +152,7 @@ def run(args: argparse.Namespace) -> dict:
         stage("plain prefill", seconds, shapes.forward(ids.shape[1], 0, shapes.layers))
 
     calls: dict[str, list[float]] = {}
-    with timing(flat, "score_leaves", calls), timing(flat, "prefill_kept", calls):
+    with timed_stages(calls):
         first = engine.run(text, QUESTION, mode="query_aware", max_new_tokens=1)
         first.text()
         tier, _ = engine.tiers.leaf_tier(engine.prompting.layout(QUESTION, "query_aware").prefix, text)
