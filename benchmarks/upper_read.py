@@ -32,7 +32,7 @@ from homer_integrations.homer.nodes import CompressionResult, Nodes
 from homer_integrations.homer.strategies import CompressorFor, PassageReplay, PassageRoom, Reread
 
 
-def leaf_positions(plan: ChunkPlan, kept: torch.Tensor) -> torch.Tensor:
+def positions_in_leaves(plan: ChunkPlan, kept: torch.Tensor) -> torch.Tensor:
     """The position [K] each kept document token ([K] ascending) had in its leaf: P + its offset in the piece."""
     starts = torch.tensor([plan.piece(i).start for i in range(plan.num_leaves)])
     leaf = torch.searchsorted(starts, kept, right=True) - 1
@@ -62,7 +62,7 @@ def upper_read(
     _, schedule = leaves.replay_plan(tier, suffix_ids)
     nodes.begin()
     P, K, S = tier.plan.prefix_len, kept.numel(), suffix_ids.numel()
-    delta = P + torch.arange(K) - leaf_positions(tier.plan, kept)
+    delta = P + torch.arange(K) - positions_in_leaves(tier.plan, kept)
     device = tier.hidden.device
     rows = kept.to(device)
     keys = [
@@ -72,24 +72,19 @@ def upper_read(
     values = [
         torch.cat([pv, v.index_select(2, rows)], dim=2) for pv, v in zip(tier.prefix_values, tier.values, strict=True)
     ]
+    cache = cache_from_tensors(keys, values)
+    positions = torch.arange(P + K + S)
+    suffix_hidden, _ = nodes.extend(nodes.stack.embed(suffix_ids), positions[P + K :], cache, schedule.layers_at(0))
     chunk = Chunk(
-        hidden=torch.cat([tier.prefix_hidden, tier.hidden.index_select(1, rows)], dim=1),
-        position_ids=torch.arange(P + K),
-        reducible=leaf_reducible(P, K, 0),
-        origin=torch.cat([torch.full((P,), -1), kept]),
-        memory=torch.full((P + K,), float("-inf")),
+        hidden=torch.cat([tier.prefix_hidden, tier.hidden.index_select(1, rows), suffix_hidden], dim=1),
+        position_ids=positions,
+        reducible=leaf_reducible(P, K, S),
+        origin=torch.cat([torch.full((P,), -1), kept, torch.full((S,), -1)]),
+        memory=torch.full((P + K + S,), float("-inf")),
         prefix_len=P,
-        suffix_len=0,
-        cache=cache_from_tensors(keys, values),
+        suffix_len=S,
+        cache=cache,
     )
-    suffix_positions = torch.arange(P + K, P + K + S)
-    suffix_hidden, _ = nodes.extend(nodes.stack.embed(suffix_ids), suffix_positions, chunk.cache, schedule.layers_at(0))
-    chunk.hidden = torch.cat([chunk.hidden, suffix_hidden], dim=1)
-    chunk.position_ids = torch.cat([chunk.position_ids, suffix_positions])
-    chunk.reducible = leaf_reducible(P, K, S)
-    chunk.origin = torch.cat([chunk.origin, torch.full((S,), -1)])
-    chunk.memory = torch.full((P + K + S,), float("-inf"))
-    chunk.suffix_len = S
     upper = range(schedule.layers_at(0).stop, nodes.stack.num_layers)
     if upper:
         nodes.run_layers(chunk, upper, chunk.length, is_root=True)

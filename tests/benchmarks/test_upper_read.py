@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
-from upper_read import UpperRead, leaf_positions, rerotated, upper_read
+from upper_read import UpperRead, positions_in_leaves, rerotated, upper_read
 
 from homer_integrations.homer.budget import ReadBudget
 from homer_integrations.homer.passages import PassageSelection
@@ -52,7 +52,7 @@ def test_kept_tokens_of_several_leaves_sit_at_consecutive_positions():
     tier = comp.leaves.build(prefix, doc)
     assert tier.plan.num_leaves > 2
     kept = torch.cat([torch.arange(10, 40), torch.arange(200, 230), torch.arange(370, 395)])
-    old = leaf_positions(tier.plan, kept)
+    old = positions_in_leaves(tier.plan, kept)
     assert int(old.max()) < 5 + tier.plan.piece_len, "in its leaf a token sits after the prefix, within the piece"
     read = upper_read(comp.nodes, tier, kept, suffix, tier.plan.with_suffix(4), 0.0)
     assert torch.equal(read.origin[5:-4], kept) and bool((read.origin[:5] == -1).all())
