@@ -132,12 +132,8 @@ def max_difference(a: LeafTier, b: LeafTier) -> float:
     """Largest absolute difference between the tensors of two tiers of one plan (inf for different plans)."""
     if a.plan != b.plan:
         return float("inf")
-    pairs = zip(
-        (*a.prefix_keys, *a.prefix_values, a.prefix_hidden, *a.keys, *a.values, a.hidden),
-        (*b.prefix_keys, *b.prefix_values, b.prefix_hidden, *b.keys, *b.values, b.hidden),
-        strict=True,
-    )
-    return max(float((x.float() - y.float()).abs().max()) for x, y in pairs)
+    x, y = a.to_tensors()[0], b.to_tensors()[0]
+    return max(float((x[name].float() - y[name].float()).abs().max()) for name in x if x[name].is_floating_point())
 
 
 def asked(engine: HomerModel, text: str, question: str, max_new_tokens: int) -> tuple[torch.Tensor, str]:

@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> dict:
         later = engine.run(text, QUESTION + " Answer briefly.", mode="query_aware", max_new_tokens=args.decode)
         answer = later.text()
     info = later.info
-    kv_bytes = sum(k.numel() * k.element_size() * 2 for k in tier.keys)
+    kv_bytes = sum(t.numel() * t.element_size() for p in tier.pieces for t in p.keys + p.values)
     # the question's suffix runs through the leaf layers once per leaf, against that leaf's prefix and piece
     suffix = engine.prompting.count_tokens(engine.prompting.layout(QUESTION + " Answer briefly.", "query_aware").suffix)
     scoring = sum(

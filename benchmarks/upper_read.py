@@ -63,20 +63,17 @@ def upper_read(
     nodes.begin()
     P, K, S = tier.plan.prefix_len, kept.numel(), suffix_ids.numel()
     delta = P + torch.arange(K) - positions_in_leaves(tier.plan, kept)
-    device = tier.hidden.device
-    rows = kept.to(device)
+    rows = tier.document_rows(kept)
     keys = [
-        torch.cat([pk, rerotated(nodes, k.index_select(2, rows), layer, delta)], dim=2)
-        for layer, (pk, k) in enumerate(zip(tier.prefix_keys, tier.keys, strict=True))
+        torch.cat([pk, rerotated(nodes, k, layer, delta)], dim=2)
+        for layer, (pk, k) in enumerate(zip(tier.prefix_keys, rows.keys, strict=True))
     ]
-    values = [
-        torch.cat([pv, v.index_select(2, rows)], dim=2) for pv, v in zip(tier.prefix_values, tier.values, strict=True)
-    ]
+    values = [torch.cat([pv, v], dim=2) for pv, v in zip(tier.prefix_values, rows.values, strict=True)]
     cache = cache_from_tensors(keys, values)
     positions = torch.arange(P + K + S)
     suffix_hidden, _ = nodes.extend(nodes.stack.embed(suffix_ids), positions[P + K :], cache, schedule.layers_at(0))
     chunk = Chunk(
-        hidden=torch.cat([tier.prefix_hidden, tier.hidden.index_select(1, rows), suffix_hidden], dim=1),
+        hidden=torch.cat([tier.prefix_hidden, rows.hidden, suffix_hidden], dim=1),
         position_ids=positions,
         reducible=leaf_reducible(P, K, S),
         origin=torch.cat([torch.full((P,), -1), kept, torch.full((S,), -1)]),

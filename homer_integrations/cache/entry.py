@@ -197,8 +197,8 @@ class EntryCodec:
             "document_tokens": doc.document_tokens,
             "kind": KINDS[type(doc)],
             "nbytes": document_nbytes(doc),
-            "dtype": str(doc.keys[0].dtype).removeprefix("torch."),
-            "device": str(doc.keys[0].device),
+            "dtype": str(doc.dtype if isinstance(doc, LeafTier) else doc.keys[0].dtype).removeprefix("torch."),
+            "device": str(doc.device if isinstance(doc, LeafTier) else doc.keys[0].device),
             "compress_seconds": doc.stats.seconds if isinstance(doc, CompressedDocument) else doc.seconds,
         }
         if secret is not None:

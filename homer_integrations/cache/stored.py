@@ -132,7 +132,8 @@ class StoredEntries:
                 return self._loaded(key, loaded, label, locked=True), "disk"
             doc = compute()
             staged = self._staged.get(key)
-            in_place = staged if staged is not None and isinstance(doc, LeafTier) and staged.backs(doc.hidden) else None
+            built_in = staged is not None and isinstance(doc, LeafTier) and staged.backs(doc.prefix_hidden)
+            in_place = staged if built_in else None
             if self.write(key, doc, label, in_place) and isinstance(doc, LeafTier):
                 # a tier built in its staged file already lives in the stored file (renamed, same pages)
                 doc = replace(doc, mapped=True) if in_place is not None else self._remapped(key, doc)  # type: ignore[assignment]
@@ -185,7 +186,7 @@ class StoredEntries:
         copy can be freed; ``tier`` itself when the store has no local file or the mapping fails.
         Not re-verified by checksum: this process wrote the file a moment ago."""
         path = self.store.tensors_file(key)
-        if path is None or tier.hidden.device.type != "cpu":
+        if path is None or tier.device.type != "cpu":
             return tier
         try:
             return mapped_tier(path)

@@ -13,6 +13,8 @@ each leaf is then scored on its own keys, exactly as alone.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from homer_integrations.homer.chunking import ChunkPlan
@@ -29,25 +31,15 @@ def batchable(stack: DecoderStack, layers: range) -> bool:
     return "flash" not in backend and all(stack.window(layer) is None for layer in layers)
 
 
-def leaf_keys(prefix: torch.Tensor, pieces: torch.Tensor, plan: ChunkPlan) -> torch.Tensor:
-    """One layer's prefix [1, Hkv, P, d] and pieces [1, Hkv, L, d] as a batch [B, Hkv, P + E, d]: leaf b's
-    prefix and piece, a shorter piece padded with zeros at its end."""
+def leaf_keys(prefix: torch.Tensor, pieces: Sequence[torch.Tensor], plan: ChunkPlan) -> torch.Tensor:
+    """One layer's prefix [1, Hkv, P, d] and each leaf's piece [1, Hkv, n_b, d] as a batch [B, Hkv, P + E, d]:
+    leaf b's prefix and piece, a shorter piece padded with zeros at its end."""
     B, P, E = plan.num_leaves, plan.prefix_len, plan.piece_len
-    if plan.bounds is not None:  # content-defined pieces: each copied to its slot
-        out = pieces.new_zeros(B, pieces.shape[1], P + E, pieces.shape[3])
-        out[:, :, :P] = prefix
-        for b in range(B):
-            span = plan.piece(b)
-            out[b, :, P : P + span.stop - span.start] = pieces[0, :, span]
-        return out
-    base, extra = divmod(plan.document_len, B)  # the first ``extra`` pieces hold E tokens, the rest ``base``
-    _, heads, _, dim = pieces.shape
-    out = pieces.new_zeros(B, heads, P + E, dim)
+    _, heads, _, dim = prefix.shape
+    out = prefix.new_zeros(B, heads, P + E, dim)
     out[:, :, :P] = prefix
-    if extra:
-        out[:extra, :, P:] = pieces[0, :, : extra * E].view(heads, extra, E, dim).transpose(0, 1)
-    if extra < B:
-        out[extra:, :, P : P + base] = pieces[0, :, extra * E :].view(heads, B - extra, base, dim).transpose(0, 1)
+    for b, piece in enumerate(pieces):
+        out[b, :, P : P + piece.shape[2]] = piece[0]
     return out
 
 
@@ -78,8 +70,8 @@ def score_leaves(
     evidence: list[list[torch.Tensor]] = [[] for _ in range(B)]
     for layer_idx in layers:
         own = cache.layers[layer_idx]
-        own.keys = leaf_keys(tier.prefix_keys[layer_idx], tier.keys[layer_idx], plan)
-        own.values = leaf_keys(tier.prefix_values[layer_idx], tier.values[layer_idx], plan)
+        own.keys = leaf_keys(tier.prefix_keys[layer_idx], [p.keys[layer_idx] for p in tier.pieces], plan)
+        own.values = leaf_keys(tier.prefix_values[layer_idx], [p.values[layer_idx] for p in tier.pieces], plan)
         score_here = scorer.scores_at(layer_idx, layers)
         hidden, query = stack.attention(
             layer_idx, hidden, rope, cache, query_rows=rows if score_here else 0, key_mask=key_mask

@@ -9,7 +9,7 @@ flat selection (``flat``) prunes and merges what that gives.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -78,13 +78,13 @@ class LeafPass:
             reuse.prepare(prefix_ids, document_ids, plan, len(layers))
         for index in range(plan.num_leaves):
             span = plan.piece(index)
+            piece = tier.pieces[index]
             held = None if reuse is None else reuse.take(index, span.stop - span.start, len(layers))
-            if held is not None:  # the same leaf in another tier: its piece's rows, copied
-                source, at = held
-                write_piece(tier, span, source.hidden[:, at], source.keys, source.values, at)
+            if held is not None:  # the same leaf in another tier: its piece, copied
+                piece.write(held.hidden, held.keys, held.values, slice(None))
             else:
                 part = self.leaf_part(prefix, document_ids[span], span.start, layers)
-                write_piece(tier, span, part.hidden[:, P:], part.keys, part.values, slice(P, None))
+                piece.write(part.hidden[:, P:], part.keys, part.values, slice(P, None))
                 del part
             if progress is not None:
                 progress(span.stop - span.start)
@@ -194,22 +194,6 @@ class LeafPass:
             return chunk, scores[index] if chunk.length > target_len else None
 
         return leaf
-
-
-def write_piece(
-    tier: LeafTier,
-    span: slice,
-    hidden: torch.Tensor,
-    keys: Sequence[torch.Tensor],
-    values: Sequence[torch.Tensor],
-    rows: slice,
-) -> None:
-    """Write one leaf's piece into ``tier`` at ``span``: its ``hidden`` [1, n, D] and the ``rows`` of
-    ``keys``/``values`` (per leaf layer [1, Hkv, T, d]) that hold it."""
-    tier.hidden[:, span] = hidden
-    for k, v, pk, pv in zip(tier.keys, tier.values, keys, values, strict=True):
-        k[:, :, span] = pk[:, :, rows]
-        v[:, :, span] = pv[:, :, rows]
 
 
 def scores_only_leaf(stack: DecoderStack, plan: ChunkPlan, index: int) -> Chunk:

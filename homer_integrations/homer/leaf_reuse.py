@@ -22,7 +22,7 @@ from typing import Protocol
 import torch
 
 from homer_integrations.homer.chunking import ChunkPlan
-from homer_integrations.homer.leaf_tier import LeafTier
+from homer_integrations.homer.leaf_tier import LeafPiece, LeafTier
 
 
 class Records(Protocol):
@@ -117,15 +117,14 @@ class LeafReuse:
         if self.records is not None:
             self.records.append(tier_key, self.keys)
 
-    def take(self, index: int, length: int, leaf_layers: int) -> tuple[LeafTier, slice] | None:
-        """Where leaf ``index`` (``length`` document tokens) lies in a held tier: that tier and its piece's
-        slice of the tier's document; None when no held tier has it."""
+    def take(self, index: int, length: int, leaf_layers: int) -> LeafPiece | None:
+        """Leaf ``index``'s piece (``length`` document tokens) as a held tier has it; None when no held tier has it."""
         found = self.index.find(self.keys[index])
         tier = None if found is None else self.held(found[0])
-        if tier is None or tier.leaf_layers != leaf_layers or found[1] >= tier.plan.num_leaves:
+        if tier is None or tier.leaf_layers != leaf_layers or found[1] >= len(tier.pieces):
             return None
-        span = tier.plan.piece(found[1])
-        if span.stop - span.start != length:
+        piece = tier.pieces[found[1]]
+        if piece.length != length:
             return None
         self.copied += 1
-        return tier, span
+        return piece

@@ -14,8 +14,8 @@ The split is planned for a suffix of ``plan.planned_suffix_len`` tokens (the sha
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -59,6 +59,33 @@ class LeafSlice:
     position_ids: torch.Tensor
 
 
+@dataclass(frozen=True)
+class LeafPiece:
+    """One leaf's document tokens as the leaf layers left them: what a tier holds per leaf.
+
+    Attributes:
+        keys, values: per leaf layer [1, Hkv, n, d].
+        hidden: [1, n, D] after the leaf layers.
+    """
+
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+    hidden: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        return self.hidden.shape[1]
+
+    def write(
+        self, hidden: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], rows: slice
+    ) -> None:
+        """Fill this piece from ``hidden`` [1, n, D] and the ``rows`` of ``keys``/``values`` (per leaf
+        layer [1, Hkv, T, d]) that hold its tokens."""
+        self.hidden.copy_(hidden)
+        for mine, theirs in zip(self.keys + self.values, tuple(keys) + tuple(values), strict=True):
+            mine.copy_(theirs[:, :, rows])
+
+
 @dataclass(eq=False)
 class LeafTier:
     """Every leaf's question-independent K/V and hidden states for one document.
@@ -69,11 +96,12 @@ class LeafTier:
         leaf_layers: Lw, the leaves run layers ``0..Lw-1`` (the schedule's level 0).
         prefix_keys, prefix_values: per leaf layer [1, Hkv, P, d].
         prefix_hidden: [1, P, D] after the leaf layers.
-        keys, values: per leaf layer [1, Hkv, L, d], the pieces of all leaves in document order.
-        hidden: [1, L, D] after the leaf layers.
+        pieces: per leaf, its document tokens' K/V and hidden states (``LeafPiece``), in document order.
         word_ids: [L] unit index of each document token (word/sentence pruning), or None.
         seconds: wall time spent building it.
         mapped: the tensors are views of a memory-mapped cache file, not process memory.
+        storage: the tensors under ``to_tensors``' names that the pieces are views of (one file's layout:
+            per layer [Hkv, L, d] over the whole document), or None when the pieces are held apart.
     """
 
     key: str
@@ -82,12 +110,11 @@ class LeafTier:
     prefix_keys: tuple[torch.Tensor, ...]
     prefix_values: tuple[torch.Tensor, ...]
     prefix_hidden: torch.Tensor
-    keys: tuple[torch.Tensor, ...]
-    values: tuple[torch.Tensor, ...]
-    hidden: torch.Tensor
+    pieces: tuple[LeafPiece, ...]
     word_ids: torch.Tensor | None
     seconds: float = 0.0
     mapped: bool = False
+    storage: dict[str, torch.Tensor] | None = field(default=None, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -98,55 +125,91 @@ class LeafTier:
     def document_tokens(self) -> int:
         return self.plan.document_len
 
+    @property
+    def device(self) -> torch.device:
+        return self.prefix_hidden.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.prefix_hidden.dtype
+
     def to(self, device: torch.device) -> LeafTier:
         """A copy on ``device`` (the same object when it is already there)."""
-        if self.hidden.device == device:
+        if self.device == device:
             return self
         move = lambda ts: tuple(t.to(device) for t in ts)  # noqa: E731
+        if self.storage is not None:
+            storage = {name: t.to(device) if t.is_floating_point() else t for name, t in self.storage.items()}
+            return replace(LeafTier.named(storage, self.key, self.plan, self.leaf_layers, self.seconds), mapped=False)
         return replace(
             self,
             mapped=False,
             prefix_keys=move(self.prefix_keys),
             prefix_values=move(self.prefix_values),
             prefix_hidden=self.prefix_hidden.to(device),
-            keys=move(self.keys),
-            values=move(self.values),
-            hidden=self.hidden.to(device),
+            pieces=tuple(LeafPiece(move(p.keys), move(p.values), p.hidden.to(device)) for p in self.pieces),
         )
 
     @property
     def nbytes(self) -> int:
-        extra = [self.prefix_hidden, self.hidden] + ([] if self.word_ids is None else [self.word_ids])
-        kv = self.prefix_keys + self.prefix_values + self.keys + self.values
-        return tensors_nbytes(kv) + tensors_nbytes(extra)
+        extra = [self.prefix_hidden] + ([] if self.word_ids is None else [self.word_ids])
+        pieces = [t for p in self.pieces for t in (*p.keys, *p.values, p.hidden)]
+        return tensors_nbytes(self.prefix_keys + self.prefix_values) + tensors_nbytes(extra + pieces)
 
     def leaf(self, index: int) -> LeafSlice:
         """Leaf ``index``'s prefix + piece, as the leaf layers left them."""
         span = self.plan.piece(index)
+        piece = self.pieces[index]
         P = self.plan.prefix_len
-        n = span.stop - span.start
-
-        def cat(prefix: torch.Tensor, whole: torch.Tensor, dim: int) -> torch.Tensor:
-            return torch.cat([prefix, whole.narrow(dim, span.start, n)], dim=dim)
-
         return LeafSlice(
-            keys=[cat(p, k, 2) for p, k in zip(self.prefix_keys, self.keys, strict=True)],
-            values=[cat(p, v, 2) for p, v in zip(self.prefix_values, self.values, strict=True)],
-            hidden=cat(self.prefix_hidden, self.hidden, 1),
+            keys=[torch.cat([p, k], dim=2) for p, k in zip(self.prefix_keys, piece.keys, strict=True)],
+            values=[torch.cat([p, v], dim=2) for p, v in zip(self.prefix_values, piece.values, strict=True)],
+            hidden=torch.cat([self.prefix_hidden, piece.hidden], dim=1),
             origin=torch.cat([torch.full((P,), -1), torch.arange(span.start, span.stop)]),
-            position_ids=torch.arange(P + n),
+            position_ids=torch.arange(P + piece.length),
+        )
+
+    def document_rows(self, kept: torch.Tensor) -> LeafPiece:
+        """The rows of document tokens ``kept`` ([K] ascending indices) gathered from every piece: K/V per
+        leaf layer [1, Hkv, K, d], hidden [1, K, D]."""
+        starts = torch.tensor([self.plan.piece(i).start for i in range(self.plan.num_leaves)])
+        leaf_of = torch.searchsorted(starts, kept, right=True) - 1
+        parts = []
+        for index in leaf_of.unique().tolist():
+            rows = (kept[leaf_of == index] - starts[index]).to(self.device)
+            piece = self.pieces[index]
+            parts.append(
+                LeafPiece(
+                    tuple(k.index_select(2, rows) for k in piece.keys),
+                    tuple(v.index_select(2, rows) for v in piece.values),
+                    piece.hidden.index_select(1, rows),
+                )
+            )
+        if len(parts) == 1:
+            return parts[0]
+        cat = lambda ts, dim: torch.cat(list(ts), dim=dim)  # noqa: E731
+        return LeafPiece(
+            tuple(cat(layer, 2) for layer in zip(*(p.keys for p in parts), strict=True)),
+            tuple(cat(layer, 2) for layer in zip(*(p.values for p in parts), strict=True)),
+            cat((p.hidden for p in parts), 1),
         )
 
     def to_tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-        """Tensors and string metadata for ``safetensors.torch.save_file``."""
-        tensors = {f"pk.{i}": t[0].contiguous() for i, t in enumerate(self.prefix_keys)}
-        tensors |= {f"pv.{i}": t[0].contiguous() for i, t in enumerate(self.prefix_values)}
-        tensors |= {f"k.{i}": t[0].contiguous() for i, t in enumerate(self.keys)}
-        tensors |= {f"v.{i}": t[0].contiguous() for i, t in enumerate(self.values)}
-        tensors["prefix_hidden"] = self.prefix_hidden[0].contiguous()
-        tensors["hidden"] = self.hidden[0].contiguous()
-        if self.word_ids is not None:
-            tensors["word_ids"] = self.word_ids.contiguous()
+        """Tensors and string metadata for ``safetensors.torch.save_file``: the pieces' storage as it is,
+        or pieces held apart joined into it (per layer [Hkv, L, d])."""
+        if self.storage is not None:
+            tensors = {name: t.contiguous() for name, t in self.storage.items()}
+        else:
+            join = lambda ts, dim: torch.cat(list(ts), dim=dim)[0].contiguous()  # noqa: E731
+            tensors = {f"pk.{i}": t[0].contiguous() for i, t in enumerate(self.prefix_keys)}
+            tensors |= {f"pv.{i}": t[0].contiguous() for i, t in enumerate(self.prefix_values)}
+            for i in range(self.leaf_layers):
+                tensors[f"k.{i}"] = join((p.keys[i] for p in self.pieces), 2)
+                tensors[f"v.{i}"] = join((p.values[i] for p in self.pieces), 2)
+            tensors["prefix_hidden"] = self.prefix_hidden[0].contiguous()
+            tensors["hidden"] = join((p.hidden for p in self.pieces), 1)
+            if self.word_ids is not None:
+                tensors["word_ids"] = self.word_ids.contiguous()
         meta = {
             "format": SERIAL_FORMAT,
             "version": str(SERIAL_VERSION),
@@ -179,7 +242,21 @@ class LeafTier:
     def named(
         cls, tensors: dict[str, torch.Tensor], key: str, plan: ChunkPlan, leaf_layers: int, seconds: float = 0.0
     ) -> LeafTier:
-        """The tier whose tensors are ``tensors`` under ``to_tensors``' names (views, not copies)."""
+        """The tier whose tensors are ``tensors`` under ``to_tensors``' names, each piece a view of its
+        stretch of the document (nothing copied); raises ``ValueError`` if they do not cover the document."""
+        L = plan.document_len
+        whole = [tensors[f"{kind}.{i}"] for kind in "kv" for i in range(leaf_layers)]
+        if any(t.dim() != 3 or t.shape[1] != L for t in whole) or tensors["hidden"].dim() != 2:
+            raise ValueError(f"leaf tier K/V are not [Hkv, {L}, d] of one head layout")
+        spans = [plan.piece(i) for i in range(plan.num_leaves)]
+        pieces = tuple(
+            LeafPiece(
+                keys=tuple(tensors[f"k.{i}"][None, :, span] for i in range(leaf_layers)),
+                values=tuple(tensors[f"v.{i}"][None, :, span] for i in range(leaf_layers)),
+                hidden=tensors["hidden"][None, span],
+            )
+            for span in spans
+        )
         return cls(
             key=key,
             plan=plan,
@@ -187,11 +264,10 @@ class LeafTier:
             prefix_keys=tuple(tensors[f"pk.{i}"][None] for i in range(leaf_layers)),
             prefix_values=tuple(tensors[f"pv.{i}"][None] for i in range(leaf_layers)),
             prefix_hidden=tensors["prefix_hidden"][None],
-            keys=tuple(tensors[f"k.{i}"][None] for i in range(leaf_layers)),
-            values=tuple(tensors[f"v.{i}"][None] for i in range(leaf_layers)),
-            hidden=tensors["hidden"][None],
+            pieces=pieces,
             word_ids=tensors.get("word_ids"),
             seconds=seconds,
+            storage=tensors,
         )
 
     @classmethod
@@ -212,17 +288,26 @@ class LeafTier:
     def check(self) -> None:
         """Raise ``ValueError`` unless every tensor has the shape the plan implies."""
         P, L = self.plan.prefix_len, self.plan.document_len
-        kv = self.keys + self.values
         pkv = self.prefix_keys + self.prefix_values
-        if self.leaf_layers < 1 or len(self.keys) != self.leaf_layers or len(self.prefix_keys) != self.leaf_layers:
-            raise ValueError(f"a leaf tier of {self.leaf_layers} layers holds {len(self.keys)}")
-        if any(t.dim() != 4 or t.shape[2] != L for t in kv) or len({(t.shape[1], t.shape[3]) for t in kv + pkv}) != 1:
-            raise ValueError(f"leaf tier K/V are not [1, Hkv, {L}, d] of one head layout")
-        if any(t.shape[2] != P for t in pkv) or self.prefix_hidden.shape[1] != P or self.hidden.shape[1] != L:
+        layers = {len(t) for p in self.pieces for t in (p.keys, p.values)}
+        layers |= {len(self.prefix_keys), len(self.prefix_values)}
+        if self.leaf_layers < 1 or layers != {self.leaf_layers}:
+            raise ValueError(f"a leaf tier of {self.leaf_layers} layers holds {sorted(layers)}")
+        lengths = [span.stop - span.start for span in map(self.plan.piece, range(self.plan.num_leaves))]
+        if len(self.pieces) != len(lengths) or sum(lengths) != L:
+            raise ValueError(f"a leaf tier of {len(self.pieces)} pieces for a split into {len(lengths)} of {L} tokens")
+        kv = [t for p in self.pieces for t in p.keys + p.values]
+        pieces = zip(self.pieces, lengths, strict=True)
+        shaped = all((t.dim(), t.shape[2]) == (4, n) for p, n in pieces for t in p.keys + p.values)
+        if not shaped or len({(t.shape[1], t.shape[3]) for t in kv + list(pkv)}) != 1:
+            raise ValueError(f"leaf tier K/V are not [1, Hkv, n, d] per piece of one head layout ({L} tokens)")
+        if any(t.shape[2] != P for t in pkv) or self.prefix_hidden.shape[1] != P:
+            raise ValueError(f"leaf tier prefix/hidden lengths do not match the plan ({P} + {L} tokens)")
+        if any(p.hidden.dim() != 3 or p.length != n for p, n in zip(self.pieces, lengths, strict=True)):
             raise ValueError(f"leaf tier prefix/hidden lengths do not match the plan ({P} + {L} tokens)")
         if self.word_ids is not None and self.word_ids.shape != (L,):
             raise ValueError("leaf tier word ids do not cover the document")
-        floats = [*kv, *pkv, self.hidden, self.prefix_hidden]
+        floats = [*kv, *pkv, self.prefix_hidden, *(p.hidden for p in self.pieces)]
         if not all(t.dtype.is_floating_point and bool(torch.isfinite(t).all()) for t in floats):
             raise ValueError("leaf tier tensors hold NaN, infinite or non-float values")
 
@@ -232,7 +317,7 @@ class LeafTier:
         if self.leaf_layers >= spec.num_layers:
             raise ValueError(f"a leaf tier of {self.leaf_layers} layers for a model of {spec.num_layers}")
         want = (spec.num_kv_heads, spec.head_dim)
-        for t in self.keys + self.values + self.prefix_keys + self.prefix_values:
+        for t in [*self.prefix_keys, *self.prefix_values, *(t for p in self.pieces for t in p.keys + p.values)]:
             if (t.shape[1], t.shape[3]) != want or t.dtype != spec.dtype:
                 raise ValueError(f"leaf tier K/V are {t.dtype} {tuple(t.shape)}, the model needs {spec.dtype} {want}")
         if self.plan.max_chunk_len != spec.max_positions:

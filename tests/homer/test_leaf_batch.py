@@ -42,7 +42,8 @@ def test_the_recompute_replay_keeps_what_the_leaf_by_leaf_selection_keeps(kind):
 def test_pieces_are_laid_out_leaf_by_leaf_with_the_short_ones_padded():
     plan = compressor(tiny_model("llama", vocab_size=256)).leaves.build(torch.arange(3), torch.arange(203)).plan
     prefix = torch.full((1, 1, 3, 1), -1.0)
-    pieces = torch.arange(203.0).view(1, 1, 203, 1)
+    document = torch.arange(203.0).view(1, 1, 203, 1)
+    pieces = [document[:, :, plan.piece(b)] for b in range(plan.num_leaves)]
     out = leaf_keys(prefix, pieces, plan)[:, 0, :, 0]
     assert out.shape == (plan.num_leaves, 3 + plan.piece_len)
     for b in range(plan.num_leaves):

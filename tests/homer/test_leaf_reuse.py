@@ -7,6 +7,7 @@ import torch
 
 from homer_integrations.homer.leaf_pass import LeafPass
 from tests.conftest import mode_engine
+from tests.homer.tier_helpers import assert_same_tier
 
 QUESTION = "Who is Mr. Bingley?"
 
@@ -55,11 +56,7 @@ def test_an_edited_documents_tier_computes_only_the_leaves_around_the_edit(
     computed.clear()
     scratch = tier_of(fresh, v2)
     assert len(computed) == scratch.plan.num_leaves, "a fresh engine holds no leaves to copy"
-    assert scratch.plan == tier.plan
-    for a, b in zip(
-        tier.keys + tier.values + (tier.hidden,), scratch.keys + scratch.values + (scratch.hidden,), strict=True
-    ):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    assert_same_tier(tier, scratch)
     kept = engine.compress(v2, question=QUESTION).origin
     assert torch.equal(kept, fresh.compress(v2, question=QUESTION).origin)
     assert engine.answer(v2, QUESTION, max_new_tokens=4) == fresh.answer(v2, QUESTION, max_new_tokens=4)
@@ -97,12 +94,6 @@ def test_a_tier_read_from_the_store_lends_its_leaves(tokenizer, calibration, ver
     assert 1 <= len(computed) <= 3, computed
     expected = mode_engine(tokenizer, calibration, split="content")
     assert engine.answer(v2, QUESTION, max_new_tokens=4) == expected.answer(v2, QUESTION, max_new_tokens=4)
-
-
-def assert_same_tier(tier, other) -> None:
-    assert tier.plan == other.plan
-    for a, b in zip(tier.keys + tier.values + (tier.hidden,), other.keys + other.values + (other.hidden,), strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
 
 
 def test_a_new_process_copies_the_leaves_of_a_tier_an_earlier_one_stored(

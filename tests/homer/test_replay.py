@@ -1,14 +1,25 @@
 """The leaf tier: a question replayed from the stored leaves equals a compression from scratch."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from homer_integrations.homer.compressor import HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
-from homer_integrations.homer.leaf_tier import LeafTier
+from homer_integrations.homer.leaf_tier import LeafPiece, LeafTier
 from homer_integrations.homer.nodes import CompressorSettings
 from tests.conftest import tiny_model, uncalibrated
-from tests.homer.tier_helpers import ATOL, KINDS, MCL, RESERVE, assert_same_compression, compressor, ids
+from tests.homer.tier_helpers import (
+    ATOL,
+    KINDS,
+    MCL,
+    RESERVE,
+    assert_same_compression,
+    assert_same_tier,
+    compressor,
+    ids,
+)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -70,7 +81,9 @@ def test_tier_tensors_round_trip_and_shapes_are_checked():
     tier = comp.leaves.build(prefix, doc, word_ids=torch.arange(300) // 2, key="abc")
     leaf_layers = len(comp.nodes.schedule(tier.plan).layers_at(0))
     assert tier.leaf_layers == leaf_layers
-    assert tier.keys[0].shape == (1, 2, 300, model.config.hidden_size // 4)
+    assert tier.to_tensors()[0]["k.0"].shape == (2, 300, model.config.hidden_size // 4)
+    spans = map(tier.plan.piece, range(tier.plan.num_leaves))
+    assert [p.length for p in tier.pieces] == [span.stop - span.start for span in spans]
     assert tier.nbytes > 0
     tensors, meta = tier.to_tensors()
     back = LeafTier.from_tensors(tensors, meta)
@@ -79,6 +92,29 @@ def test_tier_tensors_round_trip_and_shapes_are_checked():
     tensors["k.0"] = tensors["k.0"][:, :10]
     with pytest.raises(ValueError, match="leaf tier"):
         LeafTier.from_tensors(tensors, meta)
+
+
+def test_a_tier_whose_pieces_are_held_apart_reads_and_stores_as_one_laid_out_whole():
+    model = tiny_model("llama", vocab_size=256)
+    comp = compressor(model)
+    prefix, doc, suffix = ids(model, 5, 1), ids(model, 350, 2), ids(model, 4, 3)
+    tier = comp.leaves.build(prefix, doc, key="abc")
+    stored = tier.to_tensors()[0]
+    assert tier.pieces[1].keys[0].untyped_storage().data_ptr() == stored["k.0"].untyped_storage().data_ptr()
+    clone = lambda ts: tuple(t.clone() for t in ts)  # noqa: E731
+    pieces = tuple(LeafPiece(clone(p.keys), clone(p.values), p.hidden.clone()) for p in tier.pieces)
+    apart = replace(tier, storage=None, pieces=pieces)
+    apart.check()
+    assert apart.nbytes == tier.nbytes
+    assert_same_tier(apart, tier, atol=0)
+    assert_same_compression(comp.tree.replay(apart, suffix), comp.tree.replay(tier, suffix))
+    kept = torch.tensor([0, 3, 120, 121, 349])
+    rows = apart.document_rows(kept)
+    assert torch.equal(rows.keys[1], stored["k.1"][None][:, :, kept])
+    assert torch.equal(rows.hidden, stored["hidden"][None][:, kept])
+    short = replace(apart, pieces=(*apart.pieces[:-1], apart.document_rows(torch.arange(340, 349))))
+    with pytest.raises(ValueError, match=r"K/V are not"):
+        short.check()
 
 
 def test_tier_built_with_other_settings_is_refused():

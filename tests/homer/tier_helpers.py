@@ -34,6 +34,15 @@ def compressor(model, **kw) -> HomerCompressor:
     return HomerCompressor(DecoderStack(model), settings, None)
 
 
+def assert_same_tier(tier, other, atol: float = 1e-5) -> None:
+    """Two leaf tiers of one plan hold the same tensors, to ``atol``."""
+    assert tier.plan == other.plan
+    mine, theirs = tier.to_tensors()[0], other.to_tensors()[0]
+    assert mine.keys() == theirs.keys()
+    for name, t in mine.items():
+        torch.testing.assert_close(t, theirs[name], atol=atol, rtol=0, msg=name)
+
+
 def assert_same_compression(replayed, scratch) -> None:
     assert replayed.plan == scratch.plan
     assert torch.equal(replayed.origin, scratch.origin), "the same tokens survive"
