@@ -314,8 +314,12 @@ class LeafTier:
     def validate(self, spec: CacheSpec) -> None:
         """Raise ``ValueError`` unless a model of ``spec`` can replay this tier (after ``check``)."""
         self.check()
-        if self.leaf_layers >= spec.num_layers:
-            raise ValueError(f"a leaf tier of {self.leaf_layers} layers for a model of {spec.num_layers}")
+        if self.leaf_layers > spec.num_layers or (self.leaf_layers == spec.num_layers and self.plan.num_leaves > 1):
+            # one leaf is the whole tree: its tier runs every layer; more leaves leave layers to merge in
+            raise ValueError(
+                f"a leaf tier of {self.leaf_layers} layers and {self.plan.num_leaves} leaves for a model of "
+                f"{spec.num_layers}"
+            )
         want = (spec.num_kv_heads, spec.head_dim)
         for t in [*self.prefix_keys, *self.prefix_values, *(t for p in self.pieces for t in p.keys + p.values)]:
             if (t.shape[1], t.shape[3]) != want or t.dtype != spec.dtype:

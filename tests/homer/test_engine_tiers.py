@@ -1,5 +1,6 @@
 """HomerModel's two tiers: the shared root and the per-question path replayed from the leaf tier."""
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -151,6 +152,21 @@ def test_tier_is_kept_on_disk_and_served_to_a_fresh_process(tokenizer, calib, te
     assert reader.document_cache.stats().computations == 0
     (entry,) = reader.document_cache.entries()
     assert entry.kind == "leaf_tier" and entry.on_disk and entry.disk_bytes > 0
+
+
+def test_the_stored_tier_of_a_document_of_one_leaf_is_read_back(tokenizer, calib, text, tmp_path):
+    short = text[:150]  # one leaf: its tier runs every layer of the model
+    writer = make_engine(tokenizer, calib, DocumentCache(tmp_path), mode="query_aware")
+    expected = writer.answer(short, "Who?", max_new_tokens=4)
+    tier = writer.document_cache.get(writer.tiers.keys.tier(writer.prompting.layout("Who?").prefix, short))
+    assert isinstance(tier, LeafTier) and tier.plan.num_leaves == 1
+    assert tier.leaf_layers == writer.model.config.num_hidden_layers
+    reader = make_engine(tokenizer, calib, DocumentCache(tmp_path), mode="query_aware")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing discarded
+        stream = reader.run(short, "Who?", max_new_tokens=4)
+        assert stream.text() == expected
+    assert stream.info.cache_source == "disk"
 
 
 def test_a_damaged_tier_on_disk_is_recomputed(tokenizer, calib, text, tmp_path):

@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from homer_integrations.homer.compressed import CacheSpec
 from homer_integrations.homer.compressor import HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.leaf_tier import LeafPiece, LeafTier
@@ -89,6 +90,10 @@ def test_tier_tensors_round_trip_and_shapes_are_checked():
     back = LeafTier.from_tensors(tensors, meta)
     assert back.key == "abc" and back.plan == tier.plan
     assert_same_compression(comp.tree.replay(back, suffix), comp.tree.replay(tier, suffix))
+    spec = CacheSpec(tier.leaf_layers + 1, 2, tier.pieces[0].keys[0].shape[3], torch.float32, MCL)
+    tier.validate(spec)
+    with pytest.raises(ValueError, match="4 leaves for a model of"):  # leaves that leave no layer to merge in
+        tier.validate(replace(spec, num_layers=tier.leaf_layers))
     tensors["k.0"] = tensors["k.0"][:, :10]
     with pytest.raises(ValueError, match="leaf tier"):
         LeafTier.from_tensors(tensors, meta)
