@@ -157,14 +157,23 @@ def test_tier_is_kept_on_disk_and_served_to_a_fresh_process(tokenizer, calib, te
 def test_the_stored_tier_of_a_document_of_one_leaf_is_read_back(tokenizer, calib, text, tmp_path):
     short = text[:150]  # one leaf: its tier runs every layer of the model
     writer = make_engine(tokenizer, calib, DocumentCache(tmp_path), mode="query_aware")
-    expected = writer.answer(short, "Who?", max_new_tokens=4)
+    writer.answer(short, "Who?", max_new_tokens=4)
     tier = writer.document_cache.get(writer.tiers.keys.tier(writer.prompting.layout("Who?").prefix, short))
     assert isinstance(tier, LeafTier) and tier.plan.num_leaves == 1
     assert tier.leaf_layers == writer.model.config.num_hidden_layers
-    reader = make_engine(tokenizer, calib, DocumentCache(tmp_path), mode="query_aware")
+
+
+@pytest.mark.parametrize("mode", ["shared", "query_aware", "full"])
+@pytest.mark.parametrize("length", [150, 600, 6000], ids=["one leaf", "a few leaves", "a tree"])
+def test_every_stored_entry_is_read_back_by_a_new_engine(tokenizer, calib, text, tmp_path, mode, length):
+    document = text[:length]
+    expected = make_engine(tokenizer, calib, DocumentCache(tmp_path), mode=mode).answer(
+        document, "Who?", max_new_tokens=4
+    )
+    reader = make_engine(tokenizer, calib, DocumentCache(tmp_path), mode=mode)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # nothing discarded
-        stream = reader.run(short, "Who?", max_new_tokens=4)
+        warnings.simplefilter("error")  # nothing discarded, nothing left unkept
+        stream = reader.run(document, "Who?", max_new_tokens=4)
         assert stream.text() == expected
     assert stream.info.cache_source == "disk"
 
