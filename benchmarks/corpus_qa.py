@@ -23,8 +23,8 @@ each with its split (``tuning`` / ``heldout``). Methods, the same model and toke
   and BM25 over words as written (``PassageSelection(heading=None, stemmer=None)``: the package before
   2026-12-02; its rows were named ``corpus``).
 - ``corpus_unstemmed``, ``bm25_unstemmed``: ``corpus`` and ``bm25`` with BM25 over words as written (the
-  package before 2026-12-03; their rows were named ``corpus`` and ``bm25``). ``per_document``'s rows
-  also predate stemming (its routing BM25 over whole chapters).
+  package before 2026-12-03; their rows were named ``corpus`` and ``bm25``). ``per_document_unstemmed``:
+  ``per_document`` routing by BM25 over words as written (its rows were named ``per_document``).
 - ``bm25``: the retrieval route over the joined text (``whole_book.Bm25Route``: ``HomerRouter``'s 800-character
   chunks, as many as fill the budget); ``cited_evidence`` from the chapters its chunks lie in.
 - ``per_document``: the one chapter BM25 ranks best for the question (whole chapters indexed), then
@@ -88,7 +88,15 @@ RESULTS = HERE / "results"
 ROWS = RESULTS / "corpus_qa_rows.jsonl"
 FACTS = HERE / "corpus_facts.json"
 BOOKS = ("northangerabbey", "prideprejudice")
-METHODS = ("corpus", "corpus_noheading", "corpus_unstemmed", "bm25", "bm25_unstemmed", "per_document")
+METHODS = (
+    "corpus",
+    "corpus_noheading",
+    "corpus_unstemmed",
+    "bm25",
+    "bm25_unstemmed",
+    "per_document",
+    "per_document_unstemmed",
+)
 KINDS = ("one_doc", "two_doc")
 CHAPTER = re.compile(r"^(?:CHAPTER|Chapter) (\d+)[ \t]*$", re.MULTILINE)
 
@@ -200,11 +208,11 @@ class DocumentRouter:
     """BM25 over whole documents: a question goes to the one ranked best (the first document when no
     word of it is indexed)."""
 
-    def __init__(self, corpus: Corpus) -> None:
+    def __init__(self, corpus: Corpus, stemmer: str | None = "english") -> None:
         from homer_integrations.retrieval import BM25Index
 
         self.corpus = corpus
-        self.index = BM25Index([doc.text for doc in corpus])
+        self.index = BM25Index([doc.text for doc in corpus], stemmer=stemmer)
 
     def route(self, question: str) -> NamedText:
         hits = self.index.search(question, 1)
@@ -252,7 +260,11 @@ class Methods:
         }
         route = next(iter(self.routes.values()), None)  # both split the text alike
         self.chunk_docs = chunk_documents(corpus, route.index.chunks) if route else []
-        self.router = DocumentRouter(corpus) if "per_document" in methods else None
+        self.routers = {
+            method: DocumentRouter(corpus, stemmer)
+            for method, stemmer in (("per_document", "english"), ("per_document_unstemmed", None))
+            if method in methods
+        }
 
     def ask(self, method: str, question: str, max_new_tokens: int) -> Asked:
         started = time.perf_counter()
@@ -267,9 +279,8 @@ class Methods:
             answer, ttft = retrieval.answer(question, max_new_tokens)
             kept = retrieval.index.search(question, retrieval.k)  # the same search, again: cheap
             return Asked(answer, ttft, set().union(*(self.chunk_docs[p.index] for p in kept)))
-        if method == "per_document":
-            assert self.router is not None
-            doc = self.router.route(question)
+        if method in self.routers:
+            doc = self.routers[method].route(question)
             run = self.engine.run(doc.text, question, mode="query_aware", max_new_tokens=max_new_tokens)
             answer, ttft = consume(run, started)
             return Asked(answer, ttft, {doc.name}, run.info)
