@@ -163,14 +163,16 @@ def test_the_stored_tier_of_a_document_of_one_leaf_is_read_back(tokenizer, calib
     assert tier.leaf_layers == writer.model.config.num_hidden_layers
 
 
-@pytest.mark.parametrize("mode", ["shared", "query_aware", "full"])
+@pytest.mark.parametrize(
+    ("mode", "split"), [("shared", "even"), ("query_aware", "even"), ("query_aware", "content"), ("full", "even")]
+)
 @pytest.mark.parametrize("length", [150, 600, 6000], ids=["one leaf", "a few leaves", "a tree"])
-def test_every_stored_entry_is_read_back_by_a_new_engine(tokenizer, calib, text, tmp_path, mode, length):
+def test_every_stored_entry_is_read_back_by_a_new_engine(tokenizer, calib, text, tmp_path, mode, split, length):
     document = text[:length]
-    expected = make_engine(tokenizer, calib, DocumentCache(tmp_path), mode=mode).answer(
+    expected = make_engine(tokenizer, calib, DocumentCache(tmp_path), mode=mode, split=split).answer(
         document, "Who?", max_new_tokens=4
     )
-    reader = make_engine(tokenizer, calib, DocumentCache(tmp_path), mode=mode)
+    reader = make_engine(tokenizer, calib, DocumentCache(tmp_path), mode=mode, split=split)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing discarded, nothing left unkept
         stream = reader.run(document, "Who?", max_new_tokens=4)
