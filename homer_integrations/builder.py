@@ -24,13 +24,15 @@ from homer_integrations.homer.compressed import CompressedDocument, CompressionS
 from homer_integrations.homer.compressor import HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.encoded import EncodedDocument
+from homer_integrations.homer.leaf_pass import LeafStash
 from homer_integrations.homer.leaf_reuse import LeafReuse
-from homer_integrations.homer.leaf_tier import Allocate, LeafTier
+from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.lexical import Statements
 from homer_integrations.homer.nodes import CompressionResult, CompressorSettings, PruneObserver
 from homer_integrations.homer.passages import Passages, PassageSelection
 from homer_integrations.homer.scoring import Scoring
 from homer_integrations.homer.strategies import Recipe, Reread, RootSpan, SharedRoot, TreeRoot
+from homer_integrations.homer.tier_file import Allocate
 from homer_integrations.prompting import Prompting, PromptTooLongError
 
 logger = logging.getLogger(__name__)
@@ -57,6 +59,7 @@ class EntryBuilder:
     indexes: RecentIndexes
     allocate: Callable[[str], Allocate | None]
     leaf_reuse: Callable[[], LeafReuse | None] = lambda: None
+    leaf_stash: Callable[[], LeafStash | None] = lambda: None
 
     def compressor(
         self,
@@ -140,6 +143,7 @@ class EntryBuilder:
                 progress=bar.update,
                 allocate=self.allocate(key) if self.stack.device.type == "cpu" else None,
                 reuse=reuse,
+                stash=self.leaf_stash() if self.stack.device.type == "cpu" else None,
             )
         if reuse is not None:
             reuse.built(key)

@@ -24,6 +24,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from homer_integrations.builder import EntryBuilder, RecentIndexes
 from homer_integrations.cache.keys import DocumentKeys
+from homer_integrations.cache.stored import LeafStashInStore
 from homer_integrations.document_cache import CacheSource, DocumentCache
 from homer_integrations.homer.calibration import Calibration, CalibrationStore
 from homer_integrations.homer.compressed import CacheSpec, CompressedDocument
@@ -210,6 +211,11 @@ class DocumentTiers:
             return None
         return LeafReuse(self.leaf_index, self._held_tier, self.document_cache.leaf_records(self.leaf_index.identity))
 
+    def _leaf_stash(self) -> LeafStashInStore | None:
+        """Where a content-split tier's build keeps each leaf as a store entry of its own (stored once, whatever
+        documents hold it); None with even splits, whose leaves rarely recur, or without a store."""
+        return None if self.leaf_index is None else self.document_cache.leaf_stash(self.cache_spec)
+
     def reads_tier(self, document_tokens: int) -> bool:
         """Whether a question about a document of ``document_tokens`` reads its leaf tier (``Replay.reads_tier``:
         past the model's window the default reads the text's passages and no tier)."""
@@ -237,6 +243,7 @@ class DocumentTiers:
             self._indexes,
             self.document_cache.allocator,
             self._leaf_reuse,
+            self._leaf_stash,
         )
 
 

@@ -44,9 +44,9 @@ from homer_integrations.cache.lookup import Counters, Lookup
 from homer_integrations.cache.memory import MemoryLRU
 from homer_integrations.cache.secret import default_secret_path, load_secret
 from homer_integrations.cache.store import DiskBudgetError, Store, open_store
-from homer_integrations.cache.stored import StoredEntries
+from homer_integrations.cache.stored import LeafStashInStore, StoredEntries
 from homer_integrations.homer.compressed import CacheSpec
-from homer_integrations.homer.leaf_tier import Allocate
+from homer_integrations.homer.tier_file import Allocate
 
 DEFAULT_MEMORY_BUDGET = 2 * 1024**3
 _LABEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("homer_document_label", default=None)
@@ -225,6 +225,11 @@ class DocumentCache:
         to the build inside ``get_or_compute``'s ``compute``; if the file cannot be made, it returns
         None and the build allocates in memory instead."""
         return self.stored.allocator(key) if self.stored is not None else None
+
+    def leaf_stash(self, spec: CacheSpec | None) -> LeafStashInStore | None:
+        """Where a leaf tier's build keeps each leaf as an entry of its own under its content key, so the tier
+        is stored as the list of its leaves (``cache.stored.LeafStashInStore``); None without a store."""
+        return self.stored.stash(spec) if self.stored is not None else None
 
     def leaf_records(self, identity: str) -> LeafRecords | None:
         """The store's record of the leaves the leaf tiers of engine ``identity`` hold, so a new process's

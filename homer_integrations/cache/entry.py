@@ -29,14 +29,20 @@ from safetensors.torch import save_file as save_safetensors_file
 
 from homer_integrations.cache.secret import entry_mac
 from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, check_consistent, check_layout, validate
-from homer_integrations.homer.leaf_tier import SERIAL_FORMAT as LEAF_TIER_FORMAT
-from homer_integrations.homer.leaf_tier import LeafTier
+from homer_integrations.homer.leaf_entry import SERIAL_FORMAT as LEAF_PIECE_FORMAT
+from homer_integrations.homer.leaf_entry import LeafEntry
+from homer_integrations.homer.leaf_tier import LeafPiece, LeafTier
+from homer_integrations.homer.tier_file import SERIAL_FORMAT as LEAF_TIER_FORMAT
+from homer_integrations.homer.tier_file import head_tensors, tier_from_tensors, whole_tensors
 
 CacheSource = Literal["memory", "disk", "computed"]
-Entry = CompressedDocument | LeafTier
-"""What the cache holds: a document's compressed root cache, or its leaf tier (``homer.leaf_tier``)."""
-E = TypeVar("E", CompressedDocument, LeafTier)
-KINDS = {CompressedDocument: "root", LeafTier: "leaf_tier"}
+Entry = CompressedDocument | LeafTier | LeafEntry
+"""What the cache holds: a document's compressed root cache, its leaf tier (``homer.leaf_tier``), or one leaf
+of tiers stored by their leaves (``homer.leaf_entry``)."""
+E = TypeVar("E", CompressedDocument, LeafTier, LeafEntry)
+KINDS = {CompressedDocument: "root", LeafTier: "leaf_tier", LeafEntry: "leaf"}
+PieceReader = Callable[[str], LeafEntry]
+"""A leaf's entry by its content key (read from the store), for a tier stored by its leaves."""
 
 MANIFEST_FORMAT = "homer-document-cache-entry"
 FORMAT_VERSION = 2
@@ -71,7 +77,7 @@ class CacheEntry:
 
 def document_nbytes(doc: Entry) -> int:
     """Bytes an entry's tensors occupy (K/V, positions, origins, logits; a leaf tier's all)."""
-    if isinstance(doc, LeafTier):
+    if isinstance(doc, LeafTier | LeafEntry):
         return doc.nbytes
     extra = [doc.position_ids, doc.origin]
     if doc.next_token_logits is not None:
@@ -82,7 +88,7 @@ def document_nbytes(doc: Entry) -> int:
 def resident_nbytes(doc: Entry) -> int:
     """Bytes of ``doc`` held in process memory: a memory-mapped leaf tier's pages belong to the OS
     page cache (read in as a question touches them, dropped under memory pressure), so 0."""
-    return 0 if isinstance(doc, LeafTier) and doc.mapped else document_nbytes(doc)
+    return 0 if isinstance(doc, LeafTier | LeafEntry) and doc.mapped else document_nbytes(doc)
 
 
 def entry_checksum(key: str, data: bytes | Path) -> str:
@@ -168,16 +174,21 @@ class EntryCodec:
         *,
         written: bool = False,
         secret: bytes | None = None,
+        by_leaves: bool = False,
     ) -> tuple[bytes, bytes | Path]:
         """(manifest, safetensors) of ``doc`` stored under ``key``: the safetensors as bytes, or written
         tensor by tensor into the file ``into`` (no second in-memory copy of a large leaf tier);
         ``written``: ``into`` already holds them (a tier built in its staged file); ``secret``: a keyed
-        cache's, whose ``hmac`` the manifest then carries."""
+        cache's, whose ``hmac`` the manifest then carries; ``by_leaves``: a leaf tier stored as its prefix and
+        its leaves' content keys (``tier_file.head_tensors``), its pieces written as entries of their own."""
         data: bytes | Path
         if into is not None and written:
             data = into
         else:
-            tensors, metadata = doc.to_tensors()
+            if isinstance(doc, LeafTier):
+                tensors, metadata = head_tensors(doc) if by_leaves else whole_tensors(doc)
+            else:
+                tensors, metadata = doc.to_tensors()
             cpu = {k: t.detach().cpu().contiguous() for k, t in tensors.items()}
             if into is None:
                 data = save_safetensors(cpu, metadata)
@@ -185,6 +196,7 @@ class EntryCodec:
                 save_safetensors_file(cpu, into, metadata)
                 data = into
         checksum = entry_checksum(key, data)
+        first = doc.keys[0] if isinstance(doc, CompressedDocument) else doc  # a tensor's, or the tier's own
         manifest = {
             "format": MANIFEST_FORMAT,
             "version": FORMAT_VERSION,
@@ -197,8 +209,8 @@ class EntryCodec:
             "document_tokens": doc.document_tokens,
             "kind": KINDS[type(doc)],
             "nbytes": document_nbytes(doc),
-            "dtype": str(doc.dtype if isinstance(doc, LeafTier) else doc.keys[0].dtype).removeprefix("torch."),
-            "device": str(doc.device if isinstance(doc, LeafTier) else doc.keys[0].device),
+            "dtype": str(first.dtype).removeprefix("torch."),
+            "device": str(first.device),
             "compress_seconds": doc.stats.seconds if isinstance(doc, CompressedDocument) else doc.seconds,
         }
         if secret is not None:
@@ -213,6 +225,7 @@ class EntryCodec:
         spec: CacheSpec | None = None,
         tensors_file: Path | None = None,
         secret: bytes | None = None,
+        piece: PieceReader | None = None,
     ) -> tuple[Entry, dict[str, Any]]:
         """The verified entry and its manifest; raises ``Unusable`` if anything is off.
 
@@ -223,7 +236,8 @@ class EntryCodec:
         or ``OSError``). With ``spec`` the entry must also fit the model (``validate``); without one
         the model-independent checks apply (``check_consistent``). ``tensors_file``: the same bytes
         as a local file; a leaf tier is then memory-mapped from it (``LeafTier.mapped``) instead of
-        read into memory, so a tier larger than the memory budget never has to be held whole.
+        read into memory, so a tier larger than the memory budget never has to be held whole (a leaf entry
+        too). ``piece``: reads the leaves of a tier stored by its leaves (it may raise ``Unusable``).
         """
         try:
             manifest = json.loads(raw_manifest)
@@ -246,7 +260,7 @@ class EntryCodec:
                 raise Unusable(
                     "the entry's keyed checksum does not match this cache's secret (forged, or another secret)"
                 )
-        mapped = tensors_file is not None and manifest.get("kind") == KINDS[LeafTier]
+        mapped = tensors_file is not None and manifest.get("kind") in (KINDS[LeafTier], KINDS[LeafEntry])
         try:
             data: bytes | Path = tensors_file if mapped else read_tensors()  # type: ignore[assignment]
             found = data.stat().st_size if isinstance(data, Path) else len(data)
@@ -260,16 +274,16 @@ class EntryCodec:
             raise Unusable(f"cannot read the safetensors file: {exc}") from exc
         try:
             doc = (
-                mapped_tier(data)
+                mapped_entry(data, piece)
                 if isinstance(data, Path)
-                else entry_from_tensors(load_safetensors(data), safetensors_metadata(data))
+                else entry_from_tensors(load_safetensors(data), safetensors_metadata(data), piece)
             )
         except (SafetensorError, ValueError, KeyError, TypeError, RuntimeError, OSError) as exc:
             raise Unusable(f"the safetensors file does not hold a compressed document ({exc})") from exc
         if doc.key != key:
             raise Unusable("the safetensors file holds another document")
         try:
-            if isinstance(doc, LeafTier):
+            if isinstance(doc, LeafTier | LeafEntry):
                 doc.check() if spec is None else doc.validate(spec)
             elif spec is None:
                 check_consistent(doc)
@@ -307,19 +321,45 @@ def safetensors_metadata(data: bytes) -> dict[str, str]:
     return {str(k): str(v) for k, v in metadata.items()}
 
 
-def mapped_tier(path: Path) -> LeafTier:
+def mapped_tier(path: Path, piece: PieceReader | None = None) -> LeafTier:
     """The leaf tier in ``path`` with its tensors memory-mapped (safetensors maps the file; nothing is
     copied until a question slices a leaf). The mapping outlives the file's replacement or removal."""
+    tier = mapped_entry(path, piece)
+    if not isinstance(tier, LeafTier):
+        raise ValueError(f"{path.name} holds a {type(tier).__name__}, not a leaf tier")
+    return tier
+
+
+def mapped_entry(path: Path, piece: PieceReader | None = None) -> LeafTier | LeafEntry:
+    """The leaf tier or leaf entry in ``path``, memory-mapped (see ``mapped_tier``)."""
     with safe_open(str(path), framework="pt") as f:
         tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - safe_open is not a dict
         meta = f.metadata() or {}
-    return replace(LeafTier.from_tensors(tensors, meta), mapped=True)
+    if meta.get("format") == LEAF_PIECE_FORMAT:
+        return replace(LeafEntry.from_tensors(tensors, meta), mapped=True)
+    read: list[LeafEntry] = []
+    tier = tier_from_tensors(tensors, meta, None if piece is None else _pieces_of(piece, read))
+    return replace(tier, mapped=all(entry.mapped for entry in read))
 
 
-def entry_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> Entry:
-    """A leaf tier or a compressed document, by the format its metadata names."""
+def _pieces_of(piece: PieceReader, read: list[LeafEntry]) -> Callable[[str], LeafPiece]:
+    """``piece`` as ``tier_from_tensors`` takes it, each entry it reads appended to ``read``."""
+
+    def one(key: str) -> LeafPiece:
+        read.append(piece(key))
+        return read[-1].piece
+
+    return one
+
+
+def entry_from_tensors(
+    tensors: dict[str, torch.Tensor], meta: dict[str, str], piece: PieceReader | None = None
+) -> Entry:
+    """A leaf tier, a leaf entry or a compressed document, by the format its metadata names."""
     if meta.get("format") == LEAF_TIER_FORMAT:
-        return LeafTier.from_tensors(tensors, meta)
+        return tier_from_tensors(tensors, meta, None if piece is None else _pieces_of(piece, []))
+    if meta.get("format") == LEAF_PIECE_FORMAT:
+        return LeafEntry.from_tensors(tensors, meta)
     return document_from_tensors(tensors, meta)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from homer_integrations.homer.leaf_tier import Layout
+from homer_integrations.homer.tier_file import Layout
 
 DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64"}
 METADATA_RESERVE = 8192

@@ -26,6 +26,7 @@ from homer_integrations.cache.entry import (
     Entry,
     EntryCodec,
     Unusable,
+    mapped_entry,
     mapped_tier,
     relabelled,
     to_device,
@@ -34,7 +35,9 @@ from homer_integrations.cache.flight import KeyLock, LockTimeout
 from homer_integrations.cache.staged import StagedTensors
 from homer_integrations.cache.store_base import Store
 from homer_integrations.homer.compressed import CacheSpec
-from homer_integrations.homer.leaf_tier import Allocate, Layout, LeafTier
+from homer_integrations.homer.leaf_entry import LeafEntry
+from homer_integrations.homer.leaf_tier import LeafPiece, LeafTier
+from homer_integrations.homer.tier_file import Allocate, Layout, whole_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +76,13 @@ class StoredEntries:
         if raw is None:
             return None
         doc, manifest = EntryCodec.decode(
-            key, raw, lambda: store.read_tensors(key), spec, store.tensors_file(key), self._secret
+            key,
+            raw,
+            lambda: store.read_tensors(key),
+            spec,
+            store.tensors_file(key),
+            self._secret,
+            self.leaf_reader(spec),
         )
         return to_device(doc, manifest.get("device"), self.device), manifest
 
@@ -135,8 +144,10 @@ class StoredEntries:
             built_in = staged is not None and isinstance(doc, LeafTier) and staged.backs(doc.prefix_hidden)
             in_place = staged if built_in else None
             if self.write(key, doc, label, in_place) and isinstance(doc, LeafTier):
-                # a tier built in its staged file already lives in the stored file (renamed, same pages)
-                doc = replace(doc, mapped=True) if in_place is not None else self._remapped(key, doc)  # type: ignore[assignment]
+                # a tier built in its staged file already lives in the stored file (renamed, same pages); one
+                # stored by its leaves holds the pieces its build found or kept in the store, mapped
+                kept = in_place is not None or self.by_leaves(doc)
+                doc = replace(doc, mapped=True) if kept else self._remapped(key, doc)  # type: ignore[assignment]
             return doc, "computed"
         finally:
             self.drop_staged(key)
@@ -151,6 +162,35 @@ class StoredEntries:
         if label is not None and manifest.get("label") != label:
             self.write_label(key, label, locked=locked)
         return doc
+
+    # ----------------------------------------------------------------------------- leaves stored apart
+    def leaf_reader(self, spec: CacheSpec | None) -> Callable[[str], LeafEntry]:
+        """Reads a leaf entry of a tier stored by its leaves; raises ``Unusable`` (and removes the leaf)
+        when it is missing or cannot be trusted, so the tier is built again and writes it anew."""
+
+        def read_leaf(content_key: str) -> LeafEntry:
+            try:
+                loaded = self.read(content_key, spec)
+            except Unusable as exc:
+                self.store.remove(content_key)
+                raise Unusable(f"its leaf {content_key[:12]} is unusable ({exc})") from exc
+            if loaded is None or not isinstance(loaded[0], LeafEntry) or loaded[0].key != content_key:
+                raise Unusable(f"its leaf {content_key[:12]} is not in the store")
+            self.store.touch(content_key)
+            return loaded[0]
+
+        return read_leaf
+
+    def by_leaves(self, doc: Entry) -> bool:
+        """Whether ``doc`` is a tier whose pieces are all stored as leaf entries (then only its prefix and its
+        leaves' keys are written); a tier one of whose leaves could not be kept is written whole."""
+        if not isinstance(doc, LeafTier) or doc.storage is not None or doc.leaf_keys is None:
+            return False
+        return all(self.store.read_manifest(k) is not None for k in doc.leaf_keys)
+
+    def stash(self, spec: CacheSpec | None) -> LeafStashInStore:
+        """Where a tier build keeps its leaves as entries of their own (``LeafPass.build``'s ``stash``)."""
+        return LeafStashInStore(self, spec)
 
     # ----------------------------------------------------------------------------- staged leaf tiers
     def allocator(self, key: str) -> Allocate:
@@ -189,8 +229,8 @@ class StoredEntries:
         if path is None or tier.device.type != "cpu":
             return tier
         try:
-            return mapped_tier(path)
-        except (SafetensorError, ValueError, KeyError, OSError) as exc:
+            return mapped_tier(path, self.leaf_reader(None))
+        except (Unusable, SafetensorError, ValueError, KeyError, OSError) as exc:
             logger.warning("could not map the leaf tier just written for %s: %s", key[:12], exc)
             return tier
 
@@ -203,13 +243,16 @@ class StoredEntries:
         (whatever is left of it is ``drop_staged``'s)."""
         staged: Path | None = None
         try:
+            by_leaves = self.by_leaves(doc)
             if in_place is not None:
                 manifest, tensors = EntryCodec.encode(
-                    key, doc, label, into=in_place.finish(doc.to_tensors()[1]), written=True, secret=self._secret
+                    key, doc, label, into=in_place.finish(whole_tensors(doc)[1]), written=True, secret=self._secret
                 )
             else:
                 staged = self.store.staging_file(key)
-                manifest, tensors = EntryCodec.encode(key, doc, label, into=staged, secret=self._secret)
+                manifest, tensors = EntryCodec.encode(
+                    key, doc, label, into=staged, secret=self._secret, by_leaves=by_leaves
+                )
             self.store.write(key, manifest, tensors)
             return True
         except (OSError, SafetensorError, ValueError) as exc:
@@ -257,3 +300,46 @@ def _why(exc: Exception) -> str:
     if code in FULL_DISK or any(f"(os error {c})" in text for c in FULL_DISK):
         return f"the disk is full ({text})"
     return text
+
+
+class LeafStashInStore:
+    """``LeafPass``'s ``LeafStash`` over a store: each leaf an entry under its content key, written as the
+    build finishes it and memory-mapped back where the store has local files (the build then holds one
+    leaf at a time); one already stored is read, not computed. Content-addressed: the same text under the
+    same prefix and model is stored once, whichever document holds it."""
+
+    def __init__(self, entries: StoredEntries, spec: CacheSpec | None) -> None:
+        self.entries, self.spec = entries, spec
+        self.written = 0  # bytes of leaves this build wrote
+        self.failed = False  # a write failed (and warned): the rest of the build keeps its leaves in memory
+
+    def find(self, key: str) -> LeafPiece | None:
+        try:
+            return self.entries.leaf_reader(self.spec)(key).piece
+        except Unusable:
+            return None
+
+    def keep(self, key: str, piece: LeafPiece) -> LeafPiece:
+        store = self.entries.store
+        if store.read_manifest(key) is not None:
+            store.touch(key)
+            return piece
+        entry = LeafEntry(key, piece)
+        budget = store.budget_bytes
+        if self.failed or (budget is not None and self.written + entry.nbytes > budget // 2):
+            # past half the disk budget a tier's own leaves would evict its first ones (or every other
+            # document): the rest stay in memory and the tier is written whole, or refused as too large
+            return piece
+        if not self.entries.write(key, entry, None):
+            self.failed = True
+            return piece
+        self.written += entry.nbytes
+        path = store.tensors_file(key)
+        if path is None:
+            return piece
+        try:
+            entry = mapped_entry(path)
+        except (SafetensorError, ValueError, KeyError, OSError) as exc:
+            logger.warning("could not map the leaf just written for %s: %s", key[:12], exc)
+            return piece
+        return entry.piece if isinstance(entry, LeafEntry) else piece

@@ -73,7 +73,9 @@ def _ls(cache: DocumentCache, as_json: bool, out: TextIO) -> None:
         json.dump([asdict(e) for e in entries], out, indent=2)
         out.write("\n")
         return
-    if not entries:
+    leaves = [e for e in entries if e.kind == "leaf"]  # shared by the content-split tiers that list them
+    entries = [e for e in entries if e.kind != "leaf"]
+    if not entries and not leaves:
         out.write(f"no cached documents in {cache.location}\n")
         return
     rows = [("KEY", "DOCUMENT", "DOC TOKENS", "CACHE TOKENS", "SIZE", "CREATED")]
@@ -86,5 +88,6 @@ def _ls(cache: DocumentCache, as_json: bool, out: TextIO) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         out.write("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() + "\n")
-    total = human_bytes(sum(e.disk_bytes for e in entries))
-    out.write(f"{len(entries)} document(s), {total} in {printable(str(cache.location))}\n")
+    total = human_bytes(sum(e.disk_bytes for e in entries + leaves))
+    shared = f" and {len(leaves)} leaves their tiers share ({human_bytes(sum(e.disk_bytes for e in leaves))})"
+    out.write(f"{len(entries)} document(s){shared if leaves else ''}, {total} in {printable(str(cache.location))}\n")

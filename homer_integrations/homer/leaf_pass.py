@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Protocol
 
 import torch
 
@@ -20,9 +21,24 @@ from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.leaf_batch import batchable, leaf_positions, leaf_reducible, score_leaves
 from homer_integrations.homer.leaf_reuse import LeafReuse
-from homer_integrations.homer.leaf_tier import Allocate, Layout, LeafSlice, LeafTier
+from homer_integrations.homer.leaf_tier import LeafPiece, LeafSlice, LeafTier
 from homer_integrations.homer.nodes import Nodes, ProgressFn
 from homer_integrations.homer.schedule import LayerSchedule
+from homer_integrations.homer.tier_file import Allocate, Layout, layout, named
+
+
+class LeafStash(Protocol):
+    """Where a tier build keeps each leaf as it finishes, under its content key (a store's leaf entries,
+    ``cache.stored``), so the tier is stored as the list of its leaves' keys (``tier_file.head_tensors``)."""
+
+    def find(self, key: str) -> LeafPiece | None:
+        """The piece kept under content key ``key``, or None."""
+        ...
+
+    def keep(self, key: str, piece: LeafPiece) -> LeafPiece:
+        """Keep ``piece`` under ``key``; the piece to hold from now on (the kept copy, or ``piece``)."""
+        ...
+
 
 FlatLeafFn = Callable[[int, int], "tuple[Chunk, torch.Tensor | None]"]
 """(leaf index, target length) -> that leaf through the leaf layers, unpruned, and its scores [T] (None
@@ -45,19 +61,22 @@ class LeafPass:
         progress: ProgressFn | None = None,
         allocate: Allocate | None = None,
         reuse: LeafReuse | None = None,
+        stash: LeafStash | None = None,
     ) -> LeafTier:
         """Run every leaf's prefix [P] + piece through the leaf layers once, without a suffix, and keep
         what a question needs (see ``LeafTier``). The split is planned for ``suffix_reserve`` suffix tokens.
         ``allocate``: where the tier's tensors live (default: process memory on the model's device); each
         leaf is written into them as it finishes, so nothing else holds the whole tier. ``reuse``: a leaf
-        it finds in a held tier is copied from there instead of computed (``leaf_reuse``).
+        it finds in a held tier is copied from there instead of computed (``leaf_reuse``). ``stash`` (with
+        ``reuse``, whose content keys it uses): each leaf is looked up there and kept there as it finishes,
+        instead of laid out in ``allocate``'s storage, and the tier holds the kept pieces (``leaf_keys`` set).
         """
         start = time.perf_counter()
         stack, s = self.nodes.stack, self.nodes.settings
         plan = self.nodes.plan(prefix_ids.numel(), document_ids, 0, s.suffix_reserve)
         layers = self.nodes.schedule(plan).layers_at(0)
         prefix = self.prefix_part(prefix_ids, layers)
-        layout = LeafTier.layout(
+        shapes = layout(
             plan,
             len(layers),
             stack.num_kv_heads,
@@ -66,8 +85,10 @@ class LeafPass:
             stack.dtype,
             word_ids is not None,
         )
-        storage = (allocate(layout) if allocate is not None else None) or self.in_memory(layout)
-        tier = LeafTier.named(storage, key, plan, len(layers))
+        if stash is not None and reuse is not None:
+            return self.stashed(prefix, prefix_ids, document_ids, word_ids, key, plan, layers, progress, reuse, stash)
+        storage = (allocate(shapes) if allocate is not None else None) or self.in_memory(shapes)
+        tier = named(storage, key, plan, len(layers))
         for mine, theirs in zip(tier.prefix_keys + tier.prefix_values, prefix.keys + prefix.values, strict=True):
             mine.copy_(theirs)
         tier.prefix_hidden.copy_(prefix.hidden)
@@ -89,6 +110,51 @@ class LeafPass:
             if progress is not None:
                 progress(span.stop - span.start)
         return replace(tier, seconds=time.perf_counter() - start)
+
+    def stashed(
+        self,
+        prefix: LeafSlice,
+        prefix_ids: torch.Tensor,
+        document_ids: torch.Tensor,
+        word_ids: torch.Tensor | None,
+        key: str,
+        plan: ChunkPlan,
+        layers: range,
+        progress: ProgressFn | None,
+        reuse: LeafReuse,
+        stash: LeafStash,
+    ) -> LeafTier:
+        """``build`` with every leaf found in or kept to ``stash`` under its content key."""
+        start = time.perf_counter()
+        P = plan.prefix_len
+        reuse.prepare(prefix_ids, document_ids, plan, len(layers))
+        pieces = []
+        for index, content_key in enumerate(reuse.keys):
+            span = plan.piece(index)
+            # a tier held in memory first (nothing to read or verify), then the store's leaf entries
+            piece = reuse.take(index, span.stop - span.start, len(layers))
+            if piece is None and (piece := stash.find(content_key)) is not None:
+                reuse.copied += 1
+            if piece is None:
+                part = self.leaf_part(prefix, document_ids[span], span.start, layers)
+                cut = lambda ts: tuple(t[:, :, P:] for t in ts)  # noqa: E731
+                piece = LeafPiece(cut(part.keys), cut(part.values), part.hidden[:, P:])
+                del part
+            pieces.append(stash.keep(content_key, piece))
+            if progress is not None:
+                progress(span.stop - span.start)
+        return LeafTier(
+            key=key,
+            plan=plan,
+            leaf_layers=len(layers),
+            prefix_keys=tuple(prefix.keys),
+            prefix_values=tuple(prefix.values),
+            prefix_hidden=prefix.hidden,
+            pieces=tuple(pieces),
+            word_ids=None if word_ids is None else word_ids.cpu(),
+            seconds=time.perf_counter() - start,
+            leaf_keys=tuple(reuse.keys),
+        )
 
     def in_memory(self, layout: Layout) -> dict[str, torch.Tensor]:
         """``Allocate`` in process memory: floats on the model's device, word ids on the CPU (where

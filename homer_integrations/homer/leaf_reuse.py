@@ -8,7 +8,9 @@ leaf index). Building another tier, ``LeafReuse`` finds each of its leaves there
 still held (memory or store), copies the leaf instead of running the leaf layers on it. With a
 content-defined split (``content_split``) an edit changes only the leaves around it, so every other
 leaf of the new version is copied. Where the engine has a store, ``records`` keeps the same in the
-store (``cache.leaf_records``), so a new process finds the leaves of tiers an earlier one built.
+store (``cache.leaf_records``), so a new process finds the leaves of tiers an earlier one built; there a
+content-split tier's leaves are also entries of their own under their content keys (``leaf_entry``,
+``LeafPass.build``'s ``stash``), found before this index is asked.
 """
 
 from __future__ import annotations

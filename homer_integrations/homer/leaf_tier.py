@@ -8,37 +8,19 @@ runs the upper levels (``leaf_pass.LeafPass``, then ``tree`` or ``flat``). The p
 tokens, same positions, nothing before it), so it is kept once.
 
 The split is planned for a suffix of ``plan.planned_suffix_len`` tokens (the shared document suffix
-); every question reuses that split.
+); every question reuses that split. How a tier is stored: ``tier_file``.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.compressed import CacheSpec
 from homer_integrations.homer.kv import tensors_nbytes
-
-SERIAL_FORMAT = "homer-leaf-tier"
-SERIAL_VERSION = 1
-
-Layout = dict[str, tuple[tuple[int, ...], torch.dtype]]
-"""Tensor name -> (shape, dtype): what a tier of given dimensions holds (``LeafTier.layout``)."""
-Allocate = Callable[[Layout], "dict[str, torch.Tensor] | None"]
-"""Storage for a tier about to be built: a tensor per name of the layout, uninitialised (views of a
-file that will become the stored entry, say); None: the builder's default, process memory."""
-
-
-def plan_fields(plan: ChunkPlan) -> dict:
-    """``plan``'s fields for JSON; an even plan's without ``bounds``, as tiers stored before bounds existed."""
-    fields = asdict(plan)
-    if plan.bounds is None:
-        del fields["bounds"]
-    return fields
 
 
 @dataclass(frozen=True)
@@ -100,8 +82,10 @@ class LeafTier:
         word_ids: [L] unit index of each document token (word/sentence pruning), or None.
         seconds: wall time spent building it.
         mapped: the tensors are views of a memory-mapped cache file, not process memory.
-        storage: the tensors under ``to_tensors``' names that the pieces are views of (one file's layout:
-            per layer [Hkv, L, d] over the whole document), or None when the pieces are held apart.
+        storage: the tensors of the whole file form (``tier_file``: per layer [Hkv, L, d] over the whole
+            document) that the pieces are views of, or None when the pieces are held apart.
+        leaf_keys: each leaf's content key (``leaf_reuse``), where the tier is stored by its leaves
+            (``tier_file.head_tensors``: every piece a ``leaf_entry.LeafEntry`` of its own), else None.
     """
 
     key: str
@@ -115,6 +99,7 @@ class LeafTier:
     seconds: float = 0.0
     mapped: bool = False
     storage: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+    leaf_keys: tuple[str, ...] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -138,12 +123,10 @@ class LeafTier:
         if self.device == device:
             return self
         move = lambda ts: tuple(t.to(device) for t in ts)  # noqa: E731
-        if self.storage is not None:
-            storage = {name: t.to(device) if t.is_floating_point() else t for name, t in self.storage.items()}
-            return replace(LeafTier.named(storage, self.key, self.plan, self.leaf_layers, self.seconds), mapped=False)
         return replace(
             self,
             mapped=False,
+            storage=None,
             prefix_keys=move(self.prefix_keys),
             prefix_values=move(self.prefix_values),
             prefix_hidden=self.prefix_hidden.to(device),
@@ -193,97 +176,6 @@ class LeafTier:
             tuple(cat(layer, 2) for layer in zip(*(p.values for p in parts), strict=True)),
             cat((p.hidden for p in parts), 1),
         )
-
-    def to_tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-        """Tensors and string metadata for ``safetensors.torch.save_file``: the pieces' storage as it is,
-        or pieces held apart joined into it (per layer [Hkv, L, d])."""
-        if self.storage is not None:
-            tensors = {name: t.contiguous() for name, t in self.storage.items()}
-        else:
-            join = lambda ts, dim: torch.cat(list(ts), dim=dim)[0].contiguous()  # noqa: E731
-            tensors = {f"pk.{i}": t[0].contiguous() for i, t in enumerate(self.prefix_keys)}
-            tensors |= {f"pv.{i}": t[0].contiguous() for i, t in enumerate(self.prefix_values)}
-            for i in range(self.leaf_layers):
-                tensors[f"k.{i}"] = join((p.keys[i] for p in self.pieces), 2)
-                tensors[f"v.{i}"] = join((p.values[i] for p in self.pieces), 2)
-            tensors["prefix_hidden"] = self.prefix_hidden[0].contiguous()
-            tensors["hidden"] = join((p.hidden for p in self.pieces), 1)
-            if self.word_ids is not None:
-                tensors["word_ids"] = self.word_ids.contiguous()
-        meta = {
-            "format": SERIAL_FORMAT,
-            "version": str(SERIAL_VERSION),
-            "key": self.key,
-            "leaf_layers": str(self.leaf_layers),
-            "plan": json.dumps(plan_fields(self.plan)),
-            "seconds": repr(self.seconds),
-        }
-        return tensors, meta
-
-    @staticmethod
-    def layout(
-        plan: ChunkPlan,
-        leaf_layers: int,
-        kv_heads: int,
-        head_dim: int,
-        hidden_size: int,
-        dtype: torch.dtype,
-        words: bool,
-    ) -> Layout:
-        """Name -> (shape, dtype) of every tensor ``to_tensors`` gives for a tier of these dimensions
-        (what ``named`` takes), so storage for a tier can be laid out before it is built."""
-        P, L = plan.prefix_len, plan.document_len
-        names: Layout = {"word_ids": ((L,), torch.long)} if words else {}
-        for kind, n in (("pk", P), ("pv", P), ("k", L), ("v", L)):
-            names |= {f"{kind}.{i}": ((kv_heads, n, head_dim), dtype) for i in range(leaf_layers)}
-        return names | {"prefix_hidden": ((P, hidden_size), dtype), "hidden": ((L, hidden_size), dtype)}
-
-    @classmethod
-    def named(
-        cls, tensors: dict[str, torch.Tensor], key: str, plan: ChunkPlan, leaf_layers: int, seconds: float = 0.0
-    ) -> LeafTier:
-        """The tier whose tensors are ``tensors`` under ``to_tensors``' names, each piece a view of its
-        stretch of the document (nothing copied); raises ``ValueError`` if they do not cover the document."""
-        L = plan.document_len
-        whole = [tensors[f"{kind}.{i}"] for kind in "kv" for i in range(leaf_layers)]
-        if any(t.dim() != 3 or t.shape[1] != L for t in whole) or tensors["hidden"].dim() != 2:
-            raise ValueError(f"leaf tier K/V are not [Hkv, {L}, d] of one head layout")
-        spans = [plan.piece(i) for i in range(plan.num_leaves)]
-        pieces = tuple(
-            LeafPiece(
-                keys=tuple(tensors[f"k.{i}"][None, :, span] for i in range(leaf_layers)),
-                values=tuple(tensors[f"v.{i}"][None, :, span] for i in range(leaf_layers)),
-                hidden=tensors["hidden"][None, span],
-            )
-            for span in spans
-        )
-        return cls(
-            key=key,
-            plan=plan,
-            leaf_layers=leaf_layers,
-            prefix_keys=tuple(tensors[f"pk.{i}"][None] for i in range(leaf_layers)),
-            prefix_values=tuple(tensors[f"pv.{i}"][None] for i in range(leaf_layers)),
-            prefix_hidden=tensors["prefix_hidden"][None],
-            pieces=pieces,
-            word_ids=tensors.get("word_ids"),
-            seconds=seconds,
-            storage=tensors,
-        )
-
-    @classmethod
-    def from_tensors(cls, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> LeafTier:
-        """Inverse of ``to_tensors``; raises ``ValueError`` on anything foreign, old or inconsistent."""
-        if meta.get("format") != SERIAL_FORMAT:
-            raise ValueError(f"not a leaf tier (format {meta.get('format')!r})")
-        if meta.get("version") != str(SERIAL_VERSION):
-            raise ValueError(f"leaf tier format version {meta.get('version')!r} is not {SERIAL_VERSION}")
-        try:
-            plan = ChunkPlan(**json.loads(meta["plan"]))
-            tier = cls.named(tensors, meta["key"], plan, int(meta["leaf_layers"]), float(meta.get("seconds", "0")))
-        except (KeyError, TypeError, ValueError, json.JSONDecodeError) as exc:
-            raise ValueError(f"incomplete leaf tier: {exc}") from exc
-        tier.check()
-        return tier
 
     def check(self) -> None:
         """Raise ``ValueError`` unless every tensor has the shape the plan implies."""

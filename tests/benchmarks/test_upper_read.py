@@ -13,6 +13,7 @@ from upper_read import UpperRead, positions_in_leaves, rerotated, upper_read
 from homer_integrations.homer.budget import ReadBudget
 from homer_integrations.homer.passages import PassageSelection
 from homer_integrations.homer.strategies import AutoReplay, PassageReplay, Recipe
+from homer_integrations.homer.tier_file import whole_tensors
 from tests.conftest import mode_engine, tiny_model
 from tests.homer.tier_helpers import ATOL, compressor, ids
 
@@ -58,7 +59,7 @@ def test_kept_tokens_of_several_leaves_sit_at_consecutive_positions():
     assert torch.equal(read.origin[5:-4], kept) and bool((read.origin[:5] == -1).all())
     assert torch.equal(read.position_ids, torch.arange(5 + kept.numel() + 4))
     assert {k.shape[2] for k in read.keys} == {5 + kept.numel() + 4}, "every layer holds every row"
-    stored = tier.to_tensors()[0]
+    stored = whole_tensors(tier)[0]
     torch.testing.assert_close(read.values[1][:, :, 5:-4], stored["v.1"][None][:, :, kept]), "a leaf layer: the tier's"
     with torch.no_grad():  # layer 0's keys depend on the token and its position only
         plain = model(torch.cat([prefix, doc[kept], suffix])[None], use_cache=True).past_key_values

@@ -225,3 +225,26 @@ def test_an_fsspec_upload_that_fills_the_disk_leaves_no_temporary_file(
     fresh = cache_engine.with_store(DocumentCache(root.as_uri()))
     same_tensors(fresh.compress(cache_texts[0]), first)
     assert fresh.stats().hits_disk == 1
+
+
+def test_a_content_split_tier_whose_leaves_fill_the_disk_is_kept_in_memory_and_its_stored_leaves_serve_later(
+    tokenizer, calibration, novel: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each leaf is an entry of its own, written as the build finishes it: the disk fills at the fourth leaf
+    (two fsyncs a leaf); that write warns once, the rest of the tier is kept in memory and its whole write
+    fails the same way. The leaves stored before serve the next build once the disk has room."""
+    from tests.homer.test_leaf_reuse import counted, store_engine, tier_of
+
+    text, directory = novel[20_000:24_000], tmp_path / "cache"
+    monkeypatch.setattr(os, "fsync", full_after(6, os.fsync))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        answer = store_engine(tokenizer, calibration, directory).answer(text, QUESTION, max_new_tokens=3)
+    monkeypatch.undo()
+    full = [w for w in caught if issubclass(w.category, DocumentCacheWarning)]
+    assert 1 <= len(full) <= 2 and all("the disk is full" in str(w.message) for w in full), full
+    assert leftovers(directory) == []
+    reader = store_engine(tokenizer, calibration, directory)
+    computed = counted(monkeypatch)
+    assert reader.answer(text, QUESTION, max_new_tokens=3) == answer
+    assert len(computed) == tier_of(reader, text).plan.num_leaves - 3, "the three leaves stored before are read"

@@ -250,3 +250,22 @@ def test_a_directory_in_an_entrys_place_on_file_urls_is_reported_and_kept(
 def test_a_budget_is_refused_for_urls(store_url: str) -> None:
     with pytest.raises(ValueError, match="lifecycle"):
         DocumentCache(store_url, disk_budget_bytes=10)
+
+
+def test_a_content_split_tier_is_stored_by_its_leaves_on_any_filesystem(
+    tokenizer, calibration, novel: str, store_url: str
+) -> None:
+    from tests.homer.test_leaf_reuse import store_engine, tier_of
+
+    text = novel[20_000:24_000]
+    writer = store_engine(tokenizer, calibration, store_url)
+    expected = writer.answer(text, QUESTION, max_new_tokens=4)
+    tier = tier_of(writer, text)
+    kinds = [e.kind for e in writer.document_cache.entries()]
+    assert kinds.count("leaf") == tier.plan.num_leaves and kinds.count("leaf_tier") == 1
+    reader = store_engine(tokenizer, calibration, store_url)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stream = reader.run(text, QUESTION, max_new_tokens=4)
+        assert stream.text() == expected
+    assert stream.info.cache_source == "disk"

@@ -9,9 +9,9 @@ import torch
 
 from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.content_split import content_bounds, content_plan
-from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.merging import merge_siblings
 from homer_integrations.homer.prompt import encode, unit_ids
+from homer_integrations.homer.tier_file import tier_from_tensors, whole_tensors
 from homer_integrations.homer.tree import MergeTree
 from tests.conftest import mode_engine, tiny_model
 from tests.homer.tier_helpers import KINDS, RESERVE, assert_same_compression, compressor, ids
@@ -72,7 +72,7 @@ def test_even_plans_are_as_before():
         assert plan.piece(i) == slice(start, start + base + (i < extra))
     model = tiny_model("llama", vocab_size=256)
     tier = compressor(model).leaves.build(ids(model, 5, 1), ids(model, 300, 2))
-    assert '"bounds"' not in tier.to_tensors()[1]["plan"], "even tiers are stored as before"
+    assert '"bounds"' not in whole_tensors(tier)[1]["plan"], "even tiers are stored as before"
 
 
 def power_of_two_tree(tree: MergeTree, leaf, plan, schedule, progress):
@@ -128,7 +128,7 @@ def test_content_replay_equals_compression_from_scratch(kind, leaves):
     prefix, doc = ids(model, 5, 1), content_doc(model, comp, leaves)
     tier = comp.leaves.build(prefix, doc)
     assert tier.plan.bounds is not None and tier.plan.num_leaves == leaves
-    back = LeafTier.from_tensors(*tier.to_tensors())
+    back = tier_from_tensors(*whole_tensors(tier))
     assert back.plan == tier.plan, "bounds round-trip"
     for seed, suffix_len in [(3, 4), (4, RESERVE)]:
         suffix = ids(model, suffix_len, seed)

@@ -24,6 +24,7 @@ from homer_integrations.homer.strategies import (
     TreeReplay,
     TreeRoot,
 )
+from homer_integrations.homer.tier_file import named, whole_tensors
 from tests.conftest import tiny_model
 from tests.homer.tier_helpers import assert_same_tier
 
@@ -187,8 +188,8 @@ def test_a_damaged_tier_on_disk_is_recomputed(tokenizer, calib, text, tmp_path):
     key = writer.tiers.keys.tier(layout.prefix, text)
     tier = writer.document_cache.get(key)
     assert isinstance(tier, LeafTier)
-    damaged = tier.to_tensors()[0] | {"hidden": torch.full_like(tier.to_tensors()[0]["hidden"], float("nan"))}
-    bad = LeafTier.named(damaged, key, tier.plan, tier.leaf_layers)
+    damaged = whole_tensors(tier)[0] | {"hidden": torch.full_like(whole_tensors(tier)[0]["hidden"], float("nan"))}
+    bad = named(damaged, key, tier.plan, tier.leaf_layers)
     writer.document_cache.stored.write(key, bad, None)  # a well-formed entry whose checksum matches
     reader = make_engine(tokenizer, calib, DocumentCache(tmp_path), mode="query_aware")
     with pytest.warns(UserWarning, match="NaN"):

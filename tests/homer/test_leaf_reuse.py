@@ -1,10 +1,12 @@
 """An edited document's leaf tier copies the leaves its edit did not touch from the tier of the version before."""
 
+import io
 import json
 
 import pytest
 import torch
 
+from homer_integrations.cli import cache as cache_command
 from homer_integrations.homer.leaf_pass import LeafPass
 from tests.conftest import mode_engine
 from tests.homer.tier_helpers import assert_same_tier
@@ -127,7 +129,7 @@ DAMAGE = {
 
 
 @pytest.mark.parametrize("damage", [*DAMAGE, "tier evicted"])
-def test_a_damaged_leaf_index_or_an_evicted_tier_only_costs_recomputation(
+def test_a_damaged_leaf_index_or_an_evicted_tier_costs_nothing_as_each_leaf_is_an_entry_of_its_own(
     tokenizer, calibration, versions, monkeypatch, tmp_path, damage
 ):
     v1, v2 = versions
@@ -142,5 +144,61 @@ def test_a_damaged_leaf_index_or_an_evicted_tier_only_costs_recomputation(
     computed = counted(monkeypatch)
     engine.cache_document(v2)
     tier = tier_of(engine, v2)
-    assert len(computed) == tier.plan.num_leaves, "nothing copied"
+    assert 1 <= len(computed) <= 3 < tier.plan.num_leaves, "the unchanged leaves read from their entries"
     assert_same_tier(tier, tier_of(mode_engine(tokenizer, calibration, split="content"), v2))
+
+
+def stored_kinds(engine) -> dict[str, list]:
+    """The store's entries by kind (``root``, ``leaf_tier``, ``leaf``)."""
+    kinds: dict[str, list] = {}
+    for entry in engine.document_cache.store.entries().values():
+        kinds.setdefault(entry.kind, []).append(entry)
+    return kinds
+
+
+def test_a_content_split_tier_is_stored_as_its_leaves_each_stored_once(tokenizer, calibration, versions, tmp_path):
+    v1, v2 = versions
+    engine = store_engine(tokenizer, calibration, tmp_path)
+    engine.cache_document(v1)
+    one = tier_of(engine, v1)
+    assert one.leaf_keys is not None and len(one.leaf_keys) == one.plan.num_leaves
+    assert len(stored_kinds(engine)["leaf"]) == one.plan.num_leaves
+    engine.cache_document(v2)
+    two = tier_of(engine, v2)
+    kinds = stored_kinds(engine)
+    assert len(kinds["leaf"]) == len(set(one.leaf_keys) | set(two.leaf_keys)) < 2 * one.plan.num_leaves
+    (head,) = [e for e in kinds["leaf_tier"] if e.key == engine.entry_key(v2)]
+    leaves = sum(e.disk_bytes for e in kinds["leaf"])
+    assert head.disk_bytes < leaves / 10, "the tier's own entry holds its prefix and its leaves' keys"
+    listing = io.StringIO()
+    cache_command._ls(engine.document_cache, False, listing)
+    lines = listing.getvalue().splitlines()
+    assert len(lines) == 1 + 2 + 1 and lines[-1].startswith(
+        f"2 document(s) and {len(kinds['leaf'])} leaves their tiers share"
+    )
+    reader = store_engine(tokenizer, calibration, tmp_path)  # a new process
+    read = tier_of(reader, v2)
+    assert read.mapped and read.leaf_keys == two.leaf_keys
+    assert_same_tier(read, tier_of(mode_engine(tokenizer, calibration, split="content"), v2))
+
+
+@pytest.mark.parametrize("damage", ["removed", "corrupted"])
+def test_a_lost_leaf_is_computed_again_and_the_rest_read(
+    tokenizer, calibration, versions, monkeypatch, tmp_path, damage
+):
+    v1, _ = versions
+    engine = store_engine(tokenizer, calibration, tmp_path)
+    engine.cache_document(v1)
+    lost = tier_of(engine, v1).leaf_keys[3]
+    if damage == "removed":
+        assert engine.document_cache.store.remove(lost)
+    else:
+        path = engine.document_cache.store.tensors_file(lost)
+        path.write_bytes(path.read_bytes()[:-64] + b"\x00" * 64)
+    reader = store_engine(tokenizer, calibration, tmp_path)
+    computed = counted(monkeypatch)
+    with pytest.warns(UserWarning, match=f"its leaf {lost[:12]}"):
+        reader.cache_document(v1)
+    assert len(computed) == 1, "only the lost leaf"
+    assert_same_tier(tier_of(reader, v1), tier_of(mode_engine(tokenizer, calibration, split="content"), v1))
+    assert store_engine(tokenizer, calibration, tmp_path).cache_document(v1)[1] == "disk", "whole again"

@@ -8,8 +8,9 @@ import torch
 from homer_integrations.homer.compressed import CacheSpec
 from homer_integrations.homer.compressor import HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
-from homer_integrations.homer.leaf_tier import LeafPiece, LeafTier
+from homer_integrations.homer.leaf_tier import LeafPiece
 from homer_integrations.homer.nodes import CompressorSettings
+from homer_integrations.homer.tier_file import tier_from_tensors, whole_tensors
 from tests.conftest import tiny_model, uncalibrated
 from tests.homer.tier_helpers import (
     ATOL,
@@ -82,12 +83,12 @@ def test_tier_tensors_round_trip_and_shapes_are_checked():
     tier = comp.leaves.build(prefix, doc, word_ids=torch.arange(300) // 2, key="abc")
     leaf_layers = len(comp.nodes.schedule(tier.plan).layers_at(0))
     assert tier.leaf_layers == leaf_layers
-    assert tier.to_tensors()[0]["k.0"].shape == (2, 300, model.config.hidden_size // 4)
+    assert whole_tensors(tier)[0]["k.0"].shape == (2, 300, model.config.hidden_size // 4)
     spans = map(tier.plan.piece, range(tier.plan.num_leaves))
     assert [p.length for p in tier.pieces] == [span.stop - span.start for span in spans]
     assert tier.nbytes > 0
-    tensors, meta = tier.to_tensors()
-    back = LeafTier.from_tensors(tensors, meta)
+    tensors, meta = whole_tensors(tier)
+    back = tier_from_tensors(tensors, meta)
     assert back.key == "abc" and back.plan == tier.plan
     assert_same_compression(comp.tree.replay(back, suffix), comp.tree.replay(tier, suffix))
     spec = CacheSpec(tier.leaf_layers + 1, 2, tier.pieces[0].keys[0].shape[3], torch.float32, MCL)
@@ -96,7 +97,7 @@ def test_tier_tensors_round_trip_and_shapes_are_checked():
         tier.validate(replace(spec, num_layers=tier.leaf_layers))
     tensors["k.0"] = tensors["k.0"][:, :10]
     with pytest.raises(ValueError, match="leaf tier"):
-        LeafTier.from_tensors(tensors, meta)
+        tier_from_tensors(tensors, meta)
 
 
 def test_a_tier_whose_pieces_are_held_apart_reads_and_stores_as_one_laid_out_whole():
@@ -104,7 +105,7 @@ def test_a_tier_whose_pieces_are_held_apart_reads_and_stores_as_one_laid_out_who
     comp = compressor(model)
     prefix, doc, suffix = ids(model, 5, 1), ids(model, 350, 2), ids(model, 4, 3)
     tier = comp.leaves.build(prefix, doc, key="abc")
-    stored = tier.to_tensors()[0]
+    stored = whole_tensors(tier)[0]
     assert tier.pieces[1].keys[0].untyped_storage().data_ptr() == stored["k.0"].untyped_storage().data_ptr()
     clone = lambda ts: tuple(t.clone() for t in ts)  # noqa: E731
     pieces = tuple(LeafPiece(clone(p.keys), clone(p.values), p.hidden.clone()) for p in tier.pieces)

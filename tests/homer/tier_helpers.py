@@ -5,6 +5,7 @@ import torch
 from homer_integrations.homer.compressor import HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.nodes import CompressorSettings
+from homer_integrations.homer.tier_file import whole_tensors
 from tests.conftest import uncalibrated
 
 KINDS = ["llama", "mistral", "qwen2"]
@@ -37,7 +38,7 @@ def compressor(model, **kw) -> HomerCompressor:
 def assert_same_tier(tier, other, atol: float = 1e-5) -> None:
     """Two leaf tiers of one plan hold the same tensors, to ``atol``."""
     assert tier.plan == other.plan
-    mine, theirs = tier.to_tensors()[0], other.to_tensors()[0]
+    mine, theirs = whole_tensors(tier)[0], whole_tensors(other)[0]
     assert mine.keys() == theirs.keys()
     for name, t in mine.items():
         torch.testing.assert_close(t, theirs[name], atol=atol, rtol=0, msg=name)
