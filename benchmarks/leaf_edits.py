@@ -39,6 +39,7 @@ from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.document_cache import DocumentCache
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.strategies import Recipe, RecomputeReplay
+from homer_integrations.homer.tier_file import whole_tensors
 
 RESULTS = Path(__file__).parent / "results"
 QUESTION = "What was the name of Catherine Morland's father?"
@@ -110,9 +111,12 @@ def build(engine: HomerModel, text: str, log: LeafLog) -> tuple[LeafTier, dict]:
     """``text``'s leaf tier in ``engine`` (looked up or built) and a row: wall seconds, leaves, copied."""
     prefix = engine.prompting.layout("", "query_aware").prefix
     before = len(log.built)
+    store = engine.document_cache.store
+    disk_before = store.disk_bytes() if store is not None else 0
     started = time.perf_counter()
     tier, source = engine.tiers.leaf_tier(prefix, text)
     seconds = time.perf_counter() - started
+    written = (store.disk_bytes() - disk_before) if store is not None else 0
     leaves, copied = log.built[-1] if len(log.built) > before else (tier.plan.num_leaves, tier.plan.num_leaves)
     plan = tier.plan
     return tier, {
@@ -122,6 +126,7 @@ def build(engine: HomerModel, text: str, log: LeafLog) -> tuple[LeafTier, dict]:
         "leaves": leaves,
         "copied": copied,
         "computed": leaves - copied,
+        "stored_mb": round(written / 1e6, 1),
         "height": plan.height,
         "fill": round(plan.document_len / (plan.num_leaves * plan.effective_len), 3),
         "document_tokens": plan.document_len,
@@ -132,7 +137,7 @@ def max_difference(a: LeafTier, b: LeafTier) -> float:
     """Largest absolute difference between the tensors of two tiers of one plan (inf for different plans)."""
     if a.plan != b.plan:
         return float("inf")
-    x, y = a.to_tensors()[0], b.to_tensors()[0]
+    x, y = whole_tensors(a)[0], whole_tensors(b)[0]
     return max(float((x[name].float() - y[name].float()).abs().max()) for name in x if x[name].is_floating_point())
 
 
@@ -199,17 +204,17 @@ def markdown(result: dict) -> str:
         f"Leaf tier of {result['book']}{excerpt} ({result['book_tokens']:,} tokens), "
         f"{result['model']}, {result['dtype']}, "
         f"{result['threads']} threads; an edit appends one sentence to one paragraph at the depth given, "
-        "its tier copies the leaves the content split finds unchanged in the v1 tier.",
+        "its tier takes the leaves the content split finds unchanged from the store.",
         "",
-        "| split | version | depth | seconds | / v1 | leaves | computed | copied | height | fill |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| split | version | depth | seconds | / v1 | leaves | computed | copied | stored MB | height | fill |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         depth = "" if r["depth"] is None else f"{r['depth']:.2f}"
         ratio = f"{r['ratio']:.1%}" if "ratio" in r else ""
         lines.append(
             f"| {r['split']} | {r['version']} | {depth} | {r['seconds']} | {ratio} | {r['leaves']} | "
-            f"{r['computed']} | {r['copied']} | {r['height']} | {r['fill']} |"
+            f"{r['computed']} | {r['copied']} | {r.get('stored_mb', '')} | {r['height']} | {r['fill']} |"
         )
     for r in result["rows"]:
         v = r.get("verify")
