@@ -129,10 +129,7 @@ class CompressedDocument:
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> CompressedDocument:
         """Inverse of ``to_tensors``; raises ``ValueError`` on anything foreign, old or inconsistent."""
-        if meta.get("format") != SERIAL_FORMAT:
-            raise ValueError(f"not a compressed document (format {meta.get('format')!r})")
-        if meta.get("version") != str(SERIAL_VERSION):
-            raise ValueError(f"compressed document format version {meta.get('version')!r} is not {SERIAL_VERSION}")
+        check_serial(meta, SERIAL_FORMAT, SERIAL_VERSION, "compressed document")
         try:
             layers = int(meta["layers"])
             head_lengths = tensors.get("head_lengths")
@@ -175,6 +172,14 @@ class CacheSpec:
     max_positions: int
     max_tokens: int | None = None
     vocab_size: int | None = None
+
+
+def check_serial(meta: dict[str, str], fmt: str, version: int, what: str) -> None:
+    """Raise ``ValueError`` unless safetensors metadata ``meta`` names format ``fmt`` at ``version`` (a ``what``)."""
+    if meta.get("format") != fmt:
+        raise ValueError(f"not a {what} (format {meta.get('format')!r})")
+    if meta.get("version") != str(version):
+        raise ValueError(f"{what} format version {meta.get('version')!r} is not {version}")
 
 
 def cached_tokens(keys: tuple[torch.Tensor, ...] | list[torch.Tensor], head_lengths: torch.Tensor | None) -> int:

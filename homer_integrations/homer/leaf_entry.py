@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from homer_integrations.homer.compressed import CacheSpec
+from homer_integrations.homer.compressed import CacheSpec, check_serial
 from homer_integrations.homer.kv import tensors_nbytes
 from homer_integrations.homer.leaf_tier import LeafPiece
 
@@ -76,10 +76,7 @@ class LeafEntry:
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> LeafEntry:
         """Inverse of ``to_tensors`` (views, not copies); raises ``ValueError`` on anything foreign or inconsistent."""
-        if meta.get("format") != SERIAL_FORMAT:
-            raise ValueError(f"not a leaf piece (format {meta.get('format')!r})")
-        if meta.get("version") != str(SERIAL_VERSION):
-            raise ValueError(f"leaf piece format version {meta.get('version')!r} is not {SERIAL_VERSION}")
+        check_serial(meta, SERIAL_FORMAT, SERIAL_VERSION, "leaf piece")
         try:
             layers = int(meta["leaf_layers"])
             expected = {f"{kind}.{i}" for kind in "kv" for i in range(layers)} | {"hidden"}

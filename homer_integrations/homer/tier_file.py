@@ -16,6 +16,7 @@ from dataclasses import asdict
 import torch
 
 from homer_integrations.homer.chunking import ChunkPlan
+from homer_integrations.homer.compressed import check_serial
 from homer_integrations.homer.leaf_tier import LeafPiece, LeafTier
 
 SERIAL_FORMAT = "homer-leaf-tier"
@@ -127,10 +128,7 @@ def tier_from_tensors(
 ) -> LeafTier:
     """Inverse of ``whole_tensors`` and ``head_tensors`` (whose pieces ``piece(content key)`` gives, raising
     what it raises); raises ``ValueError`` on anything foreign, old or inconsistent."""
-    if meta.get("format") != SERIAL_FORMAT:
-        raise ValueError(f"not a leaf tier (format {meta.get('format')!r})")
-    if meta.get("version") != str(SERIAL_VERSION):
-        raise ValueError(f"leaf tier format version {meta.get('version')!r} is not {SERIAL_VERSION}")
+    check_serial(meta, SERIAL_FORMAT, SERIAL_VERSION, "leaf tier")
     try:
         plan = ChunkPlan(**json.loads(meta["plan"]))
         layers, seconds = int(meta["leaf_layers"]), float(meta.get("seconds", "0"))
