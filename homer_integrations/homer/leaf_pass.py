@@ -76,6 +76,8 @@ class LeafPass:
         plan = self.nodes.plan(prefix_ids.numel(), document_ids, 0, s.suffix_reserve)
         layers = self.nodes.schedule(plan).layers_at(0)
         prefix = self.prefix_part(prefix_ids, layers)
+        if stash is not None and reuse is not None:
+            return self.stashed(prefix, prefix_ids, document_ids, word_ids, key, plan, layers, progress, reuse, stash)
         shapes = layout(
             plan,
             len(layers),
@@ -85,8 +87,6 @@ class LeafPass:
             stack.dtype,
             word_ids is not None,
         )
-        if stash is not None and reuse is not None:
-            return self.stashed(prefix, prefix_ids, document_ids, word_ids, key, plan, layers, progress, reuse, stash)
         storage = (allocate(shapes) if allocate is not None else None) or self.in_memory(shapes)
         tier = named(storage, key, plan, len(layers))
         for mine, theirs in zip(tier.prefix_keys + tier.prefix_values, prefix.keys + prefix.values, strict=True):
@@ -131,7 +131,7 @@ class LeafPass:
         pieces = []
         for index, content_key in enumerate(reuse.keys):
             span = plan.piece(index)
-            # a tier held in memory first (nothing to read or verify), then the store's leaf entries
+            # a tier the cache holds first (one read of it serves all its leaves), then the store's leaf entries
             piece = reuse.take(index, span.stop - span.start, len(layers))
             if piece is None and (piece := stash.find(content_key)) is not None:
                 reuse.copied += 1
