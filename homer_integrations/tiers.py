@@ -205,11 +205,9 @@ class DocumentTiers:
         return entry if isinstance(entry, LeafTier) else None
 
     def _leaf_reuse(self) -> LeafReuse | None:
-        """Where a leaf tier's build finds leaves already computed: the tiers this engine saw, and those the
-        store's record names (``cache.leaf_records``); None with even splits."""
-        if self.leaf_index is None:
-            return None
-        return LeafReuse(self.leaf_index, self._held_tier, self.document_cache.leaf_records(self.leaf_index.identity))
+        """Where a leaf tier's build finds leaves already computed in the tiers this engine saw (a store's
+        leaf entries are ``_leaf_stash``'s); None with even splits."""
+        return None if self.leaf_index is None else LeafReuse(self.leaf_index, self._held_tier)
 
     def _leaf_stash(self) -> LeafStashInStore | None:
         """Where a content-split tier's build keeps each leaf as a store entry of its own (stored once, whatever

@@ -38,7 +38,6 @@ import torch
 
 from homer_integrations.cache.entry import FORMAT_VERSION, CacheEntry, CacheSource, E, Entry
 from homer_integrations.cache.inventory import Inventory
-from homer_integrations.cache.leaf_records import LeafRecords
 from homer_integrations.cache.local import LocalStore
 from homer_integrations.cache.lookup import Counters, Lookup
 from homer_integrations.cache.memory import MemoryLRU
@@ -133,7 +132,6 @@ class DocumentCache:
         secret = None
         if keyed is not False:
             secret = load_secret(default_secret_path() if keyed is True else Path(keyed).expanduser())
-        self._secret = secret
         self.keyed = secret is not None
         """Whether entries are signed and checked with a secret (``keyed=``)."""
         self.stored = (
@@ -230,11 +228,6 @@ class DocumentCache:
         """Where a leaf tier's build keeps each leaf as an entry of its own under its content key, so the tier
         is stored as the list of its leaves (``cache.stored.LeafStashInStore``); None without a store."""
         return self.stored.stash(spec) if self.stored is not None else None
-
-    def leaf_records(self, identity: str) -> LeafRecords | None:
-        """The store's record of the leaves the leaf tiers of engine ``identity`` hold, so a new process's
-        tier build copies them (``cache.leaf_records``); None without a store."""
-        return None if self.store is None else LeafRecords(self.store, identity, self._secret)
 
     # ----------------------------------------------------------------------------- housekeeping
     def stats(self) -> CacheStats:

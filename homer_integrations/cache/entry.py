@@ -213,6 +213,8 @@ class EntryCodec:
             "device": str(first.device),
             "compress_seconds": doc.stats.seconds if isinstance(doc, CompressedDocument) else doc.seconds,
         }
+        if by_leaves and isinstance(doc, LeafTier):
+            manifest["leaves"] = list(doc.leaf_keys or ())  # what removing the tier may take along (``Inventory``)
         if secret is not None:
             manifest["hmac"] = entry_mac(secret, key, checksum)
         return json.dumps(manifest, indent=1).encode(), data

@@ -1,7 +1,7 @@
 """``FsspecStore``: entries under any URL fsspec knows (``s3://bucket/prefix``, ``gs://``, ``file://``, ``memory://``).
 
-Layout under the URL: ``<name>.safetensors`` and ``<name>.json`` per key, ``<name>.index`` (index
-files, ``Store.read_index``), ``locks/<name>.lease`` (``LeaseLock``, see ``flight.py``) and ``.tmp/``
+Layout under the URL: ``<name>.safetensors`` and ``<name>.json`` per key (``clear`` also removes the
+``<name>.index`` files earlier versions kept), ``locks/<name>.lease`` (``LeaseLock``, see ``flight.py``) and ``.tmp/``
 (files being written).
 
 Atomic writes: on object stores (S3, GCS, Azure, memory) one PUT is atomic by the service (an
@@ -37,7 +37,6 @@ from homer_integrations.cache.store_base import (
     INDEX,
     INDEX_NAME,
     MANIFEST,
-    MAX_INDEX_BYTES,
     TENSORS,
     Store,
     entry_name,
@@ -166,20 +165,6 @@ class FsspecStore(Store):
 
     def write_manifest(self, key: str, manifest: bytes) -> None:
         self._put(self.paths(key)[1], manifest)
-
-    def index_path(self, name: str) -> str:
-        if not INDEX_NAME.fullmatch(name):
-            raise ValueError(f"not an index file name: {name!r}")
-        return f"{self.root}/{name}{INDEX}"
-
-    def read_index(self, name: str) -> bytes | None:
-        try:
-            return self._read(self.index_path(name), MAX_INDEX_BYTES)
-        except FileNotFoundError:
-            return None
-
-    def write_index(self, name: str, data: bytes) -> None:
-        self._put(self.index_path(name), data)
 
     def remove(self, key: str) -> bool:
         removed = False

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from homer_integrations.cache.entry import KINDS, CacheEntry
+from homer_integrations.cache.entry import KINDS, CacheEntry, own_manifest
 from homer_integrations.cache.local import LocalStore
 from homer_integrations.cache.memory import MemoryLRU
 from homer_integrations.cache.store import Store
@@ -56,11 +56,36 @@ class Inventory:
         return sorted(found.values(), key=lambda e: e.created, reverse=True)
 
     def discard(self, key: str) -> bool:
-        """Forget ``key`` in memory and in the store; True if anything was removed."""
+        """Forget ``key`` in memory and in the store; True if anything was removed. A tier stored by its
+        leaves takes along the leaf entries no other stored tier lists; a leaf another document's tier
+        shares stays. (An eviction leaves them to the budget, which takes them next: nothing reads them.)"""
         removed = self.memory.pop(key) is not None
         if self.store is not None:
+            leaves = self._listed_leaves(key)
             removed = self.store.discard(key) or removed
+            if leaves:
+                for leaf in leaves - self._listed_leaves():
+                    self.store.discard(leaf)
         return removed
+
+    def _listed_leaves(self, key: str | None = None) -> set[str]:
+        """The leaf content keys the stored manifest of ``key`` lists (None: of every stored entry)."""
+        assert self.store is not None
+        if key is None:
+            manifests = [manifest for manifest, _ in self.store.listing()]
+        else:
+            try:
+                raw = self.store.read_manifest(key)
+            except OSError:
+                return set()
+            manifests = [own_manifest(raw) or {}] if raw is not None else []
+        return {
+            leaf
+            for manifest in manifests
+            if isinstance(leaves := manifest.get("leaves"), list)
+            for leaf in leaves
+            if isinstance(leaf, str)
+        }
 
     def clear(self, *, memory: bool, disk: bool) -> int:
         """Remove every entry from memory and/or the store; how many distinct keys went."""

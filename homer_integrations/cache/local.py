@@ -1,8 +1,8 @@
 """``LocalStore``: entries as files in one directory, optionally within a byte budget (LRU eviction).
 
 Per key ``<name>.safetensors`` and ``<name>.json``; ``locks/<name>.lock`` are the per-key file
-locks; ``<name>.index`` are index files (``Store.read_index``, outside the byte budget). Each file
-is written to a temporary name beside it (fsync'd) and renamed into place.
+locks (``clear`` also removes the ``<name>.index`` files earlier versions kept). Each file is
+written to a temporary name beside it (fsync'd) and renamed into place.
 With a budget, a writer holds ``locks/.budget.lock`` while it evicts the least recently used
 entries (by the manifest's modification time, which every read refreshes) to make room and then
 renames its files in, so the entries never exceed the budget, however many processes write.
@@ -37,7 +37,6 @@ from homer_integrations.cache.store_base import (
     INDEX,
     INDEX_NAME,
     MANIFEST,
-    MAX_INDEX_BYTES,
     SAFE_NAME,
     TENSORS,
     DiskBudgetError,
@@ -87,22 +86,6 @@ class LocalStore(Store):
         """The safetensors file to map, when it is a regular file (else ``read_tensors`` says why not)."""
         path = self.paths(key)[0]
         return path if _is_regular(path) else None
-
-    def index_path(self, name: str) -> Path:
-        if not INDEX_NAME.fullmatch(name):
-            raise ValueError(f"not an index file name: {name!r}")
-        return self.directory / f"{name}{INDEX}"
-
-    def read_index(self, name: str) -> bytes | None:
-        try:
-            return read_regular(self.index_path(name), MAX_INDEX_BYTES)
-        except FileNotFoundError:
-            return None
-
-    def write_index(self, name: str, data: bytes) -> None:
-        path = self.index_path(name)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        _replace_with(path, data)
 
     def touch(self, key: str) -> None:
         with contextlib.suppress(OSError, NotImplementedError):

@@ -32,9 +32,8 @@ TENSORS = ".safetensors"
 MANIFEST = ".json"
 INDEX = ".index"
 INDEX_NAME = re.compile(r"[a-z]+-[0-9a-f]{32}")
-"""The name of an index file beside the entries (``read_index``): a kind, then 32 hex digits."""
-MAX_INDEX_BYTES = 16 << 20
-"""Most bytes read of an index file (a larger one is an ``OSError``, as a missing one is None)."""
+"""The name of an index file earlier versions kept beside the entries (``leaves-<32 hex>.index``, a record
+of the leaves of stored leaf tiers, now found as entries of their own): ``clear`` still removes them."""
 
 
 def entry_name(key: str) -> str:
@@ -129,17 +128,6 @@ class Store(ABC):
         """``key``'s safetensors file as a local path that can be memory-mapped; None when the store
         has no local files (then ``read_tensors`` is the only way in)."""
         return None
-
-    def read_index(self, name: str) -> bytes | None:
-        """The index file ``name`` (``INDEX_NAME``): a small record the cache keeps beside its entries (which
-        leaves the stored leaf tiers hold, ``leaf_records``), None when there is none. A store that keeps
-        no index files has none."""
-        return None
-
-    def write_index(self, name: str, data: bytes) -> None:
-        """Replace the index file ``name`` atomically (hold ``lock(name)`` to read, change and write it);
-        ``clear`` removes it. Raises ``OSError`` where the store keeps no index files."""
-        raise OSError(f"{type(self).__name__} keeps no index files")
 
     def touch(self, key: str) -> None:  # noqa: B027 - optional: only stores with a budget track use
         """Mark ``key`` as just used (stores with a budget evict the least recently used)."""

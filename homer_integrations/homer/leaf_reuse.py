@@ -7,10 +7,10 @@ piece's token ids), and ``LeafIndex`` remembers where each content key was last 
 leaf index). Building another tier, ``LeafReuse`` finds each of its leaves there and, if that tier is
 still held (memory or store), copies the leaf instead of running the leaf layers on it. With a
 content-defined split (``content_split``) an edit changes only the leaves around it, so every other
-leaf of the new version is copied. Where the engine has a store, ``records`` keeps the same in the
-store (``cache.leaf_records``), so a new process finds the leaves of tiers an earlier one built; there a
-content-split tier's leaves are also entries of their own under their content keys (``leaf_entry``,
-``LeafPass.build``'s ``stash``), found before this index is asked.
+leaf of the new version is copied. Where the engine has a store, a content-split tier's leaves are
+also entries of their own under their content keys (``leaf_entry``, ``LeafPass.build``'s ``stash``):
+that is how a new process finds the leaves of tiers an earlier one built; this index spares the store's
+reads for the tiers this process holds.
 """
 
 from __future__ import annotations
@@ -19,24 +19,11 @@ import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Protocol
 
 import torch
 
 from homer_integrations.homer.chunking import ChunkPlan
 from homer_integrations.homer.leaf_tier import LeafPiece, LeafTier
-
-
-class Records(Protocol):
-    """Where an index's tiers are recorded beyond the process (``cache.leaf_records.LeafRecords``)."""
-
-    def read(self) -> list[tuple[str, list[str]]]:
-        """(tier key, content keys of its leaves) of every tier recorded; never raises."""
-        ...
-
-    def append(self, tier: str, leaves: list[str]) -> None:
-        """Record a tier's content keys (best effort, never raises)."""
-        ...
 
 
 class LeafIndex:
@@ -87,37 +74,23 @@ class LeafIndex:
         with self._lock:
             return self._seen.get(key)
 
-    def load(self, records: Records) -> None:
-        """Add the tiers ``records`` holds that this index has not seen (oldest first: the newest win)."""
-        for tier_key, keys in records.read():
-            if not self.has_tier(tier_key):
-                self.add(tier_key, keys)
-
 
 class LeafReuse:
     """A tier build's source of already computed leaves: ``index`` says where each was seen, ``held(key)``
-    gives that tier if it is still held (never computing it); ``records``: the store's record of tiers,
-    read when the index misses a leaf and told of the tier built (None: memory only)."""
+    gives that tier if it is still held (never computing it)."""
 
-    def __init__(
-        self, index: LeafIndex, held: Callable[[str], LeafTier | None], records: Records | None = None
-    ) -> None:
-        self.index, self.held, self.records = index, held, records
+    def __init__(self, index: LeafIndex, held: Callable[[str], LeafTier | None]) -> None:
+        self.index, self.held = index, held
         self.keys: list[str] = []
         self.copied = 0
 
     def prepare(self, prefix_ids: torch.Tensor, document_ids: torch.Tensor, plan: ChunkPlan, leaf_layers: int) -> None:
-        """Content keys of the leaves about to be built (``plan``'s, over these token ids); the store's
-        record is read in when the index misses any of them."""
+        """Content keys of the leaves about to be built (``plan``'s, over these token ids)."""
         self.keys = self.index.keys(prefix_ids, document_ids, plan, leaf_layers)
-        if self.records is not None and any(self.index.find(key) is None for key in self.keys):
-            self.index.load(self.records)
 
     def built(self, tier_key: str) -> None:
-        """The tier of the prepared leaves was built under ``tier_key``: remembered, and recorded in the store."""
+        """The tier of the prepared leaves was built under ``tier_key``: remembered."""
         self.index.add(tier_key, self.keys)
-        if self.records is not None:
-            self.records.append(tier_key, self.keys)
 
     def take(self, index: int, length: int, leaf_layers: int) -> LeafPiece | None:
         """Leaf ``index``'s piece (``length`` document tokens) as a held tier has it; None when no held tier has it."""

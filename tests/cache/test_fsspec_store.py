@@ -42,6 +42,7 @@ def test_round_trip_listing_and_clear(
     fs, root = fsspec.core.url_to_fs(store_url)
     fs.makedirs(root, exist_ok=True)
     fs.pipe_file(f"{root}/notes.json", b'{"name": "not ours"}')  # a foreign object under the prefix
+    fs.pipe_file(f"{root}/leaves-{'0' * 32}.index", b"{}\n")  # an index file earlier versions kept
     writer = DocumentCache(store_url)
     with writer.labelled("book.txt"):
         assert writer.get_or_compute(doc.key, Counter(doc))[1] == "computed"

@@ -1,7 +1,6 @@
 """An edited document's leaf tier copies the leaves its edit did not touch from the tier of the version before."""
 
 import io
-import json
 
 import pytest
 import torch
@@ -103,43 +102,23 @@ def test_a_new_process_copies_the_leaves_of_a_tier_an_earlier_one_stored(
 ):
     v1, v2 = versions
     assert store_engine(tokenizer, calibration, tmp_path).cache_document(v1)[1] == "computed"
-    (index,) = tmp_path.glob("leaves-*.index")
     engine = store_engine(tokenizer, calibration, tmp_path)  # a new process: it never saw v1
     computed = counted(monkeypatch)
     assert engine.cache_document(v2)[1] == "computed"
     tier = tier_of(engine, v2)
     assert 1 <= len(computed) <= 3 < tier.plan.num_leaves, computed
-    assert len(index.read_bytes().splitlines()) == 2, "v2's tier recorded too"
     expected = mode_engine(tokenizer, calibration, split="content")
     assert_same_tier(tier, tier_of(expected, v2))
     assert engine.answer(v2, QUESTION, max_new_tokens=4) == expected.answer(v2, QUESTION, max_new_tokens=4)
 
 
-def forge(index) -> None:
-    """The record's leaves listed in another order, its check left as it was."""
-    record = json.loads(index.read_bytes())
-    index.write_text(json.dumps({**record, "leaves": record["leaves"][::-1]}) + "\n")
-
-
-DAMAGE = {
-    "deleted": lambda index: index.unlink(),
-    "corrupted": lambda index: index.write_bytes(index.read_bytes()[:50] + b"\xff\x00garbage\n" * 3),
-    "forged": forge,
-}
-
-
-@pytest.mark.parametrize("damage", [*DAMAGE, "tier evicted"])
-def test_a_damaged_leaf_index_or_an_evicted_tier_costs_nothing_as_each_leaf_is_an_entry_of_its_own(
-    tokenizer, calibration, versions, monkeypatch, tmp_path, damage
+def test_an_evicted_tier_costs_nothing_as_each_leaf_is_an_entry_of_its_own(
+    tokenizer, calibration, versions, monkeypatch, tmp_path
 ):
     v1, v2 = versions
     first = store_engine(tokenizer, calibration, tmp_path)
     first.cache_document(v1)
-    (index,) = tmp_path.glob("leaves-*.index")
-    if damage in DAMAGE:
-        DAMAGE[damage](index)
-    else:
-        assert first.document_cache.discard(first.entry_key(v1))
+    first.document_cache.store.remove(first.entry_key(v1))  # the tier evicted, its leaves still stored
     engine = store_engine(tokenizer, calibration, tmp_path)
     computed = counted(monkeypatch)
     engine.cache_document(v2)
@@ -180,6 +159,21 @@ def test_a_content_split_tier_is_stored_as_its_leaves_each_stored_once(tokenizer
     read = tier_of(reader, v2)
     assert read.mapped and read.leaf_keys == two.leaf_keys
     assert_same_tier(read, tier_of(mode_engine(tokenizer, calibration, split="content"), v2))
+
+
+def test_removing_a_tier_takes_along_the_leaves_no_other_tier_lists(tokenizer, calibration, versions, tmp_path):
+    v1, v2 = versions
+    engine = store_engine(tokenizer, calibration, tmp_path)
+    engine.cache_document(v1)
+    engine.cache_document(v2)
+    one, two = set(tier_of(engine, v1).leaf_keys), set(tier_of(engine, v2).leaf_keys)
+    assert one - two and one & two, "the edit changed a few leaves and kept the rest"
+    cache = engine.document_cache
+    assert cache.discard(engine.entry_key(v1))
+    assert {e.key for e in stored_kinds(engine)["leaf"]} == two, "v1's own leaves went, the shared ones stayed"
+    assert cache.discard(engine.entry_key(v2))
+    assert "leaf" not in stored_kinds(engine) and "leaf_tier" not in stored_kinds(engine)
+    assert store_engine(tokenizer, calibration, tmp_path).cache_document(v2)[1] == "computed"
 
 
 @pytest.mark.parametrize("damage", ["removed", "corrupted"])
