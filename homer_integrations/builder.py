@@ -24,8 +24,8 @@ from homer_integrations.homer.compressed import CompressedDocument, CompressionS
 from homer_integrations.homer.compressor import HomerCompressor
 from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.encoded import EncodedDocument
-from homer_integrations.homer.leaf_pass import LeafStash
 from homer_integrations.homer.leaf_reuse import LeafReuse
+from homer_integrations.homer.leaf_stash import LeafStash
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.lexical import Statements
 from homer_integrations.homer.nodes import CompressionResult, CompressorSettings, PruneObserver

@@ -24,7 +24,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from homer_integrations.builder import EntryBuilder, RecentIndexes
 from homer_integrations.cache.keys import DocumentKeys
-from homer_integrations.cache.stored import LeafStashInStore
+from homer_integrations.cache.leaf_stash import LeafStashInStore
 from homer_integrations.document_cache import CacheSource, DocumentCache
 from homer_integrations.homer.calibration import Calibration, CalibrationStore
 from homer_integrations.homer.compressed import CacheSpec, CompressedDocument

@@ -38,12 +38,13 @@ import torch
 
 from homer_integrations.cache.entry import FORMAT_VERSION, CacheEntry, CacheSource, E, Entry
 from homer_integrations.cache.inventory import Inventory
+from homer_integrations.cache.leaf_stash import LeafStashInStore
 from homer_integrations.cache.local import LocalStore
 from homer_integrations.cache.lookup import Counters, Lookup
 from homer_integrations.cache.memory import MemoryLRU
 from homer_integrations.cache.secret import default_secret_path, load_secret
 from homer_integrations.cache.store import DiskBudgetError, Store, open_store
-from homer_integrations.cache.stored import LeafStashInStore, StoredEntries
+from homer_integrations.cache.stored import StoredEntries
 from homer_integrations.homer.compressed import CacheSpec
 from homer_integrations.homer.tier_file import Allocate
 
@@ -222,12 +223,12 @@ class DocumentCache:
         tier is never held whole in process memory (``StagedTensors``); None without a store. Pass it
         to the build inside ``get_or_compute``'s ``compute``; if the file cannot be made, it returns
         None and the build allocates in memory instead."""
-        return self.stored.allocator(key) if self.stored is not None else None
+        return self.stored.staged.allocator(key) if self.stored is not None else None
 
     def leaf_stash(self, spec: CacheSpec | None) -> LeafStashInStore | None:
         """Where a leaf tier's build keeps each leaf as an entry of its own under its content key, so the tier
-        is stored as the list of its leaves (``cache.stored.LeafStashInStore``); None without a store."""
-        return self.stored.stash(spec) if self.stored is not None else None
+        is stored as the list of its leaves (``cache.leaf_stash``); None without a store."""
+        return LeafStashInStore(self.stored, spec) if self.stored is not None else None
 
     # ----------------------------------------------------------------------------- housekeeping
     def stats(self) -> CacheStats:

@@ -16,7 +16,9 @@ the data. Files written here are read back by ``safetensors.safe_open`` like any
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import os
 import struct
@@ -24,7 +26,10 @@ from pathlib import Path
 
 import torch
 
-from homer_integrations.homer.tier_file import Layout
+from homer_integrations.cache.store_base import Store
+from homer_integrations.homer.tier_file import Allocate, Layout
+
+logger = logging.getLogger(__name__)
 
 DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64"}
 METADATA_RESERVE = 8192
@@ -90,6 +95,46 @@ class StagedTensors:
 
     def _header(self, metadata: dict[str, str]) -> bytes:
         return json.dumps({"__metadata__": metadata, **self._entries}, separators=(",", ":")).encode()
+
+
+class StagedTiers:
+    """The leaf tiers of one ``store`` being built straight into the files that become their entries."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._files: dict[str, StagedTensors] = {}
+
+    def allocator(self, key: str) -> Allocate:
+        """Storage for ``key``'s leaf tier (CPU) inside the file that becomes its stored entry; it returns
+        None, and the build allocates in memory, if the file cannot be made."""
+
+        def allocate(layout: Layout) -> dict[str, torch.Tensor] | None:
+            self.drop(key)
+            path = None
+            try:
+                path = self.store.staging_file(key)
+                staged = StagedTensors(path, layout)
+            except (OSError, ValueError, RuntimeError) as exc:
+                logger.warning("building the leaf tier %s in memory: cannot stage it in a file (%s)", key[:12], exc)
+                if path is not None:
+                    path.unlink(missing_ok=True)
+                return None
+            self._files[key] = staged
+            return staged.tensors
+
+        return allocate
+
+    def get(self, key: str) -> StagedTensors | None:
+        """``key``'s staged file, while its tier is being built and written."""
+        return self._files.get(key)
+
+    def drop(self, key: str) -> None:
+        """Forget ``key``'s staged file and remove it if it was not renamed into the store (a failed
+        build or write; a tier built in it stays readable through its mapping)."""
+        staged = self._files.pop(key, None)
+        if staged is not None:
+            with contextlib.suppress(OSError):
+                staged.path.unlink(missing_ok=True)
 
 
 def _round8(n: int) -> int:

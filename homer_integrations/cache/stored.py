@@ -26,18 +26,17 @@ from homer_integrations.cache.entry import (
     Entry,
     EntryCodec,
     Unusable,
-    mapped_entry,
     mapped_tier,
     relabelled,
     to_device,
 )
 from homer_integrations.cache.flight import KeyLock, LockTimeout
-from homer_integrations.cache.staged import StagedTensors
+from homer_integrations.cache.leaf_stash import LeafStashInStore, stored_by_leaves
+from homer_integrations.cache.staged import StagedTensors, StagedTiers
 from homer_integrations.cache.store_base import Store
 from homer_integrations.homer.compressed import CacheSpec
-from homer_integrations.homer.leaf_entry import LeafEntry
-from homer_integrations.homer.leaf_tier import LeafPiece, LeafTier
-from homer_integrations.homer.tier_file import Allocate, Layout, whole_tensors
+from homer_integrations.homer.leaf_tier import LeafTier
+from homer_integrations.homer.tier_file import whole_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +63,7 @@ class StoredEntries:
         self.device = device
         self._count = count
         self._secret = secret
-        self._staged: dict[str, StagedTensors] = {}  # a leaf tier being built into its entry's file
+        self.staged = StagedTiers(store)  # leaf tiers being built into their entries' files
 
     def read(self, key: str, spec: CacheSpec | None = None) -> tuple[Entry, dict[str, Any]] | None:
         """Load and verify ``key``'s stored entry: None if absent; raises ``Unusable`` if it cannot be trusted."""
@@ -82,7 +81,7 @@ class StoredEntries:
             spec,
             store.tensors_file(key),
             self._secret,
-            self.leaf_reader(spec),
+            LeafStashInStore(self, spec).read,
         )
         return to_device(doc, manifest.get("device"), self.device), manifest
 
@@ -124,7 +123,7 @@ class StoredEntries:
             try:
                 return compute(), "computed"
             finally:
-                self.drop_staged(key)  # a tier built in a staged file stays readable through its mapping
+                self.staged.drop(key)  # a tier built in a staged file stays readable through its mapping
         try:
             try:
                 loaded = self.read(key, spec)
@@ -140,17 +139,18 @@ class StoredEntries:
             if loaded is not None:  # written by another process while we waited for the lock
                 return self._loaded(key, loaded, label, locked=True), "disk"
             doc = compute()
-            staged = self._staged.get(key)
+            staged = self.staged.get(key)
             built_in = staged is not None and isinstance(doc, LeafTier) and staged.backs(doc.prefix_hidden)
             in_place = staged if built_in else None
-            if self.write(key, doc, label, in_place) and isinstance(doc, LeafTier):
+            by_leaves = in_place is None and stored_by_leaves(self.store, doc)
+            if self.write(key, doc, label, in_place, by_leaves=by_leaves) and isinstance(doc, LeafTier):
                 # a tier built in its staged file already lives in the stored file (renamed, same pages); one
                 # stored by its leaves holds the pieces its build found or kept in the store, mapped
-                kept = in_place is not None or self.by_leaves(doc)
+                kept = in_place is not None or by_leaves
                 doc = replace(doc, mapped=True) if kept else self._remapped(key, doc)  # type: ignore[assignment]
             return doc, "computed"
         finally:
-            self.drop_staged(key)
+            self.staged.drop(key)
             if lock is not None:
                 lock.release()
 
@@ -163,64 +163,6 @@ class StoredEntries:
             self.write_label(key, label, locked=locked)
         return doc
 
-    # ----------------------------------------------------------------------------- leaves stored apart
-    def leaf_reader(self, spec: CacheSpec | None) -> Callable[[str], LeafEntry]:
-        """Reads a leaf entry of a tier stored by its leaves; raises ``Unusable`` (and removes the leaf)
-        when it is missing or cannot be trusted, so the tier is built again and writes it anew."""
-
-        def read_leaf(content_key: str) -> LeafEntry:
-            try:
-                loaded = self.read(content_key, spec)
-            except Unusable as exc:
-                self.store.remove(content_key)
-                raise Unusable(f"its leaf {content_key[:12]} is unusable ({exc})") from exc
-            if loaded is None or not isinstance(loaded[0], LeafEntry) or loaded[0].key != content_key:
-                raise Unusable(f"its leaf {content_key[:12]} is not in the store")
-            self.store.touch(content_key)
-            return loaded[0]
-
-        return read_leaf
-
-    def by_leaves(self, doc: Entry) -> bool:
-        """Whether ``doc`` is a tier whose pieces are all stored as leaf entries (then only its prefix and its
-        leaves' keys are written); a tier one of whose leaves could not be kept is written whole."""
-        if not isinstance(doc, LeafTier) or doc.storage is not None or doc.leaf_keys is None:
-            return False
-        return all(self.store.read_manifest(k) is not None for k in doc.leaf_keys)
-
-    def stash(self, spec: CacheSpec | None) -> LeafStashInStore:
-        """Where a tier build keeps its leaves as entries of their own (``LeafPass.build``'s ``stash``)."""
-        return LeafStashInStore(self, spec)
-
-    # ----------------------------------------------------------------------------- staged leaf tiers
-    def allocator(self, key: str) -> Allocate:
-        """Storage for ``key``'s leaf tier (CPU) inside the file that becomes its stored entry
-        (``StagedTensors``); it returns None, and the build allocates in memory, if the file cannot be made."""
-
-        def allocate(layout: Layout) -> dict[str, torch.Tensor] | None:
-            self.drop_staged(key)
-            path = None
-            try:
-                path = self.store.staging_file(key)
-                staged = StagedTensors(path, layout)
-            except (OSError, ValueError, RuntimeError) as exc:
-                logger.warning("building the leaf tier %s in memory: cannot stage it in a file (%s)", key[:12], exc)
-                if path is not None:
-                    path.unlink(missing_ok=True)
-                return None
-            self._staged[key] = staged
-            return staged.tensors
-
-        return allocate
-
-    def drop_staged(self, key: str) -> None:
-        """Forget ``key``'s staged file and remove it if it was not renamed into the store (a failed
-        build or write; a tier built in it stays readable through its mapping)."""
-        staged = self._staged.pop(key, None)
-        if staged is not None:
-            with contextlib.suppress(OSError):
-                staged.path.unlink(missing_ok=True)
-
     def _remapped(self, key: str, tier: LeafTier) -> LeafTier:
         """The leaf tier just written (under ``key``'s lock), memory-mapped from its file so the built
         copy can be freed; ``tier`` itself when the store has no local file or the mapping fails.
@@ -229,21 +171,31 @@ class StoredEntries:
         if path is None or tier.device.type != "cpu":
             return tier
         try:
-            return mapped_tier(path, self.leaf_reader(None))
+            return mapped_tier(path, LeafStashInStore(self, None).read)
         except (Unusable, SafetensorError, ValueError, KeyError, OSError) as exc:
             logger.warning("could not map the leaf tier just written for %s: %s", key[:12], exc)
             return tier
 
     # ----------------------------------------------------------------------------- writes
-    def write(self, key: str, doc: Entry, label: str | None, in_place: StagedTensors | None = None) -> bool:
+    def write(
+        self,
+        key: str,
+        doc: Entry,
+        label: str | None,
+        in_place: StagedTensors | None = None,
+        *,
+        by_leaves: bool | None = None,
+    ) -> bool:
         """Store ``doc``'s entry (atomically); on failure warn, keep it in memory only and return False.
 
         The tensors are serialised into a staged file (no second copy in memory), or, for a leaf tier
-        built in its staged file (``in_place``, see ``allocator``), that file only gets its header
-        (whatever is left of it is ``drop_staged``'s)."""
+        built in its staged file (``in_place``, see ``StagedTiers.allocator``), that file only gets its header
+        (whatever is left of it is ``StagedTiers.drop``'s). ``by_leaves``: whether a leaf tier is stored by its
+        leaves (``leaf_stash.stored_by_leaves``; None: found out here)."""
         staged: Path | None = None
         try:
-            by_leaves = self.by_leaves(doc)
+            if by_leaves is None:
+                by_leaves = stored_by_leaves(self.store, doc)
             if in_place is not None:
                 manifest, tensors = EntryCodec.encode(
                     key, doc, label, into=in_place.finish(whole_tensors(doc)[1]), written=True, secret=self._secret
@@ -300,46 +252,3 @@ def _why(exc: Exception) -> str:
     if code in FULL_DISK or any(f"(os error {c})" in text for c in FULL_DISK):
         return f"the disk is full ({text})"
     return text
-
-
-class LeafStashInStore:
-    """``LeafPass``'s ``LeafStash`` over a store: each leaf an entry under its content key, written as the
-    build finishes it and memory-mapped back where the store has local files (the build then holds one
-    leaf at a time); one already stored is read, not computed. Content-addressed: the same text under the
-    same prefix and model is stored once, whichever document holds it."""
-
-    def __init__(self, entries: StoredEntries, spec: CacheSpec | None) -> None:
-        self.entries, self.spec = entries, spec
-        self.written = 0  # bytes of leaves this build wrote
-        self.failed = False  # a write failed (and warned): the rest of the build keeps its leaves in memory
-
-    def find(self, key: str) -> LeafPiece | None:
-        try:
-            return self.entries.leaf_reader(self.spec)(key).piece
-        except Unusable:
-            return None
-
-    def keep(self, key: str, piece: LeafPiece) -> LeafPiece:
-        store = self.entries.store
-        if store.read_manifest(key) is not None:
-            store.touch(key)
-            return piece
-        entry = LeafEntry(key, piece)
-        budget = store.budget_bytes
-        if self.failed or (budget is not None and self.written + entry.nbytes > budget // 2):
-            # past half the disk budget a tier's own leaves would evict its first ones (or every other
-            # document): the rest stay in memory and the tier is written whole, or refused as too large
-            return piece
-        if not self.entries.write(key, entry, None):
-            self.failed = True
-            return piece
-        self.written += entry.nbytes
-        path = store.tensors_file(key)
-        if path is None:
-            return piece
-        try:
-            entry = mapped_entry(path)
-        except (SafetensorError, ValueError, KeyError, OSError) as exc:
-            logger.warning("could not map the leaf just written for %s: %s", key[:12], exc)
-            return piece
-        return entry.piece if isinstance(entry, LeafEntry) else piece

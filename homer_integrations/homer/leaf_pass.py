@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Protocol
 
 import torch
 
@@ -21,24 +20,11 @@ from homer_integrations.homer.decoder import DecoderStack
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.leaf_batch import batchable, leaf_positions, leaf_reducible, score_leaves
 from homer_integrations.homer.leaf_reuse import LeafReuse
-from homer_integrations.homer.leaf_tier import LeafPiece, LeafSlice, LeafTier
+from homer_integrations.homer.leaf_stash import LeafStash, StashedBuild
+from homer_integrations.homer.leaf_tier import LeafSlice, LeafTier
 from homer_integrations.homer.nodes import Nodes, ProgressFn
 from homer_integrations.homer.schedule import LayerSchedule
 from homer_integrations.homer.tier_file import Allocate, Layout, layout, named
-
-
-class LeafStash(Protocol):
-    """Where a tier build keeps each leaf as it finishes, under its content key (a store's leaf entries,
-    ``cache.stored``), so the tier is stored as the list of its leaves' keys (``tier_file.head_tensors``)."""
-
-    def find(self, key: str) -> LeafPiece | None:
-        """The piece kept under content key ``key``, or None."""
-        ...
-
-    def keep(self, key: str, piece: LeafPiece) -> LeafPiece:
-        """Keep ``piece`` under ``key``; the piece to hold from now on (the kept copy, or ``piece``)."""
-        ...
-
 
 FlatLeafFn = Callable[[int, int], "tuple[Chunk, torch.Tensor | None]"]
 """(leaf index, target length) -> that leaf through the leaf layers, unpruned, and its scores [T] (None
@@ -77,7 +63,9 @@ class LeafPass:
         layers = self.nodes.schedule(plan).layers_at(0)
         prefix = self.prefix_part(prefix_ids, layers)
         if stash is not None and reuse is not None:
-            return self.stashed(prefix, prefix_ids, document_ids, word_ids, key, plan, layers, progress, reuse, stash)
+            tier = StashedBuild(self, reuse, stash).build(prefix, prefix_ids, document_ids, plan, layers, progress)
+            word_ids = None if word_ids is None else word_ids.cpu()
+            return replace(tier, key=key, word_ids=word_ids, seconds=time.perf_counter() - start)
         shapes = layout(
             plan,
             len(layers),
@@ -110,51 +98,6 @@ class LeafPass:
             if progress is not None:
                 progress(span.stop - span.start)
         return replace(tier, seconds=time.perf_counter() - start)
-
-    def stashed(
-        self,
-        prefix: LeafSlice,
-        prefix_ids: torch.Tensor,
-        document_ids: torch.Tensor,
-        word_ids: torch.Tensor | None,
-        key: str,
-        plan: ChunkPlan,
-        layers: range,
-        progress: ProgressFn | None,
-        reuse: LeafReuse,
-        stash: LeafStash,
-    ) -> LeafTier:
-        """``build`` with every leaf found in or kept to ``stash`` under its content key."""
-        start = time.perf_counter()
-        P = plan.prefix_len
-        reuse.prepare(prefix_ids, document_ids, plan, len(layers))
-        pieces = []
-        for index, content_key in enumerate(reuse.keys):
-            span = plan.piece(index)
-            # a tier the cache holds first (one read of it serves all its leaves), then the store's leaf entries
-            piece = reuse.take(index, span.stop - span.start, len(layers))
-            if piece is None and (piece := stash.find(content_key)) is not None:
-                reuse.copied += 1
-            if piece is None:
-                part = self.leaf_part(prefix, document_ids[span], span.start, layers)
-                cut = lambda ts: tuple(t[:, :, P:] for t in ts)  # noqa: E731
-                piece = LeafPiece(cut(part.keys), cut(part.values), part.hidden[:, P:])
-                del part
-            pieces.append(stash.keep(content_key, piece))
-            if progress is not None:
-                progress(span.stop - span.start)
-        return LeafTier(
-            key=key,
-            plan=plan,
-            leaf_layers=len(layers),
-            prefix_keys=tuple(prefix.keys),
-            prefix_values=tuple(prefix.values),
-            prefix_hidden=prefix.hidden,
-            pieces=tuple(pieces),
-            word_ids=None if word_ids is None else word_ids.cpu(),
-            seconds=time.perf_counter() - start,
-            leaf_keys=tuple(reuse.keys),
-        )
 
     def in_memory(self, layout: Layout) -> dict[str, torch.Tensor]:
         """``Allocate`` in process memory: floats on the model's device, word ids on the CPU (where
