@@ -118,13 +118,13 @@ def test_a_lease_admits_one_holder_at_a_time(lease_fs) -> None:
 def test_a_held_lease_is_renewed_and_times_a_waiter_out(lease_fs) -> None:
     fs, root = lease_fs
     path = f"{root}/k.lease"
-    holder = LeaseLock(fs, path, ttl=0.6)
+    holder = LeaseLock(fs, path, ttl=2.0)  # a ttl that a loaded machine's scheduler cannot stall the heartbeat past
     holder.acquire()
     try:
         first = bytes(fs.cat_file(path))
-        waiter = LeaseLock(fs, path, ttl=0.6, timeout=1.5, poll=0.02)
+        waiter = LeaseLock(fs, path, ttl=2.0, timeout=3.0, poll=0.02)
         with pytest.raises(LockTimeout):
-            waiter.acquire()  # 1.5 s > ttl: only the heartbeat keeps the lease from looking stale
+            waiter.acquire()  # 3 s > ttl: only the heartbeat keeps the lease from looking stale
         assert bytes(fs.cat_file(path)) != first
         assert json.loads(fs.cat_file(path))["owner"] == holder.owner
     finally:
