@@ -118,6 +118,10 @@ def test_cache_commands_on_an_empty_default_directory(
     assert code == 0 and info["directory"] == str(tmp_path / "documents") and info["disk_entries"] == 0
     code, out, _ = run_cli(capsys, "cache", "clear")
     assert code == 0 and out.startswith("removed 0 cached document(s)")
+    code, _, err = run_cli(capsys, "cache", "rm")
+    assert code == 1 and "cache rm needs the documents to remove" in err
+    code, _, err = run_cli(capsys, "cache", "ls", "book.txt")
+    assert code == 1 and "cache ls takes no documents" in err
 
 
 # ----------------------------------------------------------------------------- modes (tiny model)
@@ -176,6 +180,13 @@ def test_split_content_keeps_its_own_leaf_tier(
         for split in (["--split", "content"], [], ["--split", "content"], ["--split", "even"])
     ]
     assert sources == ["computed", "computed", "disk", "disk"], "each split its own tier, each kept on disk"
+    store = ["--cache-dir", str(tmp_path / "store")]
+    code, out, err = run_cli(capsys, "cache", "rm", "nothing-here", *store)
+    assert code == 1 and "no cached document is named 'nothing-here'" in err
+    code, out, err = run_cli(capsys, "cache", "rm", "chapter1.txt", *store, "--json")
+    removed = json.loads(out)
+    assert code == 0 and removed["removed"] == 2 and removed["leaves_removed"] >= 1, "both tiers, the leaves too"
+    assert not list((tmp_path / "store").glob("*.safetensors")), "nothing of the document is left"
     with pytest.raises(SystemExit) as exit_info:
         main(["ask", str(book), "-q", "Who?", "--split", "pages"])
     assert exit_info.value.code == 2 and "invalid choice: 'pages'" in capsys.readouterr().err

@@ -2,7 +2,7 @@
 
     homer-qa ask book.txt -q "Who is Mr. Darcy?" -q "How does the story end?"
     homer-qa ask homer_integrations/data/prideprejudice.txt --demo
-    homer-qa cache ls | info | clear
+    homer-qa cache ls | info | clear | rm NAME_OR_KEY
     homer-qa calibrate --model smollm2-135m-instruct
     homer-qa compress docs/ --store s3://bucket/homer [--ray ADDRESS] [--workers N]
     homer-qa serve [--model NAME]     # later asks skip the imports and the model load

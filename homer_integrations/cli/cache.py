@@ -1,4 +1,4 @@
-"""``homer-qa cache ls | info | clear``: what the document cache holds, and emptying it.
+"""``homer-qa cache ls | info | clear | rm``: what the document cache holds, and removing it.
 
 Labels and keys come from manifests anyone who can write the directory may have written: ``ls``
 shows them through ``printable``. An entry the cache cannot use (a manifest over its size limit) is
@@ -21,22 +21,37 @@ if TYPE_CHECKING:
 
 
 def add_parser(commands: Any) -> None:
-    cache = commands.add_parser("cache", help="list, describe or clear the document cache")
+    cache = commands.add_parser("cache", help="list, describe, clear or remove from the document cache")
     cache.set_defaults(run=run)
-    cache.add_argument("action", choices=("ls", "info", "clear"))
+    cache.add_argument("action", choices=("ls", "info", "clear", "rm"))
+    cache.add_argument(
+        "documents",
+        nargs="*",
+        metavar="KEY_OR_NAME",
+        help="rm: the cached documents to remove, by their name or the start of their key, as `cache ls` shows them",
+    )
     options.cache_options(cache, allow_no_disk=False)
     cache.add_argument("--json", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
+    if (args.action == "rm") != bool(args.documents):
+        raise CliError(
+            "cache rm needs the documents to remove (a name or the start of a key, as `cache ls` shows them)"
+            if args.action == "rm"
+            else f"cache {args.action} takes no documents"
+        )
     cache = loading.open_cache(args)
     try:
         if args.max_bytes is not None and cache.directory is not None:  # --store URLs refuse a budget in open_cache
             evicted = cache.trim()
             if evicted:
                 print(f"homer-qa: evicted {evicted} cached document(s) over --max-bytes", file=sys.stderr)
-        show = {"clear": _clear, "info": _info, "ls": _ls}[args.action]
-        show(cache, args.json, sys.stdout)
+        if args.action == "rm":
+            _rm(cache, args.documents, args.json, sys.stdout)
+        else:
+            show = {"clear": _clear, "info": _info, "ls": _ls}[args.action]
+            show(cache, args.json, sys.stdout)
     except CliError:
         raise
     except OSError as exc:  # the cache directory's locks, a store that failed midway
@@ -51,6 +66,34 @@ def _clear(cache: DocumentCache, as_json: bool, out: TextIO) -> None:
         out.write("\n")
     else:
         out.write(f"removed {removed} cached document(s) from {cache.location}\n")
+
+
+def _rm(cache: DocumentCache, names: list[str], as_json: bool, out: TextIO) -> None:
+    """Remove the documents ``names`` name (a label, every entry of it; or the start of one key). A tier stored by its
+    leaves takes along the leaves no other tier lists. Nothing is removed unless every name is found."""
+    entries = [e for e in cache.entries() if e.kind != "leaf"]
+    chosen: dict[str, None] = {}
+    for name in names:
+        found = [e for e in entries if e.label == name] or [e for e in entries if e.key.startswith(name.lower())]
+        if not found:
+            raise CliError(f"cache rm: no cached document is named {name!r} or has a key starting so (see `cache ls`)")
+        if len(found) > 1 and found[0].label != name:
+            keys = ", ".join(e.key[:12] for e in found)
+            raise CliError(f"cache rm: {len(found)} cached documents have keys starting {name!r} ({keys}): give more")
+        chosen.update(dict.fromkeys(e.key for e in found))
+    leaves = _leaf_count(cache)
+    removed = sum(cache.discard(key) for key in chosen)
+    leaves -= _leaf_count(cache)
+    if as_json:
+        json.dump({"directory": cache.location, "removed": removed, "leaves_removed": leaves}, out)
+        out.write("\n")
+    else:
+        also = f" and {leaves} leaves no other document shares" if leaves else ""
+        out.write(f"removed {removed} cached document(s){also} from {printable(str(cache.location))}\n")
+
+
+def _leaf_count(cache: DocumentCache) -> int:
+    return sum(e.kind == "leaf" for e in cache.entries())
 
 
 def _info(cache: DocumentCache, as_json: bool, out: TextIO) -> None:

@@ -169,7 +169,9 @@ def test_removing_a_tier_takes_along_the_leaves_no_other_tier_lists(tokenizer, c
     one, two = set(tier_of(engine, v1).leaf_keys), set(tier_of(engine, v2).leaf_keys)
     assert one - two and one & two, "the edit changed a few leaves and kept the rest"
     cache = engine.document_cache
-    assert cache.discard(engine.entry_key(v1))
+    said = io.StringIO()
+    cache_command._rm(cache, [engine.entry_key(v1)[:12]], False, said)  # homer-qa cache rm <key as ls shows it>
+    assert said.getvalue().startswith(f"removed 1 cached document(s) and {len(one - two)} leaves no other")
     assert {e.key for e in stored_kinds(engine)["leaf"]} == two, "v1's own leaves went, the shared ones stayed"
     assert cache.discard(engine.entry_key(v2))
     assert "leaf" not in stored_kinds(engine) and "leaf_tier" not in stored_kinds(engine)
