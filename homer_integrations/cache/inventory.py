@@ -58,7 +58,9 @@ class Inventory:
     def discard(self, key: str) -> bool:
         """Forget ``key`` in memory and in the store; True if anything was removed. A tier stored by its
         leaves takes along the leaf entries no other stored tier lists; a leaf another document's tier
-        shares stays. (An eviction leaves them to the budget, which takes them next: nothing reads them.)"""
+        shares stays. (An eviction leaves them to the budget, which takes them next: nothing reads them.
+        A tier another process is building at that moment may list a leaf removed here: reading that tier
+        then finds it missing and rebuilds that leaf, as for any lost leaf.)"""
         removed = self.memory.pop(key) is not None
         if self.store is not None:
             leaves = self._listed_leaves(key)
