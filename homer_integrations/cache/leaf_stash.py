@@ -8,7 +8,7 @@ text under the same prefix and model is stored once, whichever document holds it
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from safetensors import SafetensorError
 
@@ -18,10 +18,17 @@ from homer_integrations.homer.compressed import CacheSpec
 from homer_integrations.homer.leaf_entry import LeafEntry
 from homer_integrations.homer.leaf_tier import LeafPiece, LeafTier
 
-if TYPE_CHECKING:
-    from homer_integrations.cache.stored import StoredEntries
-
 logger = logging.getLogger(__name__)
+
+
+class Entries(Protocol):
+    """What of ``stored.StoredEntries`` the leaves use: its store, verified reads and warned writes."""
+
+    store: Store
+
+    def read(self, key: str, spec: CacheSpec | None = None) -> tuple[Entry, dict[str, Any]] | None: ...
+
+    def write(self, key: str, doc: Entry, label: str | None) -> bool: ...
 
 
 def stored_by_leaves(store: Store, doc: Entry) -> bool:
@@ -37,7 +44,7 @@ class LeafStashInStore:
     written as the build finishes it and memory-mapped back where the store has local files (the build then
     holds one leaf at a time); one already stored is read, not computed. ``spec``: what the entries must fit."""
 
-    def __init__(self, entries: StoredEntries, spec: CacheSpec | None) -> None:
+    def __init__(self, entries: Entries, spec: CacheSpec | None) -> None:
         self.entries, self.spec = entries, spec
         self.written = 0  # bytes of leaves this build wrote
         self.failed = False  # a write failed (and warned): the rest of the build keeps its leaves in memory

@@ -63,7 +63,9 @@ class LeafPass:
         layers = self.nodes.schedule(plan).layers_at(0)
         prefix = self.prefix_part(prefix_ids, layers)
         if stash is not None and reuse is not None:
-            tier = StashedBuild(self, reuse, stash).build(prefix, prefix_ids, document_ids, plan, layers, progress)
+            tier = StashedBuild(self.leaf_part, reuse, stash).build(
+                prefix, prefix_ids, document_ids, plan, layers, progress
+            )
             word_ids = None if word_ids is None else word_ids.cpu()
             return replace(tier, key=key, word_ids=word_ids, seconds=time.perf_counter() - start)
         shapes = layout(

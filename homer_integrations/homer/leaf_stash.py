@@ -7,7 +7,8 @@ and a leaf already kept by any document's tier is read, not computed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -16,8 +17,9 @@ from homer_integrations.homer.leaf_reuse import LeafReuse
 from homer_integrations.homer.leaf_tier import LeafPiece, LeafSlice, LeafTier
 from homer_integrations.homer.nodes import ProgressFn
 
-if TYPE_CHECKING:
-    from homer_integrations.homer.leaf_pass import LeafPass
+LeafPart = Callable[[LeafSlice, torch.Tensor, int, range], LeafSlice]
+"""``LeafPass.leaf_part``: (prefix through the layers, a piece's token ids, its first document index, the
+layers) -> that leaf's prefix + piece through them."""
 
 
 class LeafStash(Protocol):
@@ -35,10 +37,10 @@ class LeafStash(Protocol):
 
 class StashedBuild:
     """``LeafPass.build`` with every leaf taken from a tier ``reuse`` holds, else found in ``stash``, else
-    computed by ``leaves`` and kept in ``stash``; ``reuse`` names the leaves by their content keys."""
+    computed by ``leaf_part`` and kept in ``stash``; ``reuse`` names the leaves by their content keys."""
 
-    def __init__(self, leaves: LeafPass, reuse: LeafReuse, stash: LeafStash) -> None:
-        self.leaves, self.reuse, self.stash = leaves, reuse, stash
+    def __init__(self, leaf_part: LeafPart, reuse: LeafReuse, stash: LeafStash) -> None:
+        self.leaf_part, self.reuse, self.stash = leaf_part, reuse, stash
 
     def build(
         self,
@@ -61,7 +63,7 @@ class StashedBuild:
             if piece is None and (piece := self.stash.find(content_key)) is not None:
                 reuse.copied += 1
             if piece is None:
-                part = self.leaves.leaf_part(prefix, document_ids[span], span.start, layers)
+                part = self.leaf_part(prefix, document_ids[span], span.start, layers)
                 cut = lambda ts: tuple(t[:, :, P:] for t in ts)  # noqa: E731
                 piece = LeafPiece(cut(part.keys), cut(part.values), part.hidden[:, P:])
                 del part
