@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
+from transformers import DynamicCache
+from yarn_prefill_qa import yarn_model
 
-from homer_integrations.models import QWEN25_CODER_15B, converted_dir, load_embedded
+from homer_integrations.models import QWEN25_CODER_15B, load_embedded
 
 DATA = Path(__file__).resolve().parents[1] / "homer_integrations" / "data"
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "yarn_prefill_cost.json"
@@ -36,17 +37,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     _, tokenizer = load_embedded(QWEN25_CODER_15B, torch.bfloat16)  # converts once if needed
-    path = converted_dir(QWEN25_CODER_15B, torch.bfloat16)
-    config = AutoConfig.from_pretrained(path)
-    window = config.max_position_embeddings
-    config.rope_parameters = {
-        **config.rope_parameters,
-        "rope_type": "yarn",
-        "factor": 4.0,
-        "original_max_position_embeddings": window,
-    }
-    config.max_position_embeddings = 4 * window
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.bfloat16).eval()
+    model = yarn_model()
+    config = model.config
     ids = tokenizer((DATA / f"{args.book}.txt").read_text(encoding="utf-8"), return_tensors="pt").input_ids
     book_tokens = ids.shape[1]
     cache, chunks = DynamicCache(), []
