@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -261,6 +261,11 @@ class DocumentCache:
         In the store only an entry this cache wrote goes (a homer manifest and its safetensors twin).
         """
         return self._inventory.discard(key)
+
+    def discard_many(self, keys: Iterable[str]) -> tuple[int, int]:
+        """Forget every key of ``keys`` as ``discard`` does: (entries removed, leaf entries removed with them,
+        those no tier left in the store lists)."""
+        return self._inventory.discard_many(keys)
 
     def clear(self, *, memory: bool = True, disk: bool = True) -> int:
         """Remove every entry (from memory and/or the store); returns how many distinct keys went.

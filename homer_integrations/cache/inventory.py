@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from homer_integrations.cache.entry import KINDS, CacheEntry, own_manifest
 from homer_integrations.cache.local import LocalStore
 from homer_integrations.cache.memory import MemoryLRU
@@ -56,19 +58,27 @@ class Inventory:
         return sorted(found.values(), key=lambda e: e.created, reverse=True)
 
     def discard(self, key: str) -> bool:
-        """Forget ``key`` in memory and in the store; True if anything was removed. A tier stored by its
-        leaves takes along the leaf entries no other stored tier lists; a leaf another document's tier
-        shares stays. (An eviction leaves them to the budget, which takes them next: nothing reads them.
-        A tier another process is building at that moment may list a leaf removed here: reading that tier
-        then finds it missing and rebuilds that leaf, as for any lost leaf.)"""
-        removed = self.memory.pop(key) is not None
-        if self.store is not None:
-            leaves = self._listed_leaves(key)
-            removed = self.store.discard(key) or removed
-            if leaves:
-                for leaf in leaves - self._listed_leaves():
-                    self.store.discard(leaf)
-        return removed
+        """Forget ``key`` in memory and in the store; True if anything was removed (``discard_many``)."""
+        return self.discard_many([key])[0] > 0
+
+    def discard_many(self, keys: Iterable[str]) -> tuple[int, int]:
+        """Forget ``keys`` in memory and in the store: (entries removed, leaf entries removed with them).
+
+        A tier stored by its leaves takes along the leaf entries no other stored tier lists; a leaf another
+        document's tier shares stays. The store is listed once, after the tiers went. (An eviction leaves
+        them to the budget, which takes them next: nothing reads them. A tier another process is building
+        at that moment may list a leaf removed here: reading that tier then finds it missing and rebuilds
+        that leaf, as for any lost leaf.)"""
+        removed, leaves = 0, set[str]()
+        for key in dict.fromkeys(keys):
+            gone = self.memory.pop(key) is not None
+            if self.store is not None:
+                leaves |= self._listed_leaves(key)
+                gone = self.store.discard(key) or gone
+            removed += gone
+        if self.store is None or not leaves:
+            return removed, 0
+        return removed, sum(self.store.discard(leaf) for leaf in leaves - self._listed_leaves())
 
     def _listed_leaves(self, key: str | None = None) -> set[str]:
         """The leaf content keys the stored manifest of ``key`` lists (None: of every stored entry)."""

@@ -81,19 +81,13 @@ def _rm(cache: DocumentCache, names: list[str], as_json: bool, out: TextIO) -> N
             keys = ", ".join(e.key[:12] for e in found)
             raise CliError(f"cache rm: {len(found)} cached documents have keys starting {name!r} ({keys}): give more")
         chosen.update(dict.fromkeys(e.key for e in found))
-    leaves = _leaf_count(cache)
-    removed = sum(cache.discard(key) for key in chosen)
-    leaves -= _leaf_count(cache)
+    removed, leaves = cache.discard_many(chosen)
     if as_json:
         json.dump({"directory": cache.location, "removed": removed, "leaves_removed": leaves}, out)
         out.write("\n")
     else:
         also = f" and {leaves} leaves no other document shares" if leaves else ""
         out.write(f"removed {removed} cached document(s){also} from {printable(str(cache.location))}\n")
-
-
-def _leaf_count(cache: DocumentCache) -> int:
-    return sum(e.kind == "leaf" for e in cache.entries())
 
 
 def _info(cache: DocumentCache, as_json: bool, out: TextIO) -> None:

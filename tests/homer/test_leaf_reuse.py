@@ -178,6 +178,16 @@ def test_removing_a_tier_takes_along_the_leaves_no_other_tier_lists(tokenizer, c
     assert store_engine(tokenizer, calibration, tmp_path).cache_document(v2)[1] == "computed"
 
 
+def test_removing_tiers_together_takes_every_leaf_they_list_once(tokenizer, calibration, versions, tmp_path):
+    engine = store_engine(tokenizer, calibration, tmp_path)
+    keys = [engine.entry_key(v) for v in versions]
+    for v in versions:
+        engine.cache_document(v)
+    leaves = set().union(*(tier_of(engine, v).leaf_keys for v in versions))
+    assert engine.document_cache.discard_many([*keys, keys[0], "no-such-key"]) == (2, len(leaves))
+    assert not stored_kinds(engine) and engine.document_cache.discard_many(keys) == (0, 0)
+
+
 @pytest.mark.parametrize("damage", ["removed", "corrupted"])
 def test_a_lost_leaf_is_computed_again_and_the_rest_read(
     tokenizer, calibration, versions, monkeypatch, tmp_path, damage
