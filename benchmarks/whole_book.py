@@ -421,43 +421,137 @@ def paired_command(args: argparse.Namespace) -> None:
     print(paired_markdown(paired(paired_rows(load_rows(), args), args.method, args.reference)), end="")
 
 
-def plot(rows: list[dict], path: Path) -> None:
+# (method, against), held out on the questions both answered: the default against the route and the shared
+# root; the fused ranking against the default as it was when fused ran (BM25 over words as written)
+HEADLINE = (("query_aware", "bm25"), ("query_aware", "shared"), ("query_aware_unstemmed", "fused"))
+CURVE = ("query_aware", "bm25")  # the default and the route at every read budget both ran
+
+
+def held_out(rows: list[dict], budget: int = 2048) -> list[dict]:
+    """The held-out rows in bfloat16 at ``budget`` tokens read: the questions the headline counts."""
+    return [r for r in rows if r["split"] == "heldout" and r["budget"] == budget and r["dtype"] == "bfloat16"]
+
+
+def headline(rows: list[dict]) -> list[dict]:
+    """The pairs of ``HEADLINE`` on held-out questions (``paired``: story, facts, all)."""
+    return [c for method, against in HEADLINE for c in paired(held_out(rows), method, against)]
+
+
+def by_kind(rows: list[dict]) -> list[dict]:
+    """The default against the route, held out, per kind of question (who ... why, each kind of fact)."""
+    return paired(held_out(rows), "query_aware", "bm25", kind_of=lambda r: r["kind"])
+
+
+def budget_curve(rows: list[dict], split: str = "tuning", book: str = "northangerabbey") -> list[dict]:
+    """Per read budget and method of ``CURVE``, over the questions every (budget, method) of the curve
+    answered: right/asked and the median seconds to the first token (the budgets where both methods ran)."""
+    asked: dict[tuple[int, str], dict[str, dict]] = defaultdict(dict)
+    for r in rows:
+        if r["split"] == split and r.get("book") == book and r["dtype"] == "bfloat16" and r["method"] in CURVE:
+            asked[(r["budget"], r["method"])][r["id"]] = r
+    budgets = sorted(b for b in {b for b, _ in asked} if all((b, m) in asked for m in CURVE))
+    if not budgets:
+        return []
+    common = set.intersection(*(set(asked[(b, m)]) for b in budgets for m in CURVE))
+    return (
+        [
+            {
+                "budget": b,
+                "method": m,
+                "right": sum(asked[(b, m)][q]["correct"] for q in common),
+                "asked": len(common),
+                "median_ttft_seconds": round(statistics.median(asked[(b, m)][q]["ttft_seconds"] for q in common), 1),
+            }
+            for b in budgets
+            for m in CURVE
+        ]
+        if common
+        else []
+    )
+
+
+def curve_markdown(curve: list[dict]) -> str:
+    lines = ["| tokens read | method | right / asked | first token s (median) |", "|---|---|---|---|"]
+    lines += [
+        f"| {c['budget']:,} | {c['method']} | {c['right']}/{c['asked']} | {c['median_ttft_seconds']} |" for c in curve
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], curve: list[dict], path: Path) -> None:
+    """Left: held-out accuracy by depth of the evidence, default, route and shared root on the questions
+    each shares with the default. Right: the budget curve, accuracy (solid) and first-token seconds (dashed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    by_method: dict[str, dict[int, list[bool]]] = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        by_method[f"{r['book']} {r['method']}"][min(int(r["depth"] * 5), 4)].append(r["correct"])
-    for name, bins in sorted(by_method.items()):
+    fig, (depth_ax, budget_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    held = held_out(rows)
+    default_ids = {(r["book"], r["id"]) for r in held if r["method"] == "query_aware"}
+    for method in ("query_aware", "bm25", "shared"):
+        bins: dict[int, list[bool]] = defaultdict(list)
+        for r in held:
+            if r["method"] == method and (r["book"], r["id"]) in default_ids:
+                bins[min(int(r["depth"] * 5), 4)].append(r["correct"])
         xs = sorted(bins)
-        ax.plot([0.1 + 0.2 * x for x in xs], [sum(bins[x]) / len(bins[x]) for x in xs], marker="o", label=name)
-    ax.set_xlabel("depth of the evidence in the book")
-    ax.set_ylabel("answers right")
-    ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=7)
-    ax.set_title("Whole books: accuracy by depth (all questions asked)")
+        if xs:
+            asked = sum(len(b) for b in bins.values())
+            depth_ax.plot(
+                [0.1 + 0.2 * x for x in xs],
+                [sum(bins[x]) / len(bins[x]) for x in xs],
+                marker="o",
+                label=f"{method} ({asked} questions)",
+            )
+    depth_ax.set(xlabel="depth of the evidence in the book", ylabel="answers right", ylim=(0, 1.05))
+    depth_ax.set_title("Held out, both books, 2,048 tokens read")
+    depth_ax.legend(fontsize=8)
+    seconds_ax = budget_ax.twinx()
+    for method in CURVE:
+        points = [c for c in curve if c["method"] == method]
+        if not points:
+            continue
+        xs = [c["budget"] for c in points]
+        (line,) = budget_ax.plot(xs, [c["right"] / c["asked"] for c in points], marker="o", label=method)
+        seconds_ax.plot(xs, [c["median_ttft_seconds"] for c in points], ls="--", marker="x", color=line.get_color())
+    budget_ax.set(xscale="log", xlabel="tokens read per question", ylabel="answers right (solid)", ylim=(0, 1.05))
+    seconds_ax.set_ylabel("first token, median s (dashed)")
+    asked = curve[0]["asked"] if curve else 0
+    budget_ax.set_title(f"Budget, Northanger Abbey tuning split ({asked} questions)")
+    budget_ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def report(_: argparse.Namespace) -> None:
     rows = load_rows()
-    summary = summarize(rows)
-    (RESULTS / "whole_book.json").write_text(json.dumps({"summary": summary}, indent=1), encoding="utf-8")
+    summary, top, kinds, curve = summarize(rows), headline(rows), by_kind(rows), budget_curve(rows)
+    (RESULTS / "whole_book.json").write_text(
+        json.dumps({"headline": top, "by_kind": kinds, "budget_curve": curve, "summary": summary}, indent=1),
+        encoding="utf-8",
+    )
     table = markdown(summary)
     (RESULTS / "whole_book.md").write_text(
         "# Whole books\n\nGenerated by `benchmarks/whole_book.py report` from `whole_book_rows.jsonl` "
-        f"({len(rows)} answers). Story questions and inserted facts as right/asked; each method over the "
+        f"({len(rows)} answers), with `whole_book.png`.\n\n"
+        "## Held out: the default against the route, the shared root and the fused ranking\n\n"
+        "Both books, 2,048 tokens read, bfloat16; each pair on the questions both methods answered "
+        "(difference: the method's accuracy minus the reference's, 90% bootstrap interval). `fused` ran "
+        "before BM25 stemmed its words: it is paired with the default as it was then.\n\n"
+        + paired_markdown(top)
+        + "\n## Held out, by kind of question: the default against the route\n\n"
+        + paired_markdown(kinds)
+        + "\n## The read budget (tuning split, *Northanger Abbey*)\n\n"
+        "The default and the route on the same questions at every budget both ran.\n\n"
+        + curve_markdown(curve)
+        + "\n## Every run\n\nStory questions and inserted facts as right/asked; each method over the "
         "questions it shares with the default (`query_aware`), so counts differ between rows: "
         "`whole_book.py paired A B` compares two methods on exactly the same questions.\n\n" + table,
         encoding="utf-8",
     )
     if rows:
-        plot(rows, RESULTS / "whole_book.png")
-    print(table)
+        plot(rows, curve, RESULTS / "whole_book.png")
+    print(paired_markdown(top) + "\n" + curve_markdown(curve))
 
 
 def main() -> None:

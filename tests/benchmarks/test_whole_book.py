@@ -119,3 +119,36 @@ def test_paired_compares_only_the_questions_both_methods_answered() -> None:
     assert (facts["kind"], facts["pairs"], facts["difference"]) == ("facts", 1, 1.0)
     assert (both["kind"], both["pairs"], both["right"]) == ("all", 4, 3)
     assert "| a | b | story | 3 | 2 | 1 | +0.33 |" in whole_book.paired_markdown([story])
+
+
+def test_the_budget_curve_counts_every_budget_on_the_questions_all_of_them_answered(tmp_path: Path) -> None:
+    def row(method: str, budget: int, qid: str, correct: bool, seconds: float, **other: object) -> dict:
+        keys = {"model": "m", "book": "northangerabbey", "dtype": "bfloat16", "split": "tuning", "kind": "who"}
+        asked = {"depth": 0.5, "method": method, "budget": budget, "id": qid}
+        return keys | asked | {"correct": correct, "ttft_seconds": seconds} | other
+
+    rows = [
+        *(row(m, 1024, q, q == "q1", 5.0) for m in ("query_aware", "bm25") for q in ("q1", "q2", "q3")),
+        *(row(m, 4096, q, True, 20.0 + (m == "bm25")) for m in ("query_aware", "bm25") for q in ("q1", "q2")),
+        row("query_aware", 8192, "q1", True, 80.0),  # the route never ran at 8k: no point there
+        row("shared", 4096, "q3", True, 1.0),  # not a method of the curve
+        row("bm25", 4096, "q3", True, 1.0, split="heldout"),  # another split
+    ]
+    curve = whole_book.budget_curve(rows)
+    assert [(c["budget"], c["method"]) for c in curve] == [
+        (1024, "query_aware"),
+        (1024, "bm25"),
+        (4096, "query_aware"),
+        (4096, "bm25"),
+    ]
+    assert all(c["asked"] == 2 for c in curve), "q3 was not asked at 4k: left out at 1k too"
+    assert [c["right"] for c in curve] == [1, 1, 2, 2]
+    assert [c["median_ttft_seconds"] for c in curve] == [5.0, 5.0, 20.0, 21.0]
+    assert "| 4,096 | bm25 | 2/2 | 21.0 |" in whole_book.curve_markdown(curve)
+    assert whole_book.budget_curve(rows, split="heldout") == []
+    held = [r | {"split": "heldout", "budget": 2048} for r in rows if r["budget"] == 4096]
+    plot = tmp_path / "plot.png"
+    whole_book.plot(held, curve, plot)
+    assert plot.read_bytes().startswith(b"\x89PNG")
+    (story,) = [c for c in whole_book.headline(held) if c["reference"] == "bm25"]
+    assert (story["pairs"], story["right"], story["reference_right"]) == (2, 2, 2), "q3: the route's alone"
