@@ -167,6 +167,23 @@ def test_mode_goes_with_every_question_and_the_summary_says_which_served(
         assert q2.startswith("Q2: cache hit in memory")
 
 
+def test_past_the_window_the_summary_says_passages_were_read_and_no_tier_built(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, novel: str, tiny_cli: list[str]
+) -> None:
+    book = tmp_path / "long.txt"
+    book.write_text(novel[:16000], encoding="utf-8")  # about 3,600 tokens: past the tiny model's 2,048
+    question = ["-q", "Who has taken Netherfield Park?", "--max-new-tokens", "2", "--max-chunk-len", "256"]
+    tiny_cli = [*tiny_cli, *question]  # 256-token leaves: a merge tree that holds the document
+    result = ask_json(capsys, str(book), *tiny_cli)
+    (answer,) = result["answers"]
+    assert answer["mode"] == "query_aware" and answer["reads_tier"] is False
+    assert answer["document_tokens"] > 2048 and answer["document_seconds"] == 0
+    code, out, err = run_cli(capsys, "ask", str(book), *tiny_cli)
+    assert code == 0, err
+    (q1,) = (line for line in out.split("--- summary ---")[1].splitlines() if line.startswith("Q1:"))
+    assert q1.startswith("Q1: past the model's window: the passages BM25 ranks best re-read, no leaf tier;")
+
+
 def test_split_content_keeps_its_own_leaf_tier(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, passage: str, tiny_cli: list[str]
 ) -> None:

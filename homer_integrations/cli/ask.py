@@ -240,6 +240,8 @@ def _answer(
         except ValueError as exc:
             raise CliError(f"{args.file}: {_worded(exc)}") from None
     record = answer_record(question, "".join(pieces), stream.info)
+    if record["mode"] == "query_aware":
+        record["reads_tier"] = engine.tiers.reads_tier(record["document_tokens"])
     if not isinstance(asked, str):
         record |= {"expected": asked.expected(), "correct": asked.check(record["answer"])}
     if show:
@@ -299,6 +301,8 @@ def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
 def _setup(a: dict[str, Any]) -> str:
     """How an answer's cache was had, in words."""
     setup = seconds(a["setup_seconds"])
+    if a["mode"] == "query_aware" and not a.get("reads_tier", True):
+        return f"past the model's window: the passages BM25 ranks best re-read, no leaf tier; setup {setup}"
     if a["mode"] == "query_aware":  # the cache source is the leaf tier's; the question is replayed every time
         where = {"computed": "built", "disk": "loaded from disk cache", "memory": "found in memory"}
         built = f" in {seconds(a['document_seconds'])}" if a["cache_source"] == "computed" else ""
