@@ -57,6 +57,7 @@ WHOLE_BOOK = "benchmarks/whole_book.py"
 CORPUS_QA = "benchmarks/corpus_qa.py"
 CORPUS_METHODS = ("corpus", "bm25", "per_document")
 BUDGET = ("--read-tokens", "2048")  # every method reads the same tokens, whatever the machine
+CURVE_QUESTIONS = ("--book", "northangerabbey", "--split", "tuning", "--limit", "16")
 RULER_GRID = ("--lengths", "4096", "8192", "--ratios", "4", "8", "--samples", "10")
 
 SUITES: dict[str, Suite] = {
@@ -114,8 +115,9 @@ SUITES: dict[str, Suite] = {
         ),
         Suite(
             "whole-book",
-            "both novels whole with inserted facts, held out: the per-question path against BM25 retrieval",
-            "~1 h",
+            "both novels whole with inserted facts, held out: the per-question path against BM25 retrieval; "
+            "then both at 1k-8k tokens read on Northanger Abbey's tuning split (the budget curve)",
+            "~2.5 h",
             (
                 *(
                     Step(WHOLE_BOOK, ("run", "--book", book, "--methods", "query_aware", "bm25", *split, *BUDGET))
@@ -123,6 +125,10 @@ SUITES: dict[str, Suite] = {
                         ("northangerabbey", ("--split", "heldout", "--limit", "36", "--stride", "2")),
                         ("prideprejudice", ("--split", "heldout", "--limit", "24", "--stride", "2")),
                     )
+                ),
+                *(
+                    Step(WHOLE_BOOK, ("run", "--methods", "query_aware", "bm25", *CURVE_QUESTIONS, "--read-tokens", n))
+                    for n in ("1024", "2048", "4096", "8192")
                 ),
                 _report(WHOLE_BOOK),
             ),
