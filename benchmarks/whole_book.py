@@ -515,6 +515,9 @@ def plot(rows: list[dict], curve: list[dict], path: Path) -> None:
         (line,) = budget_ax.plot(xs, [c["right"] / c["asked"] for c in points], marker="o", label=method)
         seconds_ax.plot(xs, [c["median_ttft_seconds"] for c in points], ls="--", marker="x", color=line.get_color())
     budget_ax.set(xscale="log", xlabel="tokens read per question", ylabel="answers right (solid)", ylim=(0, 1.05))
+    budgets = sorted({c["budget"] for c in curve})
+    budget_ax.set_xticks(budgets, [f"{b:,}" for b in budgets], minor=False)
+    budget_ax.minorticks_off()
     seconds_ax.set_ylabel("first token, median s (dashed)")
     asked = curve[0]["asked"] if curve else 0
     budget_ax.set_title(f"Budget, Northanger Abbey tuning split ({asked} questions)")
