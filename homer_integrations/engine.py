@@ -191,6 +191,11 @@ class HomerModel:
         an adapter's setting) that is not None, checked, else ``config.mode`` (``homer.config.resolve_mode``)."""
         return resolve_mode(*requested, default=self.config.mode)
 
+    def reads_tier(self, document_tokens: int) -> bool:
+        """Whether a ``query_aware`` question about a document of ``document_tokens`` reads its leaf tier;
+        False past the model's window, where it re-reads the passages BM25 ranks best and builds no tier."""
+        return self.tiers.reads_tier(document_tokens)
+
     def stats(self) -> CacheStats:
         """The document cache's counters and sizes: hits (memory, disk), misses, computations, entries, bytes."""
         return self.document_cache.stats()

@@ -241,7 +241,7 @@ def _answer(
             raise CliError(f"{args.file}: {_worded(exc)}") from None
     record = answer_record(question, "".join(pieces), stream.info)
     if record["mode"] == "query_aware":
-        record["reads_tier"] = engine.tiers.reads_tier(record["document_tokens"])
+        record["reads_tier"] = engine.reads_tier(record["document_tokens"])
     if not isinstance(asked, str):
         record |= {"expected": asked.expected(), "correct": asked.check(record["answer"])}
     if show:
