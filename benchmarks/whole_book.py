@@ -450,24 +450,20 @@ def budget_curve(rows: list[dict], split: str = "tuning", book: str = "northange
         if r["split"] == split and r.get("book") == book and r["dtype"] == "bfloat16" and r["method"] in CURVE:
             asked[(r["budget"], r["method"])][r["id"]] = r
     budgets = sorted(b for b in {b for b, _ in asked} if all((b, m) in asked for m in CURVE))
-    if not budgets:
+    common = set.intersection(*(set(asked[(b, m)]) for b in budgets for m in CURVE)) if budgets else set()
+    if not common:
         return []
-    common = set.intersection(*(set(asked[(b, m)]) for b in budgets for m in CURVE))
-    return (
-        [
-            {
-                "budget": b,
-                "method": m,
-                "right": sum(asked[(b, m)][q]["correct"] for q in common),
-                "asked": len(common),
-                "median_ttft_seconds": round(statistics.median(asked[(b, m)][q]["ttft_seconds"] for q in common), 1),
-            }
-            for b in budgets
-            for m in CURVE
-        ]
-        if common
-        else []
-    )
+    return [
+        {
+            "budget": b,
+            "method": m,
+            "right": sum(asked[(b, m)][q]["correct"] for q in common),
+            "asked": len(common),
+            "median_ttft_seconds": round(statistics.median(asked[(b, m)][q]["ttft_seconds"] for q in common), 1),
+        }
+        for b in budgets
+        for m in CURVE
+    ]
 
 
 def curve_markdown(curve: list[dict]) -> str:
