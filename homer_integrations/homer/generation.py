@@ -26,6 +26,7 @@ from transformers import (
 
 from homer_integrations.homer.constraints import ResponseFormat, TokenMask, ll_tokenizer
 from homer_integrations.homer.headwise.cache import HeadwiseLayer, headwise_ready
+from homer_integrations.homer.kept import KeptLayer
 
 FinishReason = Literal["stop", "eos", "length"]
 
@@ -179,9 +180,11 @@ def decode(
     import time
 
     started = time.perf_counter()
-    if cache.layers and isinstance(cache.layers[0], HeadwiseLayer) and not headwise_ready(model):
+    if cache.layers and isinstance(cache.layers[0], HeadwiseLayer | KeptLayer) and not headwise_ready(model):
         # registered once when the engine is built, never here: a model may be answering other questions
-        raise ValueError("a head-wise cache needs the model's head-wise attention: register_headwise_attention(model)")
+        raise ValueError(
+            "a head-wise or kept cache needs the model's registered attention: register_headwise_attention(model)"
+        )
     device = model.device
     eos = eos_token_ids(model, tokenizer)
     warpers = _warpers(options) if options.sampling else None

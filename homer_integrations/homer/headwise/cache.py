@@ -32,6 +32,8 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 from transformers.utils.generic import is_flash_attention_requested
 
+from homer_integrations.homer.kept import KeptKV, kept_attention
+
 PREFIX = "homer_headwise+"
 """Name of the registered attention function: this prefix + the implementation it wraps."""
 _registering = threading.Lock()
@@ -107,7 +109,8 @@ def headwise_attention(
 @dataclass(frozen=True)
 class HeadwiseAttention:
     """The attention function registered as ``PREFIX + wraps``: ``headwise_attention`` for a head-wise
-    layer's ``HeadwiseKV``, the ``wraps`` implementation (``sdpa``, ``eager``, ...) for every other call,
+    layer's ``HeadwiseKV``, ``kept.kept_attention`` for a kept layer's ``KeptKV``, the ``wraps``
+    implementation (``sdpa``, ``eager``, ...) for every other call,
     so a dense cache answers as without it; but a one-row SDPA step on a CPU (decoding) runs the model's
     eager attention, which rounds differently in the last bits. ``DecoderStack.backend`` reads ``wraps``."""
 
@@ -118,6 +121,9 @@ class HeadwiseAttention:
     ) -> tuple[torch.Tensor, Any]:
         if isinstance(key, HeadwiseKV):
             return headwise_attention(module, query, key, value, **kwargs)
+        if isinstance(key, KeptKV):
+            base = _base_attention(module, self.wraps)
+            return kept_attention(module, query, key, value, attention_mask, base=base, **kwargs)
         if self.wraps == "sdpa" and query.shape[2] == 1 and query.device.type == "cpu":
             # a decoding step: torch's CPU SDPA kernel spends 2.5 ms a layer on one query row over 2k keys, a
             # third of the step (research/decode_profile.py); the model's eager attention does it in a fraction
