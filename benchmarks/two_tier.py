@@ -16,6 +16,9 @@ three questions:
   ``TreeReplay``: the paper's question-aware tree).
 - ``per_question_flat``: the same tier; each question keeps the best tokens of all leaves by their
   leaf scores and runs the upper layers once (``FlatReplay``).
+- ``default``: a fresh engine with the package's defaults, ``mode="auto"`` (within the window: the whole
+  prompt kept once, every question read after it through ``homer.kept``); ``default_query_aware``: the same
+  engine in ``query_aware`` (the default before 2026-12-05: each question's selection re-read).
 
 Recorded per method: seconds to prepare the document, and per question the time to first token
 and in total, and whether the answer contains the fact. Nothing here was tuned on these samples:
@@ -72,6 +75,8 @@ METHODS = (
     "per_question_qsent_recompute",
     "per_question_smax_recompute",
     "per_question_bestmean_recompute",
+    "default",
+    "default_query_aware",
 )
 """``shared`` and ``per_question*`` use the paper's last-token scorer for the shared root
 (``Scoring.default()``: ``shared_scorer="last_token"`` in ``recipe_of``), and ``per_question*`` rows prune
@@ -209,6 +214,9 @@ def homer_answers(engine: HomerModel, sample: Sample, mode: str) -> tuple[float,
 
 def engine_for(method: str, model, tok, name: str) -> tuple[HomerModel, str]:
     """A fresh engine for ``method`` (nothing cached from another method) and the mode it answers in."""
+    if method.startswith("default"):  # the package as a user gets it: its recipe, ``auto`` or ``query_aware``
+        engine = HomerModel(model, tok, HomerConfig(system_prompt=INSTRUCTION), model_name=name, progress=False)
+        return engine, "query_aware" if method == "default_query_aware" else "auto"
     parts = method.split("_")
     recon = "recon" in parts
     flat = "recompute" if "recompute" in parts else "flat" if "flat" in parts else "tree"

@@ -19,8 +19,10 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from homer_integrations.document_cache import CacheSource
 from homer_integrations.homer.compressed import CompressedDocument, CompressionStats
-from homer_integrations.homer.config import Mode, resolve_mode
+from homer_integrations.homer.config import Mode
 from homer_integrations.homer.generation import DecodeState, FinishReason, GenerationOptions, decode
+from homer_integrations.homer.headwise.cache import headwise_ready
+from homer_integrations.homer.kept import kept_decoding
 from homer_integrations.homer.prompt import encode
 from homer_integrations.tiers import DocumentTiers
 
@@ -172,7 +174,7 @@ class Answerer:
         """Compress (or fetch) prefix + document + suffix in ``mode`` (see ``DocumentTiers.compress``) and
         stream the answer to ``continuation``; ``info`` says which mode served and what the cached entry cost."""
         started = time.perf_counter()
-        mode = resolve_mode(mode, question=question)
+        mode = self.tiers.concrete_mode(mode, document, question)
         doc, source, built = self.tiers.compress(prefix, document, suffix, question, mode)
         stream = self.continue_from(
             doc, continuation, options, cache_source=source, compress_seconds=time.perf_counter() - started
@@ -205,10 +207,11 @@ class Answerer:
             compress_seconds=compress_seconds,
         )
         state = DecodeState()
+        kept = headwise_ready(self.model) and kept_decoding(self.model.config)
         pieces = decode(
             self.model,
             self.tokenizer,
-            document.to_cache(),
+            document.to_cache(tail=ids.numel() + options.max_new_tokens + 1 if kept else None),
             ids,
             document.last_position + 1,
             options,

@@ -186,10 +186,13 @@ class HomerModel:
         other._modes = ModeCalls(self.prompting, other.tiers, other.answerer)
         return other
 
-    def mode_for(self, *requested: Mode | None) -> Mode:
+    def mode_for(self, *requested: Mode | None, document: str | None = None) -> Mode:
         """The mode a call runs in: the first of ``requested`` (most specific first: a call's ``mode=``, then
-        an adapter's setting) that is not None, checked, else ``config.mode`` (``homer.config.resolve_mode``)."""
-        return resolve_mode(*requested, default=self.config.mode)
+        an adapter's setting) that is not None, checked, else ``config.mode`` (``homer.config.resolve_mode``).
+        ``auto`` with a ``document`` is decided for it: ``full`` when it fits the model's window with room for a
+        question and its answer, else ``query_aware`` (``Prompting.whole_mode``); without one it stays ``auto``."""
+        mode = resolve_mode(*requested, default=self.config.mode)
+        return self.prompting.whole_mode(document) if mode == "auto" and document is not None else mode
 
     def reads_tier(self, document_tokens: int) -> bool:
         """Whether a ``query_aware`` question about a document of ``document_tokens`` reads its leaf tier;
@@ -257,7 +260,7 @@ class HomerModel:
         with it (query-aware); without one, the shared root (cached), unless ``mode="full"``. An explicit
         ``mode="query_aware"`` needs ``question=``. To prepare what later questions replay from, see
         ``cache_document``."""
-        return self._modes.compress(text, question, self.mode_for(mode), requested=mode is not None)
+        return self._modes.compress(text, question, self.mode_for(mode, document=text), requested=mode is not None)
 
     def compress_span(
         self, prefix: str, document: str, suffix: str, *, question: str | None = None, mode: Mode | None = None
@@ -270,7 +273,7 @@ class HomerModel:
     def entry_key(self, document: str, mode: Mode | None = None) -> str:
         """The document-cache key of ``document``'s stored entry in ``mode`` (default: ``config.mode``), laid
         out with no question: the shared root's, the full prefill's or (``query_aware``) the leaf tier's."""
-        return self._modes.entry_key(document, self.mode_for(mode))
+        return self._modes.entry_key(document, self.mode_for(mode, document=document))
 
     def cache_document(
         self, document: str, mode: Mode | None = None, *, prefix: str | None = None, suffix: str | None = None
@@ -281,7 +284,7 @@ class HomerModel:
         (``layout_prompt``); default: this engine's layout with no question. The source is None when
         there is nothing to store: past the model's window a ``query_aware`` question reads the text's
         passages and no leaf tier (``DocumentTiers.reads_tier``)."""
-        return self._modes.cache_document(document, self.mode_for(mode), prefix, suffix)
+        return self._modes.cache_document(document, self.mode_for(mode, document=document), prefix, suffix)
 
     # ----------------------------------------------------------------------------- answering
     def run_span(
@@ -320,7 +323,8 @@ class HomerModel:
         """
         options = GenerationOptions(**generation)
         self.prompting.check_question(question)  # text (not bytes, no lone surrogate), not empty, not too long
-        return self._modes.run(document, question, self.mode_for(mode), options)
+        text = document if isinstance(document, str) else None
+        return self._modes.run(document, question, self.mode_for(mode, document=text), options)
 
     def answer(
         self, document: str | CompressedDocument, question: str, *, mode: Mode | None = None, **generation: Any

@@ -71,6 +71,8 @@ class ModeCalls:
     ) -> AnswerStream:
         """The answer to a checked ``question`` about ``document``: from the entry of ``mode`` for a text, or
         after a ``CompressedDocument`` (one compressed query-aware for another question is refused)."""
+        if isinstance(document, CompressedDocument):  # it answers in the mode it was compressed in
+            mode = resolve_mode(compressed=document, window=self.prompting.context_window)
         layout = self.prompting.layout(question, mode)
         if not isinstance(document, CompressedDocument):
             asked = question if mode == "query_aware" else None
@@ -83,5 +85,5 @@ class ModeCalls:
                 "with this question, or use shared mode to reuse one cache for every question"
             )
         stream = self.answerer.continue_from(document, layout.continuation, options)
-        stream.info.mode = resolve_mode(compressed=document, window=self.prompting.context_window)
+        stream.info.mode = mode
         return stream

@@ -275,7 +275,9 @@ def _split_at(
     found_by: FoundBy,
     mode: Mode,
 ) -> PromptSplit:
-    """The split with ``document`` cut out of message ``index`` at ``start:end``, laid out for ``mode``."""
+    """The split with ``document`` cut out of message ``index`` at ``start:end``, laid out for ``mode``
+    (``auto`` decided for ``document``)."""
+    mode = engine.mode_for(mode, document=document)
     content = msgs[index]["content"]
     rest = _remaining(content[:start], content[end:])
     rewritten = [dict(m) for m in msgs]

@@ -33,6 +33,9 @@ book passes; a 50 MB text (about 12M tokens) is refused after counting its first
 COUNT_SLICE_CHARS = 1 << 18
 """Characters tokenized at a time while a long document's tokens are counted against the limit: the
 tokenizer's working memory stays ~10 MB however long the text (1M characters at once took ~130 MB)."""
+WHOLE_PROMPT_ROOM = 1024
+"""Tokens of the window ``mode="auto"`` leaves free beside a document kept whole: a question and its answer
+run at positions after the document's, and none should pass the window the model was trained for."""
 QUESTION_SHARE = 4
 """A question may take at most ``max_chunk_len // QUESTION_SHARE`` tokens: it enters every leaf's suffix
 in query-aware mode and is prefilled after the cache in the others, and must leave the chunk room for
@@ -122,6 +125,26 @@ class Prompting:
         The contents stay plain text: a message that spells a control token does not become one.
         """
         return render_chat(self.tokenizer, messages)
+
+    def whole_mode(self, document: str) -> Mode:
+        """What ``mode="auto"`` means for ``document``: ``full`` when its whole prompt leaves
+        ``WHOLE_PROMPT_ROOM`` tokens of the window for a question and its answer, else ``query_aware``.
+        A long document is counted only until it passes that (``DocumentTokens.count``)."""
+        room = self.context_window - WHOLE_PROMPT_ROOM - self.affix_tokens
+        try:
+            check_text(document, "document")
+        except (TypeError, ValueError):
+            return "query_aware"  # where the text is checked and refused in its own words
+        if room <= 0 or not document:
+            return "query_aware"
+        counted, _ = self.documents.count(document, room)
+        return "full" if counted <= room else "query_aware"
+
+    @functools.cached_property
+    def affix_tokens(self) -> int:
+        """Tokens of the ``full`` layout's prefix and suffix around a document (rendered once)."""
+        layout = self.layout("", "full")
+        return sum(encode(self.tokenizer, t, formatted=True).numel() for t in (layout.prefix, layout.suffix))
 
     def layout(self, question: str = "", mode: Mode | None = None) -> PromptTexts:
         """Prefix / suffix / continuation texts around the document for ``question`` in ``mode``

@@ -146,7 +146,7 @@ class DocumentTiers:
         from the document's text with no tier at all (source ``computed``). The replayed root is not
         cached.
         """
-        mode = resolve_mode(mode, question=question)
+        mode = self.concrete_mode(mode, document, question)
         if mode == "query_aware":
             if question is None:
                 raise ValueError("query_aware mode compresses the question with the document: pass question=")
@@ -177,6 +177,15 @@ class DocumentTiers:
             spec=self.full_cache_spec if full else self.root_spec,
         )
         return Compressed(doc, source, doc.stats.seconds if source == "computed" else 0.0)
+
+    def concrete_mode(self, mode: Mode | None, document: str, question: str | None = None) -> Mode:
+        """``mode`` (default: ``query_aware`` with a ``question``, else ``shared``) with ``auto`` decided for
+        ``document`` (``Prompting.whole_mode``); past the window without a question, ``shared``."""
+        mode = resolve_mode(mode, question=question)
+        if mode == "auto":
+            mode = self.prompting.whole_mode(document)
+            return "shared" if mode == "query_aware" and question is None else mode
+        return mode
 
     def leaf_tier(
         self, prefix: str, document: str, encoded: EncodedDocument | None = None, key: str | None = None

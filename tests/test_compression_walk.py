@@ -72,7 +72,7 @@ def engine(tokenizer, calibration, documents):
     engine = mode_engine(counting(tokenizer), calibration)
     engine.calibrate()
     engine.compress(documents[0], mode="shared")
-    engine.compress(documents[0], question="Who?")
+    engine.compress(documents[0], question="Who?", mode="query_aware")
     return engine
 
 
@@ -93,6 +93,6 @@ def test_one_compression_enters_each_module_once_and_tokenizes_the_document_once
     if mode == "query_aware":  # the next question replays from the stored tier: one compressor, no tokenization
         texts.clear()
         with ModuleWalk() as walk:
-            engine.compress(document, question="Where does Mr. Bingley live?")
+            engine.compress(document, question="Where does Mr. Bingley live?", mode="query_aware")
         assert walk.visits[f"{PACKAGE}.homer.compressor"] == 1
         assert not any(document in text for text in texts if isinstance(text, str))

@@ -135,9 +135,10 @@ def test_an_entry_gone_from_the_store_is_compressed_again(model_dir: str, corpus
     }
     assert again.documents[2].key == gone.key
 
-    other = compress_corpus(  # other settings name other entries: nothing is skipped
-        [corpus], store, model=model_dir, config=CONFIG.model_copy(update={"max_chunk_len": 160}), progress=False
-    )
+    other = compress_corpus(  # other settings name other leaf tiers: nothing is skipped
+        [corpus], store, model=model_dir, config=CONFIG.model_copy(update={"max_chunk_len": 160}), progress=False,
+        mode="query_aware",
+    )  # fmt: skip
     assert other.count("compressed") == 4 and not {d.key for d in other.documents} & {d.key for d in first.documents}
 
 
@@ -154,12 +155,18 @@ def test_a_loaded_engine_compresses_in_process_and_finds_what_it_stored(
     assert statuses(again) == {"doc0.txt": "skipped"}
     assert len(engine.document_cache.entries()) == 0, "the caller's own cache is left alone"
 
-    tiers = compress_corpus([corpus / "doc0.txt"], store, model=engine, progress=False)  # the default mode
-    assert statuses(tiers) == {"doc0.txt": "compressed"}, "the leaf tier (query_aware, the default) is another entry"
+    tiers = compress_corpus([corpus / "doc0.txt"], store, model=engine, progress=False, mode="query_aware")
+    assert statuses(tiers) == {"doc0.txt": "compressed"}, "the leaf tier is another entry"
     assert open_store(store).entries()[tiers.documents[0].key or ""].kind == "leaf_tier"
-    stream = engine.with_store(store).run((corpus / "doc0.txt").read_text(encoding="utf-8"), QUESTION)
+    text = (corpus / "doc0.txt").read_text(encoding="utf-8")
+    stream = engine.with_store(store).run(text, QUESTION, mode="query_aware")
     stream.text()
     assert stream.info.mode == "query_aware" and stream.info.cache_source == "disk", "replayed from the stored tier"
+    kept = compress_corpus([corpus / "doc0.txt"], store, model=engine, progress=False)  # the default: auto
+    assert statuses(kept) == {"doc0.txt": "compressed"}, "the whole prefill (the document fits) is a third entry"
+    stream = engine.with_store(store).run(text, QUESTION)
+    stream.text()
+    assert stream.info.mode == "full" and stream.info.cache_source == "disk", "read after the stored prefill"
     with pytest.raises(ValueError, match="Ray workers load the model"):
         compress_corpus([corpus], store, model=engine, ray_address="local", progress=False)
 

@@ -1,6 +1,7 @@
-"""The defaults are what the README recommends (issue 65): the per-question path (``query_aware``) answers a
-call that names no mode, a question-less preparation builds the leaf tier those questions replay from,
-and the model a call without one loads is Qwen2.5-Coder-1.5B-Instruct (never loaded here: too slow)."""
+"""The defaults are what the README recommends (issue 79): ``auto`` keeps a document that fits the model's
+window whole (``full``) and answers a longer one per question (``query_aware``); a question-less preparation
+builds what those questions read, and the model a call without one loads is Qwen2.5-Coder-1.5B-Instruct
+(never loaded here: too slow)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ from tests.conftest import REPO, mode_engine
 QUESTION = "Who has taken Netherfield Park?"
 
 
-def test_the_default_mode_is_the_per_question_path() -> None:
-    assert HomerConfig().mode == "query_aware"
-    assert resolve_mode(None, default=HomerConfig().mode, question=QUESTION) == "query_aware"
+def test_the_default_mode_decides_per_document() -> None:
+    assert HomerConfig().mode == "auto"
+    assert resolve_mode(None, default=HomerConfig().mode, question=QUESTION) == "auto"
     assert HomerConfig(mode="shared").mode == "shared", "an explicit mode keeps today's behaviour"
 
 
@@ -36,7 +37,7 @@ def test_the_default_model_is_the_1_5b_model_everywhere_a_name_is_missing(
     with pytest.raises(SystemExit):
         main(["ask", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert f"default: {DEFAULT_MODEL}" in text and "query_aware (default)" in text
+    assert f"default: {DEFAULT_MODEL}" in text and "auto (default)" in text
 
 
 def test_missing_parts_of_the_default_model_name_the_install_command(
@@ -70,18 +71,30 @@ def engine(tokenizer, calibration) -> HomerModel:
     return mode_engine(tokenizer, calibration)
 
 
-def test_a_question_less_preparation_builds_the_leaf_tier_a_later_question_reuses(engine: HomerModel, text: str):
-    assert engine.config.mode == "query_aware"
+def test_a_question_less_preparation_keeps_the_whole_prefill_a_later_question_reads(engine: HomerModel, text: str):
+    assert engine.config.mode == "auto" and engine.mode_for(document=text) == "full"
     tokens, source = engine.cache_document(text)
     assert tokens > 500 and source == "computed"
-    assert [e.kind for e in engine.document_cache.entries()] == ["leaf_tier"]
-    assert engine.entry_key(text) == engine.document_cache.entries()[0].key
+    [entry] = engine.document_cache.entries()
+    assert entry.kind == "root" and engine.entry_key(text) == entry.key
 
     stream = engine.run(text, QUESTION, max_new_tokens=2)
     stream.text()
-    assert stream.info.mode == "query_aware" and stream.info.cache_source == "memory"
-    assert stream.info.document_seconds == 0, "the tier was built once, by the preparation"
+    assert stream.info.mode == "full" and stream.info.cache_source == "memory"
+    assert stream.info.document_seconds == 0, "the prefill was computed once, by the preparation"
+    assert stream.info.cache_tokens == stream.info.compression.prompt_tokens, "nothing pruned"
     assert engine.document_cache.stats().computations == 1
+
+
+def test_a_document_past_the_window_is_answered_per_question(engine: HomerModel, novel: str) -> None:
+    """Past the window (2,048 positions, less the room for a question and its answer) ``auto`` is ``query_aware``."""
+    long = novel[:12_000]
+    assert engine.count_tokens(long) > engine.context_window
+    assert engine.mode_for(document=long) == "query_aware"
+    assert engine.mode_for("shared", document=long) == "shared", "an explicit mode wins"
+    stream = engine.run(long, QUESTION, max_new_tokens=1)
+    stream.text()
+    assert stream.info.mode == "query_aware"
 
 
 def test_a_question_less_preparation_on_disk_serves_a_later_process(
@@ -92,18 +105,20 @@ def test_a_question_less_preparation_on_disk_serves_a_later_process(
     later = mode_engine(tokenizer, calibration).with_store(tmp_path / "store")  # same weights (seeded)
     stream = later.run(text, QUESTION, max_new_tokens=2)
     stream.text()
-    assert stream.info.mode == "query_aware" and stream.info.cache_source == "disk"
+    assert stream.info.mode == "full" and stream.info.cache_source == "disk"
 
 
-def test_compress_without_a_question_still_gives_the_shared_root(
+def test_compress_without_a_question_keeps_the_document_whole_where_it_fits(
     engine: HomerModel, tokenizer, calibration, text: str
 ) -> None:
     doc = engine.compress(text)
-    assert doc.question is None and doc.stats.tree_height > 0
+    assert doc.question is None and doc.stats.tree_height == 0 and doc.num_tokens == doc.stats.prompt_tokens
     answered = engine.run(doc, QUESTION, max_new_tokens=2)
     answered.text()
-    assert answered.info.mode == "shared"
-    assert engine.compress(text, question=QUESTION).question == QUESTION, "with a question: query-aware"
+    assert answered.info.mode == "full"
+    root = engine.compress(text, mode="shared")
+    assert root.stats.tree_height > 0 and engine.run(root, QUESTION, max_new_tokens=1).info.mode == "shared"
+    assert engine.compress(text, question=QUESTION, mode="query_aware").question == QUESTION
     with pytest.raises(ValueError, match="pass question="):
         engine.compress(text, mode="query_aware")
     shared = mode_engine(tokenizer, calibration, mode="shared").run(text, QUESTION, max_new_tokens=1)

@@ -222,7 +222,7 @@ def test_a_prompt_around_the_document_too_long_for_the_cache_is_a_clear_error_be
     calls = LayerCalls(long_system_prompt.model)
     try:
         with pytest.raises(PromptTooLongError, match=never_pruned):
-            long_system_prompt.compress(text)
+            long_system_prompt.compress(text, mode="shared")
     finally:
         calls.remove()
     assert calls.calls == 0, "refused before any layer ran"
@@ -231,7 +231,7 @@ def test_a_prompt_around_the_document_too_long_for_the_cache_is_a_clear_error_be
     assert len(encode(tokenizer, question)) <= aware.prompting.max_question_tokens == 32
     with pytest.raises(PromptTooLongError, match=never_pruned):  # after the leaf tier, before its replay
         aware.compress(text, question=question, mode="query_aware")
-    assert engine(cfg).compress(text).num_tokens <= 64
+    assert engine(cfg).compress(text, mode="shared").num_tokens <= 64
 
 
 def test_a_prompt_around_the_document_that_takes_most_of_the_cache_is_a_warning(
@@ -250,7 +250,7 @@ def test_a_prompt_around_the_document_that_takes_most_of_the_cache_is_a_warning(
         )
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="homer_integrations.tiers"):
-            return engine.compress(novel[:3000]).num_tokens
+            return engine.compress(novel[:3000], mode="shared").num_tokens
 
     assert compress("Answer briefly.") <= 64
     assert not [r for r in caplog.records if "never pruned" in r.getMessage()]

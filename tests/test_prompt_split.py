@@ -239,7 +239,7 @@ def test_start_answer_runs_the_split_in_its_mode_like_engine_run(tokenizer, tmp_
         split = split_prompt(engine, user("Who is Mr. Bingley?"), document=text, mode=mode)
         stream = start_answer(engine, split, options)
         stream.text()
-        assert stream.info.mode == (mode or "query_aware")
+        assert stream.info.mode == (mode or "full"), "auto keeps a document that fits the window whole"
         kinds[mode] = {e.kind for e in engine.document_cache.entries()}
         if stream.info.cache_source == "computed":
             assert stream.info.document_seconds > 0
@@ -247,7 +247,7 @@ def test_start_answer_runs_the_split_in_its_mode_like_engine_run(tokenizer, tmp_
             assert stream.info.document_seconds == 0
     assert kinds["query_aware"] == {"leaf_tier"}, "query_aware answers from the document's leaf tier"
     assert kinds["full"] == {"leaf_tier", "root"} and kinds[None] == {"leaf_tier", "root"}
-    assert engine.document_cache.stats().computations == 2, "tier once (the default mode's too), full prefill"
+    assert engine.document_cache.stats().computations == 2, "tier once, full prefill once (the default's too)"
     plain = start_answer(engine, split_prompt(engine, user("Hello")), options)
     plain.text()
     assert plain.info.mode is None and plain.info.cache_source is None

@@ -27,7 +27,7 @@ def test_int8_model_tracks_fp32_logits_and_gets_its_own_cache_keys(tokenizer, tm
         HomerModel(m, tokenizer, CFG, calibration_dir=tmp_path, progress=False, recipe=RECIPE) for m in (fp32, int8)
     ]
     assert engines[0].tiers.keys.root("p", "d", "s") != engines[1].tiers.keys.root("p", "d", "s")
-    doc = engines[1].compress(novel[:3000])
+    doc = engines[1].compress(novel[:3000], mode="shared")
     assert doc.num_tokens <= 128 and doc.stats.tree_height >= 2
     assert engines[1].answer(doc, "Who is Mr. Bingley?", max_new_tokens=3)
 

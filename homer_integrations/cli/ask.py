@@ -55,8 +55,9 @@ def add_parser(commands: Any) -> None:
     ask.add_argument(
         "--mode",
         choices=MODES,
-        help="how each question is answered: query_aware (default): the question is compressed with the "
-        "document (paper), replayed from a cached leaf tier; shared: one compressed cache for every question "
+        help="how each question is answered: auto (default): full for a document that fits the model's window, "
+        "else query_aware; query_aware: the question is compressed with the document (paper), replayed from a "
+        "cached leaf tier (past the window: BM25 passages re-read); shared: one compressed cache for every question "
         "(faster, loses facts as documents grow); full: the document uncompressed (it must fit the model's window)",
     )
     options.homer_options(ask)
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     summary = {
         "file": str(args.file),
         "model": engine.model_name,
-        "mode": engine.mode_for(args.mode),
+        "mode": engine.mode_for(args.mode, document=text),
         "characters": len(text),
         "model_load_seconds": round(load_seconds, 3),
         "cache_directory": cache.location,

@@ -48,8 +48,8 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--mode",
         choices=MODES,
-        help="the entry stored: query_aware (default): the leaf tier its questions replay from; "
-        "shared or full: the root",
+        help="the entry stored: auto (default): each document's whole prefill where it fits the model's window, "
+        "else its leaf tier; query_aware: the leaf tier its questions replay from; shared or full: the root",
     )
     options.homer_options(parser)
     options.max_file_option(parser)

@@ -9,9 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 if TYPE_CHECKING:
     from homer_integrations.homer.compressed import CompressedDocument
 
-Mode = Literal["shared", "query_aware", "full"]
+Mode = Literal["auto", "shared", "query_aware", "full"]
 MODES: tuple[Mode, ...] = get_args(Mode)
-"""The modes a call can pick: ``shared``, ``query_aware``, ``full``."""
+"""The modes a call can pick: ``auto`` (the default: ``full`` for a document that fits the model's window,
+else ``query_aware``; ``HomerModel.mode_for`` decides per document), ``shared``, ``query_aware``, ``full``."""
 
 
 def check_mode(mode: Any) -> Mode | None:
@@ -115,14 +116,15 @@ class HomerConfig(BaseModel):
         warmup_layers: W, extra layers the leaves run before merging starts.
             Default: per model.
         final_cache_len: tokens kept in the final cache (default: ``max_chunk_len``).
-        mode: which cache answers (every answering call can override it): ``query_aware`` (the
-            default: the accurate path at every measured length, ``benchmarks/results/ruler.md``) puts
-            the question in the suffix (paper), selecting per question from the document's leaf tier
-            and re-reading the kept tokens; a question-less preparation (``cache_document``,
-            ``homer-qa compress``) builds that leaf tier; ``shared`` compresses the document once with
-            a question-independent suffix, so one short cache serves every question (fast, loses
-            facts as documents grow); ``full`` keeps the whole prompt uncompressed (a plain prefill,
-            exact; the document must fit the model's window).
+        mode: which cache answers (every answering call can override it): ``auto`` (the default) keeps a
+            document that fits the model's window whole (``full``: one prefill, then every question reads
+            it in about a second) and answers a longer one ``query_aware``; ``query_aware`` puts the
+            question in the suffix (paper), selecting per question from the document's leaf tier (past
+            the window: the passages BM25 ranks best) and re-reading the kept tokens; a question-less
+            preparation (``cache_document``, ``homer-qa compress``) builds that leaf tier; ``shared``
+            compresses the document once with a question-independent suffix, so one short cache serves
+            every question (fast, loses facts as documents grow); ``full`` keeps the whole prompt
+            uncompressed (a plain prefill, exact; the document must fit the model's window).
         document_suffix: the fixed text after the document in ``shared`` mode.
         system_prompt: system message placed in the prefix (chat models).
         split: how a document is cut into leaves: ``even`` (the paper: ``2**h`` pieces of equal length)
@@ -141,7 +143,7 @@ class HomerConfig(BaseModel):
     max_chunk_len: int | None = Field(default=None, ge=64, le=1_048_576)
     warmup_layers: int | None = Field(default=None, ge=0)
     final_cache_len: int | None = Field(default=None, ge=16)
-    mode: Mode = "query_aware"
+    mode: Mode = "auto"
     document_suffix: str = Field(default=DEFAULT_DOCUMENT_SUFFIX, min_length=1)
     system_prompt: str | None = None
     split: Literal["even", "content"] = "even"

@@ -180,10 +180,10 @@ class HomerLLM(StructuredOutput, CustomLLM):
 
     def precompress(self, document: str, *, mode: Mode | None = None) -> CompressionStats | None:
         """Prepare ``document`` now (cached) exactly as ``answer_stream`` will need it in ``mode`` (default:
-        this LLM's, else the engine's). ``query_aware`` (the engine's default) builds the document's leaf
-        tier, which every question replays from, and returns None: each question's own selection is made
+        this LLM's, else the engine's; ``auto`` decided for ``document``). ``query_aware`` builds the document's
+        leaf tier, which every question replays from, and returns None: each question's own selection is made
         when it is asked. ``shared`` and ``full`` compress it and return its ``CompressionStats``."""
-        mode = self.call_mode({"mode": mode})
+        mode = self._engine.mode_for(self.call_mode({"mode": mode}), document=document)
         # nothing of a question reaches the cached entry (the tier reads the prefix and the document only):
         # lay out the document alone
         split = self._completion_split("", False, {"document": document, "mode": mode})

@@ -132,7 +132,8 @@ class HomerQueryEngine(BaseQueryEngine):
 
     def precompress(self) -> list[CompressionStats | None]:
         """Prepare every document now (cached), rather than at its first query (``HomerLLM.precompress``):
-        its leaf tier in ``query_aware`` mode (None in the list), else its compressed cache's statistics."""
+        its leaf tier in ``query_aware`` mode (None in the list), else its kept cache's statistics (``auto``: the
+        whole prefill of a document that fits the model's window)."""
         return [self._llm.precompress(doc.text, mode=self._mode) for doc in self._documents]
 
     # ----------------------------------------------------------------------------- prompts

@@ -143,7 +143,8 @@ def test_content_replay_equals_compression_from_scratch(kind, leaves):
 def test_an_engine_with_content_leaves_answers_and_keys_them_apart(tokenizer, calibration, text):
     content, even = mode_engine(tokenizer, calibration, split="content"), mode_engine(tokenizer, calibration)
     assert isinstance(content.answer(text, "Who is Mr. Bingley?", max_new_tokens=3), str)
-    assert content.entry_key(text) != even.entry_key(text)
+    assert content.entry_key(text, "query_aware") != even.entry_key(text, "query_aware")
+    assert content.entry_key(text) == even.entry_key(text), "a document kept whole (auto: full) is split nowhere"
     assert content.entry_key(text, "shared") != even.entry_key(text, "shared")
     tier, _ = content.tiers.leaf_tier(content.prompting.layout("", "query_aware").prefix, text)
     assert tier.plan.bounds is not None and tier.plan.num_leaves > 1

@@ -128,15 +128,15 @@ def test_replayed_compression_equals_a_query_aware_compression_from_scratch(toke
 
 
 def test_one_engine_serves_both_tiers_per_call(tokenizer, calib, text):
-    engine = make_engine(tokenizer, calib)  # query_aware by default
-    aware = engine.run(text, "Who?", max_new_tokens=4)
+    engine = make_engine(tokenizer, calib)
+    aware = engine.run(text, "Who?", mode="query_aware", max_new_tokens=4)
     aware.text()
     shared = engine.run(text, "Who?", mode="shared", max_new_tokens=4)
     shared.text()
     assert (shared.info.mode, aware.info.mode) == ("shared", "query_aware")
     kinds = sorted(e.kind for e in engine.document_cache.entries())
     assert kinds == ["leaf_tier", "root"]
-    assert engine.prompting.layout("Who?", "shared").suffix != engine.prompting.layout("Who?").suffix
+    assert engine.prompting.layout("Who?", "shared").suffix != engine.prompting.layout("Who?", "query_aware").suffix
     # the root's key does not depend on the configured mode: one root serves both configurations
     shared_engine = make_engine(tokenizer, calib, mode="shared")
     assert shared_engine.tiers.keys.root("p", "doc", "s") == engine.tiers.keys.root("p", "doc", "s")

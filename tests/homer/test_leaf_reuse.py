@@ -78,7 +78,7 @@ def store_engine(tokenizer, calibration, store):
     from homer_integrations.homer.strategies import Recipe
     from tests.conftest import tiny_model
 
-    config = HomerConfig(max_chunk_len=128, warmup_layers=3, split="content")
+    config = HomerConfig(max_chunk_len=128, warmup_layers=3, split="content", mode="query_aware")
     return HomerModel(
         tiny_model(), tokenizer, config, calibration_dir=calibration, progress=False, store=store,
         recipe=Recipe(calibration_segments=2),

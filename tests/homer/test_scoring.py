@@ -46,7 +46,7 @@ def test_engine_scoring_skips_calibration_and_enters_the_cache_key(tokenizer, tm
     seeded = Recipe(scoring=Scoring(RandomScorer(seed=1)))
     other = HomerModel(model, tokenizer, config, calibration_dir=tmp_path, progress=False, recipe=seeded)
     assert random.tiers.keys.root("p", "doc", "s") != other.tiers.keys.root("p", "doc", "s")
-    doc = random.compress("word " * 400, question="")
+    doc = random.compress("word " * 400, question="", mode="query_aware")
     assert doc.stats.cache_tokens <= 128 and doc.stats.document_tokens > 128
 
 

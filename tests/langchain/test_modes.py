@@ -35,10 +35,13 @@ def served(message: AIMessage) -> str | None:
 
 
 def test_the_default_follows_the_engine_config(tokenizer, calibration, text):
-    aware = mode_engine(tokenizer, calibration)  # the default: query_aware
+    default = mode_engine(tokenizer, calibration)  # auto: a document that fits the window is kept whole
+    message = ChatHomer(engine=default, max_tokens=2).invoke(QUESTION, document=text)
+    assert served(message) == "full" and kinds(default) == {"root"}
+    assert message.response_metadata["homer"]["document_seconds"] > 0
+    aware = mode_engine(tokenizer, calibration, mode="query_aware")
     message = ChatHomer(engine=aware, max_tokens=2).invoke(QUESTION, document=text)
     assert served(message) == "query_aware" and kinds(aware) == {"leaf_tier"}
-    assert message.response_metadata["homer"]["document_seconds"] > 0
     shared = mode_engine(tokenizer, calibration, mode="shared")
     assert served(ChatHomer(engine=shared, max_tokens=2).invoke(QUESTION, document=text)) == "shared"
     assert kinds(shared) == {"root"}
@@ -50,7 +53,11 @@ def test_a_call_overrides_the_mode_the_langchain_way(engine, text):
     assert served(message) == "shared" and kinds(engine) == {"root"}
     assert served(chat.bind(mode="full").invoke(QUESTION, document=text)) == "full"
     assert kinds(engine) == {"root"} and engine.document_cache.stats().computations == 2
-    assert served(chat.invoke(QUESTION, document=text)) == "query_aware", "the engine's default again"
+    default = chat.invoke(QUESTION, document=text)
+    assert served(default) == "full", "the engine's default again: auto keeps this document whole"
+    assert default.response_metadata["homer"]["cache_source"] == "memory"
+    assert kinds(engine) == {"root"} and engine.document_cache.stats().computations == 2
+    chat.invoke(QUESTION, document=text, mode="query_aware")
     assert kinds(engine) == {"leaf_tier", "root"} and engine.document_cache.stats().computations == 3
     again = chat.invoke("Where is Netherfield?", document=text, mode="query_aware")
     assert served(again) == "query_aware" and again.response_metadata["homer"]["cache_source"] == "memory"

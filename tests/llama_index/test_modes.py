@@ -36,10 +36,13 @@ def kinds(llm: HomerLLM) -> set[str]:
 
 
 def test_the_default_follows_the_engine_config(tokenizer, calibration, text):
-    aware = make_llm(tokenizer, calibration)  # the default: query_aware
+    default = make_llm(tokenizer, calibration)  # auto: a document that fits the window is kept whole
+    response = default.complete(QUESTION, document=text)
+    assert response.additional_kwargs["mode"] == "full" and kinds(default) == {"root"}
+    assert response.additional_kwargs["document_seconds"] > 0
+    aware = make_llm(tokenizer, calibration, mode="query_aware")
     response = aware.complete(QUESTION, document=text)
     assert response.additional_kwargs["mode"] == "query_aware" and kinds(aware) == {"leaf_tier"}
-    assert response.additional_kwargs["document_seconds"] > 0
     shared = make_llm(tokenizer, calibration, mode="shared")
     assert shared.complete(QUESTION, document=text).additional_kwargs["mode"] == "shared"
     assert kinds(shared) == {"root"}
@@ -98,18 +101,21 @@ def test_the_query_engine_answers_and_precompresses_in_its_mode(llm, text):
     assert shared.query(QUESTION).metadata["ch1"]["homer"]["cache_source"] == "memory"
 
 
-def test_the_query_engine_prepares_the_leaf_tier_by_default_and_its_queries_reuse_it(llm, text):
+def test_the_query_engine_keeps_the_document_whole_by_default_and_its_queries_reuse_it(llm, text):
     default = HomerQueryEngine([Document(text=text, id_="ch1")], llm)
-    assert default.mode == "query_aware"
-    assert default.precompress() == [None] and kinds(llm) == {"leaf_tier"}
+    assert default.mode == "auto"
+    [prepared] = default.precompress()
+    assert prepared.tree_height == 0 and prepared.cache_tokens == prepared.prompt_tokens and kinds(llm) == {"root"}
     stats = default.query(QUESTION).metadata["ch1"]["homer"]
-    assert stats["mode"] == "query_aware" and stats["cache_source"] == "memory" and stats["document_seconds"] == 0
+    assert stats["mode"] == "full" and stats["cache_source"] == "memory" and stats["document_seconds"] == 0
     assert llm.engine.document_cache.stats().computations == 1
+    aware = HomerQueryEngine([Document(text=text, id_="ch1")], llm, mode="query_aware")
+    assert aware.precompress() == [None] and kinds(llm) == {"leaf_tier", "root"}
 
 
 def test_precompress_prepares_every_mode(llm, text):
     assert llm.precompress(text, mode="query_aware") is None and kinds(llm) == {"leaf_tier"}
-    assert llm.complete(QUESTION, document=text).additional_kwargs["cache_source"] == "memory"
+    assert llm.complete(QUESTION, document=text, mode="query_aware").additional_kwargs["cache_source"] == "memory"
     assert llm.precompress(text, mode="full").document_tokens > 500
     assert llm.complete(QUESTION, document=text, mode="full").additional_kwargs["cache_source"] == "memory"
 
