@@ -86,11 +86,13 @@ SUITES: dict[str, Suite] = {
         ),
         Suite(
             "speed",
-            "a cached question's latency (16k), decoding vs generate(), each stage's FLOP/s, a question's host cost",
-            "~45 min",
+            "a cached question's latency (16k), decoding vs generate(), decoding over a kept cache (2k-32k), each "
+            "stage's FLOP/s, a question's host cost",
+            "~55 min",
             (
                 Step("benchmarks/cache_latency.py", ("--tokens", "16000")),
                 Step("benchmarks/decode_speed.py"),
+                Step("benchmarks/kept_decode.py"),
                 Step("benchmarks/stage_flops.py", ("--tokens", "8000")),
                 Step("benchmarks/question_overhead.py"),
             ),
