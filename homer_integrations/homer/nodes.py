@@ -80,6 +80,8 @@ class CompressionResult:
 
 
 ProgressFn = Callable[[int], None]
+LayerFn = Callable[[int], None]
+"""Called with each layer's index once a chunk has run it."""
 LeafFn = Callable[[int, int, bool], Chunk]
 """(leaf index, target length, is the root) -> that leaf, run through the leaf layers and pruned."""
 
@@ -195,8 +197,11 @@ class Nodes:
             hidden = self.stack.mlp(layer_idx, hidden)
         return hidden, scorer.combine(evidence, scored.reducible) if evidence else None
 
-    def run_layers(self, chunk: Chunk, layers: range, target_len: int, is_root: bool) -> None:
-        """Run ``layers`` on ``chunk``; in the last one prune to ``target_len`` between attention and MLP."""
+    def run_layers(
+        self, chunk: Chunk, layers: range, target_len: int, is_root: bool, on_layer: LayerFn | None = None
+    ) -> None:
+        """Run ``layers`` on ``chunk``; in the last one prune to ``target_len`` between attention and MLP.
+        ``on_layer(layer_idx)`` is called after each layer (progress)."""
         stack = self.stack
         rope = stack.rotary(chunk.hidden, chunk.position_ids)
         last = layers[-1]
@@ -218,6 +223,8 @@ class Nodes:
                 chunk.hidden = stack.mlp(layer_idx, chunk.hidden[:, -1:])
             else:
                 chunk.hidden = stack.mlp(layer_idx, chunk.hidden)
+            if on_layer is not None:
+                on_layer(layer_idx)
 
     def words(self, chunk: Chunk) -> torch.Tensor | None:
         """Document unit index [T] of each token of ``chunk`` (-1 on prefix/suffix), None without unit ids."""

@@ -17,7 +17,7 @@ from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.leaf_pass import LeafPass
 from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.merging import merge_siblings
-from homer_integrations.homer.nodes import CompressionResult, LeafFn, Nodes, ProgressFn
+from homer_integrations.homer.nodes import CompressionResult, LayerFn, LeafFn, Nodes, ProgressFn
 from homer_integrations.homer.probing import probe_scores
 from homer_integrations.homer.schedule import LayerSchedule
 
@@ -79,10 +79,14 @@ class MergeTree:
         leaves = make_leaves(prefix_ids, document_ids, suffix_ids, plan)
         self.nodes.word_ids = word_ids
 
-        def leaf(index: int, target_len: int, is_root: bool) -> Chunk:
-            return self._scratch_leaf(leaves[index], schedule.layers_at(0), target_len, is_root)
+        # one leaf (a whole prefill: minutes at 32k) reports its progress layer by layer, so a bar has an ETA
+        by_layer = progress if plan.num_leaves == 1 else None
+        on_layer = None if by_layer is None else layer_shares(by_layer, document_ids.numel(), schedule.layers_at(0))
 
-        root = self.tree(leaf, plan, schedule, progress)
+        def leaf(index: int, target_len: int, is_root: bool) -> Chunk:
+            return self._scratch_leaf(leaves[index], schedule.layers_at(0), target_len, is_root, on_layer)
+
+        root = self.tree(leaf, plan, schedule, None if by_layer else progress)
         return self.nodes.result(root, plan, schedule, start)
 
     @torch.inference_mode()
@@ -142,11 +146,14 @@ class MergeTree:
         self.nodes.run_layers(node, schedule.layers_at(height), target_len, is_root)
         return node
 
-    def _scratch_leaf(self, leaf: LeafInput, layers: range, target_len: int, is_root: bool) -> Chunk:
-        """A leaf computed from its tokens: prefix + piece + suffix through the leaf layers, pruned."""
+    def _scratch_leaf(
+        self, leaf: LeafInput, layers: range, target_len: int, is_root: bool, on_layer: LayerFn | None = None
+    ) -> Chunk:
+        """A leaf computed from its tokens: prefix + piece + suffix through the leaf layers, pruned
+        (``on_layer(layer_idx)`` after each layer of a leaf that is not probed)."""
         chunk = leaf_chunk(leaf, self.nodes.stack.embed(leaf.input_ids))
         if not (self.nodes.scoring.scorer.probes and chunk.length > target_len and not is_root):
-            self.nodes.run_layers(chunk, layers, target_len, is_root)
+            self.nodes.run_layers(chunk, layers, target_len, is_root, on_layer)
             return chunk
         # a probing scorer: run the leaf whole, probe its prefix + piece as the leaf tier does, prune
         self.nodes.run_layers(chunk, layers, chunk.length, is_root=False)
@@ -159,3 +166,15 @@ class MergeTree:
         )
         self.nodes.prune(chunk, layers[-1], torch.cat([scores, torch.zeros(chunk.suffix_len)]), target_len)
         return chunk
+
+
+def layer_shares(progress: ProgressFn, tokens: int, layers: range) -> LayerFn:
+    """``on_layer`` for a leaf of ``tokens`` document tokens run through ``layers``: after each layer it reports
+    that layer's share of the tokens to ``progress`` (the shares add up to ``tokens``)."""
+    first, count = layers.start, len(layers)
+
+    def on_layer(layer_idx: int) -> None:
+        done = layer_idx - first
+        progress(tokens * (done + 1) // count - tokens * done // count)
+
+    return on_layer

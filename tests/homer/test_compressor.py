@@ -46,6 +46,21 @@ def test_single_chunk_matches_plain_forward(kind):
         torch.testing.assert_close(k, layer.keys, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize(("doc_len", "updates"), [(61, 6), (300, 4)])
+def test_progress_is_reported_per_layer_for_one_leaf_and_per_leaf_for_a_tree(doc_len: int, updates: int) -> None:
+    """A whole prefill (one leaf, every layer) moves its bar after each of the model's 6 layers, so the bar has an
+    ETA; a tree after each leaf. Either way the steps add up to the document's tokens."""
+    model = tiny_model("llama", vocab_size=256)
+    g = torch.Generator().manual_seed(0)
+    prefix, doc, suffix = (torch.randint(0, 256, (n,), generator=g) for n in (5, doc_len, 4))
+    settings = CompressorSettings(
+        max_chunk_len=128, warmup_layers=3, final_cache_len=128, scoring=uncalibrated(), want_logits=True
+    )
+    steps: list[int] = []
+    HomerCompressor(DecoderStack(model), settings, None, None).tree.compress(prefix, doc, suffix, progress=steps.append)
+    assert len(steps) == updates and sum(steps) == doc_len and all(s > 0 for s in steps)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("doc_len", [300, 1500])
 def test_tree_invariants(kind, doc_len):
