@@ -30,6 +30,8 @@ and is reported by split, kind and depth. Methods, the same model and token budg
   relabelled. The rows of ``fused``, ``hybrid`` and the layouts also ran BM25 over words as written.
 - ``upper``: the default's passages read from the leaf tier, only the layers above the leaves run per
   question (``upper_read.UpperRead``).
+- ``reuse15`` / ``reuse0``: the default's passages read from stored blocks' K/V, 15% (or none) of their
+  tokens recomputed past the first layer (``passage_reuse.ReusedPassages``, CacheBlend).
 
 Rows (one per model, book, dtype, method, budget and question) are appended to
 ``results/whole_book_rows.jsonl`` and skipped on a re-run. Several methods in one invocation take the
@@ -65,6 +67,7 @@ from homer_integrations.question_sets import question_set
 sys.path.insert(0, str(Path(__file__).parent))
 from candidate_merge import CandidateMerge
 from passage_layout import layouts
+from passage_reuse import ReusedPassages
 from upper_read import UpperRead
 
 HERE = Path(__file__).parent
@@ -88,6 +91,8 @@ METHODS = (
     "route_prompt",
     "instructed",
     "upper",
+    "reuse15",
+    "reuse0",
 )
 CHUNK_CHARS, CHUNK_OVERLAP = 800, 100  # HomerRouter's defaults
 
@@ -189,6 +194,8 @@ def replays(read_tokens: int, unit: str = "token", candidates: int = 8192) -> di
         "merge": CandidateMerge(candidates, unit, PassageReplay(budget=budget)),
         "query_aware_unstemmed": AutoReplay(PassageReplay(PassageSelection(stemmer=None), budget)),
         "upper": AutoReplay(UpperRead(budget=budget)),
+        "reuse15": AutoReplay(ReusedPassages(budget=budget, ratio=0.15)),
+        "reuse0": AutoReplay(ReusedPassages(budget=budget, ratio=0.0)),
         **layouts(budget),
     }
 
