@@ -12,8 +12,9 @@ How the document is found, first rule that applies wins:
    registry, see ``remember_document``) occurs in a message, and the rest of that message is
    short (at most ``long_prompt_tokens``). This keeps every later call of a chain on the same
    cache, whatever its question.
-3. **heuristic**: the rendered prompt is longer than ``long_prompt_tokens`` (default: the
-   engine's ``max_chunk_len``, the longest span the model attends over under HOMER). In the
+3. **heuristic**: the rendered prompt is longer than ``long_prompt_tokens`` (default:
+   ``long_prompt_default``, 1,024 tokens or the engine's ``max_chunk_len`` if smaller: a document kept
+   whole, ``mode="auto"``, then answers every later call of the chain from its cache). In the
    longest message, the document is everything between the first and the last paragraph break
    (a blank line); the first paragraph is taken as instructions (head) and the last as the
    question (tail). Both must be short (at most half of ``long_prompt_tokens`` each); where one
@@ -151,6 +152,17 @@ def known_documents(engine: HomerModel) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------- splitting
+LONG_PROMPT_TOKENS = 1024
+"""Prompts longer than this (or the engine's ``max_chunk_len``, if smaller) are searched for a document."""
+
+
+def long_prompt_default(engine: HomerModel) -> int:
+    """Tokens past which a prompt is searched for a document: ``LONG_PROMPT_TOKENS`` or the engine's
+    ``max_chunk_len``, the smaller. A prompt of a few thousand tokens run plainly is prefilled again on every
+    call; found, its document is kept (whole where it fits the window) and read by every later call."""
+    return min(LONG_PROMPT_TOKENS, engine.config.max_chunk_len)
+
+
 def split_prompt(
     engine: HomerModel,
     messages: Sequence[Message],
@@ -168,7 +180,7 @@ def split_prompt(
             ``PromptText`` keeps message contents plain). Use ``render_plain_text`` for a prompt that
             is already formatted; a renderer's plain ``str`` counts as formatted markup.
         long_prompt_tokens: prompts up to this many tokens with no known document run plainly;
-            default ``engine.config.max_chunk_len``.
+            default ``long_prompt_default(engine)``.
         mode: the HOMER mode of this call (``shared``, ``query_aware``, ``full``); None: the
             engine's configured mode. An unknown mode is a ``ValueError``.
     """
@@ -188,7 +200,7 @@ def split_prompt(
         explicit = msgs[index]["content"][start:end]
         return _split_at(engine, msgs, render, index, start, end, explicit, "explicit", mode)
 
-    limit = long_prompt_tokens or engine.config.max_chunk_len
+    limit = long_prompt_tokens or long_prompt_default(engine)
     where = _locate(msgs, known_documents(engine))
     if where is not None:
         index, start, end = where

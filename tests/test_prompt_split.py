@@ -15,6 +15,7 @@ from homer_integrations.prompt_split import (
     _longer_than,
     find_document_span,
     known_documents,
+    long_prompt_default,
     remember_document,
     render_plain_text,
     split_prompt,
@@ -108,6 +109,16 @@ def test_conversation_after_the_document_goes_into_the_continuation(engine, book
         "<|im_start|>assistant\nMr. Bingley.<|im_end|>\n<|im_start|>user\nAnd then?<|im_end|>\n<|im_start|>assistant\n"
     )
     assert more.prompt == more.prefix + more.document + more.suffix + more.continuation
+
+
+def test_a_stuffed_prompt_of_a_few_thousand_tokens_is_searched_whatever_the_chunk_length(tokenizer, book):
+    """With a long chunk (the 1.5B's is 4,096 tokens) a 3,000-token "stuff" prompt ran plainly, prefilled again
+    on every call; from 1,024 tokens on its document is found and kept."""
+    model = tiny_model(max_position_embeddings=8192)
+    engine = HomerModel(model, tokenizer, HomerConfig(max_chunk_len=4096), model_name="tiny", progress=False)
+    assert long_prompt_default(engine) == 1024 < engine.config.max_chunk_len
+    split = split_prompt(engine, user(STUFF.format(context=book, question="Who?")))
+    assert split.found_by == "heuristic" and split.document == book and split.mode == "full"
 
 
 def test_a_short_prompt_is_plain(engine):

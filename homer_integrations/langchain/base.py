@@ -71,8 +71,9 @@ class HomerSettings(BaseModel):
     document: str | None = None
     """A document every call is about (compressed once); a call's ``document=`` replaces it."""
     long_prompt_tokens: int | None = Field(default=None, ge=1)
-    """Prompts longer than this are searched for a document to compress (default: the
-    engine's ``max_chunk_len``). See ``homer_integrations.prompt_split``."""
+    """Prompts longer than this are searched for a document to compress (default:
+    ``prompt_split.long_prompt_default``: 1,024 tokens or the engine's ``max_chunk_len``, the smaller). See
+    ``homer_integrations.prompt_split``."""
     mode: Mode | None = None
     """HOMER mode of a document's answers: ``query_aware`` (the engine's default: the question is
     compressed with the document, from its cached leaf tier), ``shared`` (one compressed cache serves

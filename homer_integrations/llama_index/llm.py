@@ -35,7 +35,14 @@ from homer_integrations.llama_index.responses import (
     in_thread,
 )
 from homer_integrations.llama_index.structured import StructuredOutput
-from homer_integrations.prompt_split import PromptSplit, Renderer, remember_document, split_prompt, start_answer
+from homer_integrations.prompt_split import (
+    PromptSplit,
+    Renderer,
+    long_prompt_default,
+    remember_document,
+    split_prompt,
+    start_answer,
+)
 
 
 class HomerLLM(StructuredOutput, CustomLLM):
@@ -85,7 +92,7 @@ class HomerLLM(StructuredOutput, CustomLLM):
         default=0,
         ge=0,
         description="Prompts longer than this many tokens are searched for a document to compress; "
-        "0 means the engine's max_chunk_len.",
+        "0 means prompt_split.long_prompt_default (1,024 tokens or the engine's max_chunk_len, the smaller).",
     )
     mode: Mode | None = Field(
         default=None,
@@ -110,7 +117,7 @@ class HomerLLM(StructuredOutput, CustomLLM):
         if not self.context_window:
             self.context_window = engine.context_window
         if not self.compress_threshold:
-            self.compress_threshold = int(engine.config.max_chunk_len or engine.context_window)
+            self.compress_threshold = long_prompt_default(engine)
         self._engine = engine
 
     @classmethod
