@@ -50,6 +50,12 @@ class GenerationOptions(BaseModel):
     stop: tuple[str, ...] = ()
     response_format: ResponseFormat | None = None
 
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stops(cls, value: Any) -> Any:
+        # one string is one stop, not its characters; a list (LangChain's, LlamaIndex's) is a tuple here
+        return (value,) if isinstance(value, str) else tuple(value) if isinstance(value, list | tuple) else value
+
     @field_validator("response_format", mode="before")
     @classmethod
     def _compile(cls, value: Any) -> ResponseFormat | None:
@@ -78,8 +84,6 @@ class GenerationOptions(BaseModel):
             if "max_tokens" in given:
                 given.setdefault("max_new_tokens", given.pop("max_tokens"))
             values.update((k, v) for k, v in given.items() if k in cls.model_fields)
-        if "stop" in values:
-            values["stop"] = tuple(values["stop"])
         return cls(**values)
 
 

@@ -49,3 +49,14 @@ def test_options_merge_settings_and_call_overrides_one_way():
     assert GenerationOptions.merged(settings, {"max_tokens": None}).max_new_tokens == 40
     with pytest.raises(ValueError):
         GenerationOptions.merged(settings, {"top_p": 0.0})
+
+
+def test_one_stop_string_is_one_stop_not_its_characters() -> None:
+    """``stop="hello"`` was split into h, e, l, l, o: an answer was cut at its first 'h' (issue 82, item 8)."""
+    from homer_integrations.homer.generation import GenerationOptions
+
+    assert GenerationOptions.merged({"stop": "hello"}).stop == ("hello",)
+    assert GenerationOptions(stop="hello").stop == ("hello",)
+    assert GenerationOptions.merged({"stop": ["a", "bc"]}, {"max_tokens": 3}).stop == ("a", "bc")
+    with pytest.raises(ValueError):
+        GenerationOptions(stop=5)
