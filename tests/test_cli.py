@@ -345,3 +345,16 @@ def test_the_cli_offers_every_engine_mode() -> None:
     from homer_integrations.homer.config import MODES as ENGINE_MODES
 
     assert MODES == ENGINE_MODES  # kept as a literal so the CLI starts without pydantic
+
+
+@pytest.mark.parametrize(("command", "option"), [("ask", "--store"), ("ask", "--cache-dir"), ("compress", "--store")])
+def test_an_empty_store_or_cache_directory_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str, option: str
+) -> None:
+    """``--store ""`` silently used the default cache (issue 82, item 14)."""
+    book = tmp_path / "b.txt"
+    book.write_text("Some text.", encoding="utf-8")
+    with pytest.raises(SystemExit) as exited:
+        main([command, str(book), option, " ", *(["-q", "Why?"] if command == "ask" else [])])
+    assert exited.value.code == 2
+    assert f"{option}: must not be empty" in capsys.readouterr().err.replace("argument ", "")

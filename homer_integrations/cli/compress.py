@@ -27,6 +27,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="files, and directories searched")
     parser.add_argument(
         "--store",
+        type=options.non_empty,
         metavar="URL",
         help="a directory or an fsspec URL (s3://bucket/prefix, ...) every worker and later reader can reach "
         "(default: the document cache directory 'ask' uses)",

@@ -25,6 +25,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_empty(text: str) -> str:
+    """An option's text that must name something (``--store ""`` silently meant the default store)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def non_empty_path(text: str) -> Path:
+    return Path(non_empty(text))
+
+
 def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -112,12 +123,13 @@ def max_document_tokens_option(parser: argparse.ArgumentParser) -> None:
 def cache_options(parser: argparse.ArgumentParser, *, allow_no_disk: bool) -> None:
     parser.add_argument(
         "--cache-dir",
-        type=Path,
+        type=non_empty_path,
         metavar="DIR",
         help="document cache directory (default: the platform cache dir, or $HOMER_INTEGRATIONS_CACHE/documents)",
     )
     parser.add_argument(
         "--store",
+        type=non_empty,
         metavar="URL",
         help="instead of --cache-dir: a shared store any fsspec URL names (s3://bucket/prefix, file://..., "
         "memory://); credentials and endpoint from the environment (AWS_ENDPOINT_URL, ...)",
