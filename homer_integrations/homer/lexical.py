@@ -53,8 +53,12 @@ class BM25Index:
         self.chunks = list(texts)
         self._stopwords = stopwords
         self._stemmer = snowball(stemmer)
-        self._bm25 = bm25s.BM25()
-        self._bm25.index(self._tokenize(self.chunks), show_progress=False)
+        words = self._tokenize(self.chunks)
+        # a text of no word BM25 knows (digits, emoji, one-letter words): bm25s cannot index an empty
+        # vocabulary, and nothing would match anyway; every search then finds nothing (document order)
+        self._bm25 = bm25s.BM25() if any(words) else None
+        if self._bm25 is not None:
+            self._bm25.index(words, show_progress=False)
 
     def _tokenize(self, texts: list[str]) -> list[list[str]]:
         import bm25s
@@ -67,9 +71,10 @@ class BM25Index:
     def search(self, query: str, k: int = 3) -> list[Passage]:
         """The ``k`` best texts for ``query`` with a positive score, best first."""
         k = min(k, len(self.chunks))
-        if k <= 0:
+        asked = self._tokenize([query])
+        if k <= 0 or self._bm25 is None or not any(asked):
             return []
-        ids, scores = self._bm25.retrieve(self._tokenize([query]), k=k, show_progress=False)
+        ids, scores = self._bm25.retrieve(asked, k=k, show_progress=False)
         return [Passage(self.chunks[int(i)], int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if s > 0]
 
 

@@ -263,3 +263,19 @@ def test_passage_selection_stems_its_bm25_words_unless_told_not_to(tokenizer) ->
     assert PassageSelection(stemmer="german").stemmer == "german"
     with pytest.raises(ValueError, match="not a Snowball stemmer"):
         PassageSelection(stemmer="klingon")
+
+
+@pytest.mark.parametrize("text", ["1 2 3 4 5 6 7 8 9 0\n\n", "\U0001f600 \U0001f680 \U0001f525 \n\n"])
+def test_a_document_of_no_word_bm25_knows_is_read_in_document_order(tokenizer, calibration, text: str) -> None:
+    """Digits or emoji past the window: bm25s cannot index an empty vocabulary, and the question crashed with
+    "max() arg is an empty sequence" (issue 82, item 2). Nothing matches, so passages are taken in order."""
+    from homer_integrations.homer.lexical import BM25Index
+
+    assert BM25Index([text, text]).search("What is the code?") == []
+    engine = mode_engine(tokenizer, calibration)
+    document = text * (2400 // engine.count_tokens(text))  # about 2,400 tokens: past the window, within the tree
+    assert engine.count_tokens(document) > engine.context_window and engine.mode_for(document=document) == "query_aware"
+    doc = engine.compress(document, question="What is the code?", mode="query_aware")
+    kept = doc.origin[doc.origin >= 0]
+    assert kept.numel() > 0 and int(kept.min()) == 0, "the first passages, in document order"
+    assert isinstance(engine.answer(document, "What is the code?", max_new_tokens=2), str)
