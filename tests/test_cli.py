@@ -358,3 +358,20 @@ def test_an_empty_store_or_cache_directory_is_a_usage_error(
         main([command, str(book), option, " ", *(["-q", "Why?"] if command == "ask" else [])])
     assert exited.value.code == 2
     assert f"{option}: must not be empty" in capsys.readouterr().err.replace("argument ", "")
+
+
+def test_no_path_steers_the_terminal_in_summaries(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, passage: str, tiny_cli: list[str]
+) -> None:
+    """A file name, and a cache directory, holding ESC/OSC/CR (issue 82, item 11)."""
+    hostile = "\x1b]0;owned\x07\x1b[31mred\r"
+    book = tmp_path / f"{hostile}.txt"
+    book.write_text(passage, encoding="utf-8")
+    code, out, err = run_cli(capsys, "ask", str(book), "-q", "Who?", *tiny_cli, "--max-new-tokens", "1")
+    assert code == 0, err
+    summary = out.split("--- summary ---")[1]
+    assert "\x1b" not in summary and "\r" not in summary and r"\x1b]0;owned" in summary
+    empty = tmp_path / f"{hostile}-cache"
+    for action in ("ls", "clear"):
+        code, out, err = run_cli(capsys, "cache", action, "--cache-dir", str(empty))
+        assert code == 0 and "\x1b" not in out + err and "\r" not in out + err, (action, out, err)

@@ -19,6 +19,7 @@ from homer_integrations.cli.common import (
     SETTING_OPTIONS,
     CliError,
     human_bytes,
+    printable,
     seconds,
 )
 
@@ -286,7 +287,7 @@ def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
     ratio = first["document_tokens"] / max(1, first["cache_tokens"])
     out.write("\n--- summary ---\n")
     out.write(
-        f"document: {summary['file']} ({summary['model']}, {summary['mode']} mode): "
+        f"document: {printable(summary['file'])} ({printable(summary['model'])}, {summary['mode']} mode): "
         f"{first['document_tokens']:,} tokens -> {first['cache_tokens']:,} cache tokens "
         f"({ratio:.1f}x, {human_bytes(first['cache_bytes'])})\n"
     )
@@ -295,7 +296,7 @@ def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
             f"Q{i}: {_setup(a)}; {a['mode']} mode; first token {seconds(a['time_to_first_token'])}, "
             f"total {seconds(a['total_seconds'])}, {a['output_tokens']} tokens\n"
         )
-    where = summary["cache_directory"] or "memory only (--no-disk-cache)"
+    where = printable(summary["cache_directory"] or "memory only (--no-disk-cache)")
     out.write(f"model load {seconds(summary['model_load_seconds'])}; cache: {where}\n")
 
 

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     except CliError:
         raise
     except OSError as exc:  # the cache directory's locks, a store that failed midway
-        raise CliError(f"cache {args.action} {cache.location}: {exc}") from None
+        raise CliError(f"cache {args.action} {printable(str(cache.location))}: {exc}") from None
     return EXIT_OK
 
 
@@ -65,7 +65,7 @@ def _clear(cache: DocumentCache, as_json: bool, out: TextIO) -> None:
         json.dump({"directory": cache.location, "removed": removed}, out)
         out.write("\n")
     else:
-        out.write(f"removed {removed} cached document(s) from {cache.location}\n")
+        out.write(f"removed {removed} cached document(s) from {printable(str(cache.location))}\n")
 
 
 def _rm(cache: DocumentCache, names: list[str], as_json: bool, out: TextIO) -> None:
@@ -113,7 +113,7 @@ def _ls(cache: DocumentCache, as_json: bool, out: TextIO) -> None:
     leaves = [e for e in entries if e.kind == "leaf"]  # shared by the content-split tiers that list them
     entries = [e for e in entries if e.kind != "leaf"]
     if not entries and not leaves:
-        out.write(f"no cached documents in {cache.location}\n")
+        out.write(f"no cached documents in {printable(str(cache.location))}\n")
         return
     rows = [("KEY", "DOCUMENT", "DOC TOKENS", "CACHE TOKENS", "SIZE", "CREATED")]
     for e in entries:
