@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 from filelock import FileLock
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from homer_integrations.dtypes import resolve_dtype
@@ -282,7 +283,10 @@ def load_model(
         model, tokenizer = load_embedded(EMBEDDED_MODELS[path_or_id], dtype)
     else:
         path_or_id = resolve_model_path(path_or_id)
-        model = AutoModelForCausalLM.from_pretrained(path_or_id, dtype=dtype, **kwargs).eval()
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path_or_id, dtype=dtype, **kwargs).eval()
+        except StrictDataclassError as exc:  # a config.json whose values contradict each other
+            raise ValueError(f"{path_or_id}: invalid model configuration: {' '.join(str(exc).split())}") from exc
         tokenizer = AutoTokenizer.from_pretrained(path_or_id)
     if device is not None:
         model = model.to(device)

@@ -175,3 +175,15 @@ def test_a_question_that_is_not_valid_text_is_a_usage_error(
     code, out, err = run(capsys, "ask", str(document), "-q", question, "--no-disk-cache")
     assert code == 2 and out == ""
     assert "not valid UTF-8" in one_line(err)
+
+
+@pytest.mark.parametrize("config", ['{"model_type": "llama", "hidden_size": -1}', '{"model_type": "llama", "num'])
+def test_a_model_directory_with_an_invalid_config_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, document: Path, config: str
+) -> None:
+    """A config.json whose values contradict each other printed a 40-line traceback (issue 82, item 7)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(config, encoding="utf-8")
+    code, _, err = run(capsys, "ask", str(document), "-q", "When?", "--model", str(model), "--no-disk-cache")
+    assert code == 1 and "cannot load model" in one_line(err)
