@@ -1,10 +1,10 @@
 """LangChain + HOMER: an unchanged "stuff the document into the prompt" QA chain, one compression.
 
-Offline, on the embedded SmolLM2-135M and an excerpt of the bundled Pride and Prejudice, answering
-from the document's shared root (``mode="shared"``; ``--model`` and ``--mode`` pick others). The
+Offline, on the package's default model (Qwen2.5-Coder-1.5B) and an excerpt of the bundled Pride and
+Prejudice, kept whole (``mode="auto"``: it fits the window; ``--model`` and ``--mode`` pick others). The
 LCEL chain ``prompt | ChatHomer`` gets the whole excerpt in ``{context}`` on every question:
-the first call finds the document in the prompt and compresses it, every later call finds the
-same text and reads the cache. Then a follow-up turn in the same conversation, and the text
+the first call finds the document in the prompt and prefills it once, every later call finds the
+same text and reads the kept cache. Then a follow-up turn in the same conversation, and the text
 LLM in LangChain's stuff-documents chain over a file loaded whole by ``HomerDocumentLoader``.
 
     .venv/bin/python cookbook/langchain_qa.py [--tokens 3000] [--model NAME] [--mode MODE]

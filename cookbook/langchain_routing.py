@@ -1,8 +1,8 @@
 """LangChain + HOMER: route each question to the whole document (HOMER) or to BM25 retrieval.
 
-Offline, on the embedded SmolLM2-135M and an excerpt of the bundled Pride and Prejudice (``--model``
-picks another). ``HomerRouter`` answers each question either through HOMER over the whole excerpt
-(its shared root, ``mode="shared"``: compressed once, then cached; ``--mode`` picks another) or
+Offline, on the package's default model (Qwen2.5-Coder-1.5B) and an excerpt of the bundled Pride and
+Prejudice (``--model`` picks another). ``HomerRouter`` answers each question either over the whole excerpt
+(kept whole by ``mode="auto"``: prefilled once, then cached; ``--mode`` picks another) or
 from the best BM25 chunks in a short prompt to the same model, with three strategies: ``rules``
 (whole-document questions to HOMER), ``self_route`` (retrieval first, HOMER when the model says the
 chunks cannot answer) and a plain function.

@@ -1,9 +1,9 @@
 """LlamaIndex + HOMER: many questions about one long document, compressed once.
 
-Offline, on the embedded SmolLM2-135M and an excerpt of the bundled Pride and Prejudice (``--model``
-picks another). ``HomerQueryEngine`` compresses the whole excerpt on the first query into its shared
-root (``mode="shared"``; ``--mode`` picks another) and answers every later one from that cached
-compression; then LlamaIndex's own response synthesizer hands the whole text to ``HomerLLM`` in
+Offline, on the package's default model (Qwen2.5-Coder-1.5B) and an excerpt of the bundled Pride and
+Prejudice (``--model`` picks another). ``HomerQueryEngine`` prefills the whole excerpt on the first query
+(``mode="auto"``: it fits the window; ``--mode`` picks another) and answers every later one from that kept
+cache; then LlamaIndex's own response synthesizer hands the whole text to ``HomerLLM`` in
 its QA template, and the same cache answers again.
 
     .venv/bin/python cookbook/llama_index_query_engine.py [--tokens 3000] [--model NAME] [--mode MODE]

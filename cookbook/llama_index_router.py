@@ -1,13 +1,11 @@
 """LlamaIndex + HOMER: route each question to the whole document (HOMER) or to BM25 retrieval.
 
-Offline, on the embedded SmolLM2-135M and an excerpt of the bundled Pride and Prejudice, HOMER
-answering from the document's shared root (``mode="shared"``; ``--model`` and ``--mode`` pick others).
+Offline, on the package's default model (Qwen2.5-Coder-1.5B) and an excerpt of the bundled Pride and
+Prejudice, kept whole (``mode="auto"``; ``--model`` and ``--mode`` pick others).
 ``HomerRouterQueryEngine`` is a ``RouterQueryEngine`` over ``HomerQueryEngine`` and a BM25
 ``RetrieverQueryEngine``; its selector runs the routing strategies shared with LangChain:
 ``rules`` (whole-document questions to HOMER, the rest to retrieval) and ``self_route``
-(retrieval first, HOMER when the model says the excerpts cannot answer). The 135M model used
-here almost never admits that it cannot answer, so here self-route stays on retrieval; a
-larger model (``--model``) declines more often and falls back to HOMER.
+(retrieval first, HOMER when the model says the excerpts cannot answer).
 
     .venv/bin/python cookbook/llama_index_router.py [--tokens 3000] [--model NAME] [--mode MODE]
 

@@ -144,4 +144,4 @@ def run(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    cookbook_main(run, OUTPUT, __doc__, max_new_tokens=96, options=())
+    cookbook_main(run, OUTPUT, __doc__, max_new_tokens=96, options=(), model="smollm2-135m-instruct", mode="shared")
