@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Literal
 
 from homer_integrations.homer.config import Mode
 from homer_integrations.homer.prompt import DOCUMENT_MARK, PromptText, concat, markup
+from homer_integrations.prompting import check_text
 
 if TYPE_CHECKING:
     from homer_integrations.engine import AnswerStream, HomerModel
@@ -188,8 +189,12 @@ def split_prompt(
     msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
     if not msgs:
         raise ValueError("no messages to answer")
+    for m in msgs:
+        if isinstance(m["content"], str):
+            check_text(m["content"], "prompt")  # a lone surrogate reached the tokenizer's TypeError
     render = render or engine.chat_prompt
     if document is not None:
+        check_text(document, "document")
         if not document.strip():
             raise ValueError("the explicit document is empty")
         where = _locate(msgs, [document, document.strip()])

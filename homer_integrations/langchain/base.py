@@ -54,6 +54,12 @@ class HomerSettings(BaseModel):
 
     model_config = ConfigDict(populate_by_name=True, protected_namespaces=(), arbitrary_types_allowed=True)
 
+    def _convert_input(self, input: Any) -> Any:
+        # LangChain reads bytes as a sequence of ints ("Unsupported message type: <class 'int'>")
+        if isinstance(input, bytes | bytearray | memoryview):
+            raise TypeError("the prompt must be text (str), not bytes: decode it first")
+        return super()._convert_input(input)  # type: ignore[misc]
+
     engine: HomerModel | None = Field(default=None, exclude=True)
     """The ``HomerModel`` to run on; never serialized (a loaded model re-resolves by name)."""
     model_name: str = Field(default="", alias="model")

@@ -17,7 +17,7 @@ from homer_integrations.aio import iterate_in_thread
 from homer_integrations.corpus.questions import Corpus, CorpusStream, NamedText, Source, document_name, stream_corpus
 from homer_integrations.engine import HomerModel
 from homer_integrations.llama_index.llm import HomerLLM
-from homer_integrations.llama_index.query_engine import STATS_KEY
+from homer_integrations.llama_index.query_engine import STATS_KEY, query_text
 
 NAME_KEYS = ("source", "file_path", "file_name")
 """Metadata that names a document in the corpus (the package's readers set ``source``, LlamaIndex's ``file_path``)."""
@@ -109,7 +109,7 @@ class HomerCorpusQueryEngine(BaseQueryEngine):
         metadata[STATS_KEY] = stream.info.as_dict()
 
     def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
-        stream, nodes, metadata = self._start(query_bundle.query_str)
+        stream, nodes, metadata = self._start(query_text(query_bundle))
         pieces = self._finishing(stream, metadata)
         if self._streaming:
             return StreamingResponse(response_gen=pieces, source_nodes=nodes, metadata=metadata)
@@ -118,7 +118,7 @@ class HomerCorpusQueryEngine(BaseQueryEngine):
     async def _aquery(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
         if not self._streaming:
             return await asyncio.to_thread(self._query, query_bundle)
-        stream, nodes, metadata = await asyncio.to_thread(self._start, query_bundle.query_str)
+        stream, nodes, metadata = await asyncio.to_thread(self._start, query_text(query_bundle))
         pieces = self._finishing(stream, metadata)
         return AsyncStreamingResponse(
             response_gen=iterate_in_thread(lambda: pieces), source_nodes=nodes, metadata=metadata

@@ -43,6 +43,7 @@ from homer_integrations.prompt_split import (
     split_prompt,
     start_answer,
 )
+from homer_integrations.prompting import check_text
 
 
 class HomerLLM(StructuredOutput, CustomLLM):
@@ -148,6 +149,7 @@ class HomerLLM(StructuredOutput, CustomLLM):
     def _completion_split(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> PromptSplit:
         """Where the document is in a completion prompt (rendered with the chat template unless
         ``formatted`` or a custom ``completion_to_prompt`` says how)."""
+        check_text(prompt, "prompt")
         messages, render = completion_messages(
             prompt, self.system_prompt, formatted=formatted, completion_to_prompt=self.completion_to_prompt
         )

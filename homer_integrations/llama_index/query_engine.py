@@ -33,6 +33,7 @@ from homer_integrations.homer.compressed import CompressionStats
 from homer_integrations.homer.config import Mode, check_mode
 from homer_integrations.homer.constraints import ResponseFormat
 from homer_integrations.llama_index.llm import HomerLLM
+from homer_integrations.prompting import check_text
 
 DEFAULT_COMBINE_TEMPLATE = PromptTemplate(
     "Several documents were asked the same question. Their answers:\n"
@@ -43,6 +44,18 @@ DEFAULT_COMBINE_TEMPLATE = PromptTemplate(
 
 STATS_KEY = "homer"
 """Node-metadata key holding the answer statistics (cache source, tokens, compression)."""
+
+
+def query_text(query: Any) -> str:
+    """The question of a query engine's ``QueryBundle``, checked as ``HomerModel`` checks a question: text,
+    not empty, no lone surrogate (``BaseQueryEngine.query`` hands anything that is not a ``str`` on as it is)."""
+    if not isinstance(query, QueryBundle):
+        hint = ": decode it first" if isinstance(query, bytes | bytearray | memoryview) else ""
+        raise TypeError(f"the query must be text (str) or a QueryBundle, not {type(query).__name__}{hint}")
+    check_text(query.query_str, "question")
+    if not query.query_str.strip():
+        raise ValueError("the question is empty")
+    return query.query_str
 
 
 class HomerQueryEngine(BaseQueryEngine):
@@ -213,7 +226,7 @@ class HomerQueryEngine(BaseQueryEngine):
         return {n.node.node_id: n.node.metadata for n in nodes}
 
     def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
-        pieces, nodes = self._start(query_bundle.query_str)
+        pieces, nodes = self._start(query_text(query_bundle))
         if self._streaming:
             return StreamingResponse(response_gen=pieces, source_nodes=nodes, metadata=self._metadata(nodes))
         text = "".join(pieces).strip()
@@ -224,7 +237,7 @@ class HomerQueryEngine(BaseQueryEngine):
     async def _aquery(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
         if not self._streaming:
             return await asyncio.to_thread(self._query, query_bundle)
-        pieces, nodes = await asyncio.to_thread(self._start, query_bundle.query_str)
+        pieces, nodes = await asyncio.to_thread(self._start, query_text(query_bundle))
         return AsyncStreamingResponse(
             response_gen=iterate_in_thread(lambda: pieces), source_nodes=nodes, metadata=self._metadata(nodes)
         )

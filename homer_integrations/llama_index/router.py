@@ -27,7 +27,7 @@ from llama_index.retrievers.bm25 import BM25Retriever
 
 from homer_integrations.homer.config import Mode
 from homer_integrations.llama_index.llm import HomerLLM
-from homer_integrations.llama_index.query_engine import HomerQueryEngine
+from homer_integrations.llama_index.query_engine import HomerQueryEngine, query_text
 from homer_integrations.llama_index.retrieval import bm25_query_engine, chunk_nodes
 from homer_integrations.llama_index.selector import HomerRouteSelector
 from homer_integrations.routing import (
@@ -169,6 +169,7 @@ class HomerRouterQueryEngine(RouterQueryEngine):
         return response
 
     def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
+        query_text(query_bundle)
         with self.callback_manager.event(
             CBEventType.QUERY, payload={EventPayload.QUERY_STR: query_bundle.query_str}
         ) as event:
@@ -184,6 +185,7 @@ class HomerRouterQueryEngine(RouterQueryEngine):
         return response
 
     async def _aquery(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
+        query_text(query_bundle)
         with self.callback_manager.event(
             CBEventType.QUERY, payload={EventPayload.QUERY_STR: query_bundle.query_str}
         ) as event:
