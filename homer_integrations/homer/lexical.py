@@ -10,6 +10,7 @@ candidate sets within one budget: ``share`` of it for the lexical side at most).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,6 +24,18 @@ class Passage:
     text: str
     index: int
     score: float
+
+
+_CJK_RUN = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]{2,}")
+"""Two or more kana, CJK ideographs or hangul in a row: text written without spaces between words."""
+
+
+def cjk_bigrams(text: str) -> str:
+    """``text`` with each run of CJK characters spelled as its overlapping character pairs, spaced
+    ("東京都" -> "東京 京都"): BM25's word pattern takes a whole unspaced run as one word, so a question
+    never matched a passage unless it repeated the passage's run exactly. Pairs are the usual CJK unit
+    for retrieval without a segmenter (Lucene's CJKBigramFilter)."""
+    return _CJK_RUN.sub(lambda m: " " + " ".join(m[0][i : i + 2] for i in range(len(m[0]) - 1)) + " ", text)
 
 
 def snowball(stemmer: str | None):
@@ -65,7 +78,11 @@ class BM25Index:
 
         # strings, not ids: each tokenize() call numbers words its own way
         return bm25s.tokenize(
-            texts, stopwords=self._stopwords, stemmer=self._stemmer, return_ids=False, show_progress=False
+            [cjk_bigrams(t) for t in texts],
+            stopwords=self._stopwords,
+            stemmer=self._stemmer,
+            return_ids=False,
+            show_progress=False,
         )
 
     def search(self, query: str, k: int = 3) -> list[Passage]:

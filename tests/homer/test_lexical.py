@@ -77,3 +77,14 @@ def test_bm25_index_stems_so_inflections_match() -> None:
     assert [h.index for h in plain.search("Who returns to the abbey?", k=2)] == [1]  # "abbey" alone
     with pytest.raises(ValueError, match=r"'klingon' is not a Snowball stemmer; known: .*english"):
         BM25Index(chunks, stemmer="klingon")
+
+
+def test_unspaced_cjk_text_is_matched_by_character_pairs() -> None:
+    """A run of CJK characters was one BM25 word: a question never found its passage (issue 82, item 15)."""
+    from homer_integrations.homer.lexical import BM25Index, cjk_bigrams
+
+    assert cjk_bigrams("東京都 in Japan") == " 東京 京都  in Japan"
+    passages = ["会議は火曜日に第四十二会議室で開かれます。", "金庫の暗証番号は四三二一です。", "天気は晴れです。"]
+    assert BM25Index(passages).search("金庫の暗証番号は何ですか？")[0].index == 1
+    assert BM25Index(passages).search("会議はいつですか")[0].index == 0
+    assert BM25Index(["The vault code is 4321.", "Rain."]).search("vault code")[0].index == 0, "spaced text as before"
