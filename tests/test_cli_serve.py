@@ -157,6 +157,24 @@ def test_a_second_server_is_refused_while_one_answers(
     assert code == 2 and f"already running at {server.url}" in err
 
 
+def test_a_client_that_hangs_up_is_no_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each unauthenticated client that reset its connection printed socketserver's 25-line traceback
+    (issue 82, item 13); other errors still reach it."""
+    server = CommandServer(("127.0.0.1", 0), run_here)
+    with server:
+        for hung_up in (BrokenPipeError(32, "Broken pipe"), ConnectionResetError(104, "reset by peer")):
+            try:
+                raise hung_up
+            except ConnectionError:
+                server.handle_error(None, ("127.0.0.1", 5))
+        assert capsys.readouterr().err == ""
+        try:
+            raise RuntimeError("a real fault")
+        except RuntimeError:
+            server.handle_error(None, ("127.0.0.1", 5))
+        assert "a real fault" in capsys.readouterr().err
+
+
 def test_the_announcement_is_private_and_removed_when_the_server_stops(root: Path) -> None:
     server = CommandServer(("127.0.0.1", 0), run_here)
     with server, announced(server) as path:

@@ -25,6 +25,7 @@ import logging
 import os
 import secrets
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from http import HTTPStatus
@@ -123,6 +124,14 @@ class CommandServer(ThreadingHTTPServer):
 
     def address(self) -> remote.ServerAddress:
         return remote.ServerAddress(url=self.url, token=self.token, pid=os.getpid())
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up (reset, closed) is one debug line, not socketserver's traceback on stderr:
+        any local user could flood the log with connections reset before the refusal is written."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            logger.debug("client %s hung up: %s", client_address, sys.exc_info()[1])
+            return
+        super().handle_error(request, client_address)
 
 
 @contextlib.contextmanager
