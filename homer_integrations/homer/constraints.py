@@ -89,6 +89,41 @@ def bounded_strings(schema: dict[str, Any], max_new_tokens: int) -> dict[str, An
     return bounded
 
 
+def endless_path(schema: dict[str, Any]) -> str | None:
+    """Where ``schema`` requires itself: the ``$ref`` a required chain leads back to (an object whose required
+    property is that object again, with no alternative, optional step or empty array to end it), else None.
+    No finite JSON matches such a schema; decoding it ran until the budget and failed inside the grammar."""
+
+    def target(ref: str) -> Any:
+        node: Any = schema
+        for part in ref.removeprefix("#").strip("/").split("/") if ref != "#" else []:
+            node = node.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(node, dict) else None
+        return node
+
+    def endless(node: Any, seen: tuple[str, ...]) -> str | None:
+        if not isinstance(node, dict):
+            return None
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            return ref if ref in seen else endless(target(ref), (*seen, ref))
+        for part in node.get("allOf", ()):
+            if (found := endless(part, seen)) is not None:
+                return found
+        for key in ("anyOf", "oneOf"):  # endless only if every alternative is
+            branches = [endless(b, seen) for b in node.get(key, ())]
+            if branches and all(b is not None for b in branches):
+                return branches[0]
+        properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+        for name in node.get("required", ()) if isinstance(node.get("required"), list) else ():
+            if (found := endless(properties.get(name), seen)) is not None:
+                return found
+        if node.get("type") == "array" and isinstance(node.get("minItems"), int) and node["minItems"] > 0:
+            return endless(node.get("items"), seen)
+        return None
+
+    return endless(schema, ("#",))
+
+
 def schema_of(value: type | dict[str, Any]) -> dict[str, Any]:
     """The JSON schema of a pydantic model, TypedDict, dataclass or other type, or ``value`` if it is one."""
     if isinstance(value, dict):
@@ -156,6 +191,12 @@ class ResponseFormat:
         """JSON matching ``schema`` (a dict, or a type whose schema pydantic derives); compact, no extra keys."""
         target = None if isinstance(schema, dict) else schema
         resolved = closed_schema(schema_of(schema))
+        loop = endless_path(resolved)
+        if loop is not None:
+            raise ValueError(
+                f"invalid json_schema response format: it requires itself without end (through {loop!r}); "
+                "make the recursive property optional, nullable or an array that may be empty"
+            )
         grammar = llguidance.LLMatcher.grammar_from_json_schema(resolved, overrides=_JSON_OPTIONS)
         return cls("json_schema", grammar, resolved, target)
 

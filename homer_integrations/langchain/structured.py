@@ -31,6 +31,8 @@ def structured_runnable(
     ``ChatHomer`` (any chat model whose ``bind`` takes ``response_format=ResponseFormat`` would do)."""
     if schema is None and method != "json_mode":
         raise ValueError(f"method={method!r} needs a schema")
+    if isinstance(schema, dict):  # refused here in our words: LangChain's converters fail on it with AttributeError
+        ResponseFormat.of(schema)
     is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
     traced = {"kwargs": {"method": method}, "schema": schema}
     parser: Runnable

@@ -153,3 +153,32 @@ def test_free_strings_close_within_the_budget(engine, text):
     answer = json.loads(stream.text())
     assert stream.info.finish_reason == "stop" and stream.info.output_tokens <= 60
     jsonschema.validate(answer, FREE_SCHEMA)
+
+
+class Chain(BaseModel):
+    name: str
+    next: Chain  # required all the way down: no finite answer
+
+
+class Tree(BaseModel):
+    name: str
+    children: list[Tree] = []
+    parent: Tree | None = None
+
+
+ENDLESS = {"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}
+
+
+@pytest.mark.parametrize("schema", [ENDLESS, Chain, {"type": "array", "minItems": 1, "items": ENDLESS}])
+def test_a_schema_that_requires_itself_without_end_is_refused_before_decoding(schema) -> None:
+    """It compiled, then failed mid-decoding with a multi-KB parser dump (issue 82, item 9)."""
+    with pytest.raises(ValueError, match="requires itself without end"):
+        ResponseFormat.of(schema)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [Tree, {"type": "object", "properties": {"next": {"$ref": "#"}}}, {"anyOf": [{"type": "null"}, ENDLESS]}],
+)
+def test_recursion_with_a_way_out_compiles(schema) -> None:
+    assert ResponseFormat.of(schema).kind == "json_schema"

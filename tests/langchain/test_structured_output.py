@@ -164,3 +164,17 @@ def test_first_policy_calls_on_a_question_and_is_auto_after_a_tool_result(chat):
     result = get_weather.invoke(call.tool_calls[0])
     after = agent.invoke([*QUESTION, call, result])
     assert isinstance(after, AIMessage) and bool(after.tool_calls) != bool(after.content)
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling", "json_mode"])
+@pytest.mark.parametrize(
+    ("schema", "says"),
+    [
+        ({"title": "X", "type": 5}, "type must be a string"),
+        ({"title": "L", "type": "object", "properties": {"n": {"$ref": "#"}}, "required": ["n"]}, "without end"),
+    ],
+)
+def test_an_unsatisfiable_schema_is_refused_when_the_runnable_is_built(method: str, schema: dict, says: str) -> None:
+    """``{"type": 5}`` gave an AttributeError inside langchain-core (issue 82, item 9)."""
+    with pytest.raises(ValueError, match=says):
+        ChatHomer(model="tiny").with_structured_output(schema, method=method)
