@@ -137,6 +137,20 @@ def test_a_port_out_of_range_is_a_usage_error(capsys: pytest.CaptureFixture[str]
 CONSOLE = [sys.executable, "-c", "import sys; from homer_integrations.cli import main; sys.exit(main())"]
 
 
+def test_cache_ls_into_a_reader_that_stopped_is_silent_as_ask_is(tmp_path: Path) -> None:
+    """``cache ls | head -c 0`` printed "Broken pipe" (issue 82, cosmetic)."""
+    env = {**os.environ, "HOMER_INTEGRATIONS_CACHE": str(tmp_path)}
+    listing = subprocess.Popen(
+        [*CONSOLE, "cache", "ls", "--cache-dir", str(tmp_path / "c")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    listing.stdout.close()  # the reader is gone before anything is written
+    err = listing.stderr.read().decode()
+    assert listing.wait(timeout=60) == 0 and err == ""
+
+
 @pytest.mark.parametrize(
     ("redirect", "says"),
     [(">&-", "stdout is closed"), pytest.param("> /dev/full", "No space left", marks=needs_dev_full)],

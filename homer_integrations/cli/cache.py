@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             show = {"clear": _clear, "info": _info, "ls": _ls}[args.action]
             show(cache, args.json, sys.stdout)
-    except CliError:
+    except (CliError, BrokenPipeError):  # a reader that stopped reading (`| head`) ends it quietly, as for ask
         raise
     except OSError as exc:  # the cache directory's locks, a store that failed midway
         raise CliError(f"cache {args.action} {printable(str(cache.location))}: {exc}") from None
