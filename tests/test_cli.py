@@ -204,6 +204,10 @@ def test_split_content_keeps_its_own_leaf_tier(
     removed = json.loads(out)
     assert code == 0 and removed["removed"] == 2 and removed["leaves_removed"] >= 1, "both tiers, the leaves too"
     assert not list((tmp_path / "store").glob("*.safetensors")), "nothing of the document is left"
+    ask_json(capsys, *common, "--split", "content")
+    code, out, err = run_cli(capsys, "cache", "clear", *store, "--json")
+    cleared = json.loads(out)
+    assert code == 0 and cleared["removed"] == 1 and cleared["leaves_removed"] >= 1, "leaves are not documents"
     with pytest.raises(SystemExit) as exit_info:
         main(["ask", str(book), "-q", "Who?", "--split", "pages"])
     assert exit_info.value.code == 2 and "invalid choice: 'pages'" in capsys.readouterr().err

@@ -60,12 +60,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _clear(cache: DocumentCache, as_json: bool, out: TextIO) -> None:
-    removed = cache.clear()
+    leaves = sum(e.kind == "leaf" for e in cache.entries())  # a tier's leaves are parts of documents, not documents
+    removed = max(0, cache.clear() - leaves)
     if as_json:
-        json.dump({"directory": cache.location, "removed": removed}, out)
+        json.dump({"directory": cache.location, "removed": removed, "leaves_removed": leaves}, out)
         out.write("\n")
     else:
-        out.write(f"removed {removed} cached document(s) from {printable(str(cache.location))}\n")
+        also = f" and {leaves} leaves" if leaves else ""
+        out.write(f"removed {removed} cached document(s){also} from {printable(str(cache.location))}\n")
 
 
 def _rm(cache: DocumentCache, names: list[str], as_json: bool, out: TextIO) -> None:
