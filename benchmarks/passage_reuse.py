@@ -23,7 +23,6 @@ as the lower layers alone were: this model needs the kept passages to read one a
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -32,9 +31,8 @@ from upper_read import rerotated
 from homer_integrations.homer.chunk import Chunk
 from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
 from homer_integrations.homer.leaf_batch import leaf_reducible
-from homer_integrations.homer.leaf_tier import LeafTier
 from homer_integrations.homer.nodes import CompressionResult, Nodes
-from homer_integrations.homer.strategies import CompressorFor, PassageReplay, PassageRoom, Reread
+from homer_integrations.homer.strategies import PassageReplay, PassageRoom
 
 BLOCK = 512
 """Document tokens per stored block (CacheBlend's chunks are passages of a few hundred tokens)."""
@@ -148,20 +146,10 @@ class ReusedPassages(PassageReplay):
     ratio: float = 0.15
     store: BlockStore = field(default_factory=BlockStore, compare=False, repr=False)
 
-    def replay(
-        self,
-        leaf_tier: Callable[[], LeafTier],
-        suffix_ids: torch.Tensor,
-        compressor: CompressorFor,
-        reread: Callable[[], Reread],
-    ) -> CompressionResult:
-        def select_and_blend(room: PassageRoom) -> CompressionResult:
-            inputs, nodes = room.inputs, room.chosen.nodes
-            kept = self.selection.select(inputs.question, None, room.passages, room.budget)
-            nodes.begin()
-            chunk = blended_read(
-                nodes, self.store, inputs.prefix_ids, inputs.document_ids, kept, suffix_ids, self.ratio
-            )
-            return nodes.result(chunk, room.plan, nodes.schedule(room.plan), room.started)
-
-        return self.read(leaf_tier, suffix_ids, compressor, reread, select_and_blend)
+    def read_kept(self, room: PassageRoom, kept: torch.Tensor) -> CompressionResult:
+        inputs, nodes = room.inputs, room.chosen.nodes
+        nodes.begin()
+        chunk = blended_read(
+            nodes, self.store, inputs.prefix_ids, inputs.document_ids, kept, room.suffix_ids, self.ratio
+        )
+        return nodes.result(chunk, room.plan, nodes.schedule(room.plan), room.started)

@@ -318,14 +318,18 @@ class PassageReplay:
         reread: Callable[[], Reread],
     ) -> CompressionResult:
         def select_and_reread(room: PassageRoom) -> CompressionResult:
-            inputs, chosen = room.inputs, room.chosen
-            scores = chosen.flat.document_scores(leaf_tier(), suffix_ids) if self.selection.attention > 0 else None
-            kept = self.selection.select(inputs.question, scores, room.passages, room.budget)
-            return recompute.reread(
-                chosen.nodes, room.plan, inputs.prefix_ids, inputs.document_ids, kept, suffix_ids, room.started
-            )
+            scores = room.chosen.flat.document_scores(leaf_tier(), suffix_ids) if self.selection.attention > 0 else None
+            return self.read_kept(room, self.selection.select(room.inputs.question, scores, room.passages, room.budget))
 
         return self.read(leaf_tier, suffix_ids, compressor, reread, select_and_reread)
+
+    def read_kept(self, room: PassageRoom, kept: torch.Tensor) -> CompressionResult:
+        """The root of ``room``'s question over the ``kept`` document tokens [K] (ascending): one plain prefill
+        of them (``recompute.reread``); the benchmarks' ways of reading the same passages override it."""
+        inputs = room.inputs
+        return recompute.reread(
+            room.chosen.nodes, room.plan, inputs.prefix_ids, inputs.document_ids, kept, room.suffix_ids, room.started
+        )
 
     def read(
         self,

@@ -50,3 +50,23 @@ def test_rows_not_recomputed_are_the_stored_blocks_turned(small_blocks: None) ->
     torch.testing.assert_close(chunk.cache.layers[3].values[:, :, rows], block.layers[3].values[:, :, 5:45])
     assert not torch.allclose(chunk.cache.layers[3].values[:, :, rows], plain.layers[3].values[:, :, rows], atol=1e-3)
     torch.testing.assert_close(chunk.cache.layers[0].keys, plain.layers[0].keys, atol=1e-5, rtol=0)  # layer 0 fresh
+
+
+def test_the_engine_reads_the_default_passages_through_it(tokenizer, calibration, novel, small_blocks: None) -> None:
+    """Every row recomputed, the engine's answer root over a book past the window is the re-read's."""
+    from passage_reuse import ReusedPassages
+
+    from homer_integrations.homer.budget import ReadBudget
+    from homer_integrations.homer.passages import PassageSelection
+    from homer_integrations.homer.strategies import AutoReplay, PassageReplay, Recipe
+    from tests.conftest import mode_engine
+
+    book, question = novel[20_000:32_000], "Who walked to Meryton with the sisters?"
+    replay = PassageReplay(PassageSelection(tokens=24, overlap=8), ReadBudget(seconds=0))
+    roots = []
+    for read in (replay, ReusedPassages(replay.selection, replay.budget, ratio=1.0)):
+        engine = mode_engine(tokenizer, calibration)
+        engine.tiers.recipe = Recipe(replay=AutoReplay(read), calibration_segments=2)
+        roots.append(engine.compress(book, question=question, mode="query_aware"))
+    assert torch.equal(roots[0].origin, roots[1].origin), "the same passages"
+    torch.testing.assert_close(roots[1].next_token_logits, roots[0].next_token_logits, atol=1e-3, rtol=0)
