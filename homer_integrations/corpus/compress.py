@@ -61,8 +61,9 @@ def compress_corpus(
         store: a directory or a URL fsspec knows (``s3://bucket/prefix``); ``storage_options`` go to fsspec.
         model: an embedded name, local path or hub id (default: the embedded default model); in
             process also a loaded ``HomerModel`` (its settings apply; ``config``/``dtype``/``device`` not).
-        mode: the entry stored (default ``config.mode``): ``query_aware`` (the default) the leaf tier every
-            question replays from, ``shared`` or ``full`` the root.
+        mode: the entry stored (default ``config.mode``, ``auto``: per document ``full`` where it fits the
+            window, else ``query_aware``): ``query_aware`` the leaf tier every question replays from, ``shared``
+            or ``full`` the root.
         ray_address: None: in this process. Otherwise Ray: ``"local"`` starts Ray on this machine,
             ``"auto"`` joins this machine's cluster, ``"ray://host:10001"`` a remote one; a Ray this
             process already initialised is used as is.

@@ -27,7 +27,8 @@ class WorkerSpec:
 
     ``model``: an embedded name, local path or hub id; ``store``: a directory or fsspec URL;
     ``mode``: which entry is stored (``shared``/``full``: the compressed root; ``query_aware``: the
-    leaf tier every question replays from; default ``config.mode``, ``query_aware``); ``threads``: torch CPU
+    leaf tier every question replays from; default ``config.mode``, ``auto``: per document, the whole prefill
+    where it fits the window, else the leaf tier); ``threads``: torch CPU
     threads.
     """
 

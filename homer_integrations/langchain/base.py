@@ -81,8 +81,9 @@ class HomerSettings(BaseModel):
     ``prompt_split.long_prompt_default``: 1,024 tokens or the engine's ``max_chunk_len``, the smaller). See
     ``homer_integrations.prompt_split``."""
     mode: Mode | None = None
-    """HOMER mode of a document's answers: ``query_aware`` (the engine's default: the question is
-    compressed with the document, from its cached leaf tier), ``shared`` (one compressed cache serves
+    """HOMER mode of a document's answers: ``auto`` (the engine's default: ``full`` for a document that fits
+    the window, else ``query_aware``), ``query_aware`` (the question is compressed with the document, from its
+    cached leaf tier), ``shared`` (one compressed cache serves
     every question) or ``full`` (kept uncompressed; must fit the window). None: the engine's configured
     mode; a call's ``mode=`` replaces it.
     ``response_metadata["homer"]["mode"]`` says which mode served."""

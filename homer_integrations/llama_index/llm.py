@@ -66,8 +66,8 @@ class HomerLLM(StructuredOutput, CustomLLM):
 
     The document is compressed once (cached in the engine's document cache) and everything
     else of the prompt is fed after the cache; other prompts run plainly. ``mode`` picks how:
-    ``query_aware`` (the engine's default: the question is compressed with the document, replayed
-    from a cached leaf tier), ``shared`` (one compressed cache for every question) or ``full``
+    ``auto`` (the engine's default: ``full`` for a document that fits the window, else ``query_aware``),
+    ``query_aware`` (the question is compressed with the document, replayed from a cached leaf tier), ``shared`` (one compressed cache for every question) or ``full``
     (uncompressed, must fit the window); None follows the engine's configuration, and a call's ``mode=``
     (``complete(prompt, mode="query_aware")``, ``chat``, the streaming and async forms) replaces it.
 
