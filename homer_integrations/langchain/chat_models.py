@@ -112,10 +112,10 @@ class ChatHomer(HomerSettings, BaseChatModel):
     prompt longer than ``long_prompt_tokens``, the long middle of its longest message (an
     unchanged "stuff" chain). Everything else runs as a plain chat call.
 
-    ``mode`` picks how a document answers (``auto``, the engine's default: ``full`` where the document fits
-    the window, else ``query_aware``; ``query_aware``: the question is compressed with the document; ``shared``: one compressed cache for every question; ``full``:
-    uncompressed, must fit the window); None follows the engine's configuration, and ``invoke(..., mode=...)`` or
-    ``.bind(mode=...)`` overrides it per call.
+    ``mode`` picks how a document answers (``auto``, the engine's default: ``full`` where the document fits the
+    window, else ``query_aware``; ``query_aware``: the question is compressed with the document; ``shared``: one
+    compressed cache for every question; ``full``: uncompressed, must fit the window); None follows the engine's
+    configuration, and ``invoke(..., mode=...)`` or ``.bind(mode=...)`` overrides it per call.
 
     ``usage_metadata.input_token_details`` has ``cache_creation`` (tokens compressed on this
     call) and ``cache_read`` (tokens served from the cache); ``response_metadata["homer"]``

@@ -65,11 +65,11 @@ class HomerLLM(StructuredOutput, CustomLLM):
       ``{context_str}``), the rest as instructions and question.
 
     The document is compressed once (cached in the engine's document cache) and everything
-    else of the prompt is fed after the cache; other prompts run plainly. ``mode`` picks how:
-    ``auto`` (the engine's default: ``full`` for a document that fits the window, else ``query_aware``),
-    ``query_aware`` (the question is compressed with the document, replayed from a cached leaf tier), ``shared`` (one compressed cache for every question) or ``full``
-    (uncompressed, must fit the window); None follows the engine's configuration, and a call's ``mode=``
-    (``complete(prompt, mode="query_aware")``, ``chat``, the streaming and async forms) replaces it.
+    else of the prompt is fed after the cache; other prompts run plainly. ``mode`` picks how: ``auto`` (the engine's
+    default: ``full`` for a document that fits the window, else ``query_aware``), ``query_aware`` (the question is
+    compressed with the document, replayed from a cached leaf tier), ``shared`` (one compressed cache for every
+    question) or ``full`` (uncompressed, must fit the window); None follows the engine's configuration, and a call's
+    ``mode=`` (``complete(prompt, mode="query_aware")``, ``chat``, the streaming and async forms) replaces it.
 
     ``metadata.context_window`` is the model's own window by default: what a *plain* prompt
     may hold. A compressed document may be far longer (only its cache, at most the engine's
