@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import stat
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,8 @@ from homer_integrations.cache.store_base import (
 
 logger = logging.getLogger(__name__)
 
+STALE_TEMP_SECONDS = 60.0
+"""A writer's temporary file untouched this long, its process gone, is a leftover (``reap_dead_writers``)."""
 TEMP_NAME = re.compile(r"\.[0-9A-Za-z_-][0-9A-Za-z_.-]{0,127}\.(json|safetensors|index)\.\d+\.[0-9a-f]{8}\.tmp")
 BUDGET_LOCK = ".budget.lock"
 
@@ -61,6 +64,7 @@ class LocalStore(Store):
         self.directory = directory
         self.location = str(directory)
         self.budget_bytes = budget_bytes
+        self._reaped = False
 
     def __repr__(self) -> str:
         return f"LocalStore({self.directory}, budget_bytes={self.budget_bytes})"
@@ -102,6 +106,8 @@ class LocalStore(Store):
         return path
 
     def write(self, key: str, manifest: bytes, tensors: bytes | Path) -> None:
+        if not self._reaped:
+            self.reap_dead_writers()
         size = len(manifest) + (tensors.stat().st_size if isinstance(tensors, Path) else len(tensors))
         if self.budget_bytes is not None and size > self.budget_bytes:
             raise EntryTooLarge(f"the entry's {size:,} bytes exceed the disk budget of {self.budget_bytes:,} bytes")
@@ -138,10 +144,31 @@ class LocalStore(Store):
         """Evict least recently used entries until at most ``budget_bytes`` (default: the store's
         budget) remain; the keys evicted."""
         limit = self.budget_bytes if budget_bytes is None else budget_bytes
+        self.reap_dead_writers()
         if limit is None or not self.directory.is_dir():
             return []
         with self._budget_lock():
             return self._evict(limit, keep=None)
+
+    def reap_dead_writers(self, older_than: float = STALE_TEMP_SECONDS) -> int:
+        """Remove temporary files whose writer is gone (``kill -9`` mid-write left them, unlisted and uncounted,
+        until ``clear``): the writing process (its pid is in the name) no longer runs here and the file has not
+        changed for ``older_than`` seconds (a writer on another machine sharing the directory keeps its file
+        fresh). How many went."""
+        self._reaped = True
+        reaped = 0
+        with contextlib.suppress(OSError):
+            for path in self.directory.iterdir():
+                match = TEMP_NAME.fullmatch(path.name)
+                if match is None or _alive(int(path.name.rsplit(".", 3)[1])):
+                    continue
+                with contextlib.suppress(OSError):
+                    if time.time() - path.lstat().st_mtime > older_than:
+                        _unlink_file(path)
+                        reaped += 1
+        if reaped:
+            logger.info("removed %d temporary file(s) of writers that died, from %s", reaped, self.directory)
+        return reaped
 
     def clear(self) -> set[str]:
         keys: set[str] = set()
@@ -228,6 +255,17 @@ def _is_regular(path: Path) -> bool:
         return stat.S_ISREG(os.lstat(path).st_mode)
     except OSError:
         return False
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (one we may not signal runs too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
 
 
 def _temp_name(path: Path) -> Path:

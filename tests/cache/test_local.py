@@ -143,3 +143,27 @@ def test_the_engine_takes_a_disk_budget(
     assert engine.document_cache.stats().disk_entries == 1
     with pytest.raises(ValueError, match="not both"):
         make_engine(tokenizer, cache_calib, disk_budget=1, document_cache=DocumentCache())
+
+
+def test_a_dead_writers_temporary_file_is_reaped_and_a_live_ones_kept(tmp_path: Path) -> None:
+    """``kill -9`` during a write left its temporary file forever, unlisted and uncounted (issue 82, item 5)."""
+    import os
+
+    from homer_integrations.cache.local import TEMP_NAME, LocalStore
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    store = LocalStore(tmp_path)
+    dead = tmp_path / f".{'a' * 64}.safetensors.{dead_pid}.0123abcd.tmp"
+    live = tmp_path / f".{'b' * 64}.safetensors.{os.getpid()}.0123abcd.tmp"
+    fresh = tmp_path / f".{'c' * 64}.safetensors.{dead_pid}.4567abcd.tmp"
+    for path in (dead, live, fresh):
+        path.write_bytes(b"x" * 1000)
+        assert TEMP_NAME.fullmatch(path.name)
+    old = time.time() - 3600
+    for path in (dead, live):
+        os.utime(path, (old, old))
+    assert store.trim() == [] and store.reap_dead_writers() == 0, "trim reaped it already"
+    assert not dead.exists(), "its writer is gone and it has not changed for an hour"
+    assert live.exists(), "a running writer's file stays, however old"
+    assert fresh.exists(), "a file still changing may belong to a writer on another machine"
