@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
@@ -42,6 +43,8 @@ logger = logging.getLogger(__name__)
 
 FULL_DISK = tuple(code for code in (errno.ENOSPC, getattr(errno, "EDQUOT", None)) if code is not None)
 """Errors that mean the disk (or the user's quota) is full."""
+FULL_DISK_QUIET = 60.0
+"""Seconds after a full-disk warning in which the next full-disk write failure is logged, not warned again."""
 
 
 class DocumentCacheWarning(UserWarning):
@@ -64,6 +67,7 @@ class StoredEntries:
         self._count = count
         self._secret = secret
         self.staged = StagedTiers(store)  # leaf tiers being built into their entries' files
+        self._full_since: float | None = None  # when a write last found the disk full (one warning says so)
 
     def read(self, key: str, spec: CacheSpec | None = None) -> tuple[Entry, dict[str, Any]] | None:
         """Load and verify ``key``'s stored entry: None if absent; raises ``Unusable`` if it cannot be trusted."""
@@ -208,12 +212,19 @@ class StoredEntries:
             self.store.write(key, manifest, tensors)
             return True
         except (OSError, SafetensorError, ValueError) as exc:
-            warnings.warn(
-                f"could not write the document cache entry {self.store.where(key)}: {_why(exc)}; "
-                f"keeping it in memory only",
-                DocumentCacheWarning,
-                stacklevel=6,
-            )
+            why = _why(exc)
+            full = why.startswith("the disk is full")
+            if full and self._full_since is not None and time.monotonic() - self._full_since < FULL_DISK_QUIET:
+                # the same full disk again (a content-split tier's whole write after its leaf's): said once
+                logger.debug("could not write %s either: %s", self.store.where(key), why)
+            else:
+                warnings.warn(
+                    f"could not write the document cache entry {self.store.where(key)}: {why}; "
+                    f"keeping it in memory only",
+                    DocumentCacheWarning,
+                    stacklevel=6,
+                )
+            self._full_since = time.monotonic() if full else None
             self.store.remove(key)
             return False
         finally:

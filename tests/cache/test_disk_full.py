@@ -242,7 +242,7 @@ def test_a_content_split_tier_whose_leaves_fill_the_disk_is_kept_in_memory_and_i
         answer = store_engine(tokenizer, calibration, directory).answer(text, QUESTION, max_new_tokens=3)
     monkeypatch.undo()
     full = [w for w in caught if issubclass(w.category, DocumentCacheWarning)]
-    assert 1 <= len(full) <= 2 and all("the disk is full" in str(w.message) for w in full), full
+    assert len(full) == 1 and "the disk is full" in str(full[0].message), full  # the leaf's and tier's writes: once
     assert leftovers(directory) == []
     reader = store_engine(tokenizer, calibration, directory)
     computed = counted(monkeypatch)
