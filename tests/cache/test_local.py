@@ -167,3 +167,23 @@ def test_a_dead_writers_temporary_file_is_reaped_and_a_live_ones_kept(tmp_path: 
     assert not dead.exists(), "its writer is gone and it has not changed for an hour"
     assert live.exists(), "a running writer's file stays, however old"
     assert fresh.exists(), "a file still changing may belong to a writer on another machine"
+
+
+def test_an_entry_over_the_budget_is_refused_before_anything_is_staged(
+    tmp_path: Path, cache_docs: list[CompressedDocument], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was staged whole, then refused: the directory peaked at twice the budget (issue 82, item 4)."""
+    from homer_integrations.cache.local import LocalStore
+    from homer_integrations.cache.staged import StagedTiers
+
+    def never(*args: object) -> None:
+        raise AssertionError("staged although its size was known to exceed the budget")
+
+    monkeypatch.setattr(LocalStore, "staging_file", never)
+    doc = cache_docs[0]
+    cache = DocumentCache(tmp_path, disk_budget_bytes=entry_bytes(doc) // 2)
+    with pytest.warns(DocumentCacheWarning, match="exceed the disk budget"):
+        assert cache.get_or_compute(doc.key, Counter(doc)) == (doc, "computed")
+    assert list(tmp_path.glob("*.safetensors")) == []
+    allocate = StagedTiers(LocalStore(tmp_path, budget_bytes=1000)).allocator("k")
+    assert allocate({"k.0": ((1, 2, 300, 8), doc.keys[0].dtype)}) is None, "a tier over the budget builds in memory"
