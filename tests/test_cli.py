@@ -200,10 +200,14 @@ def test_split_content_keeps_its_own_leaf_tier(
     store = ["--cache-dir", str(tmp_path / "store")]
     code, out, err = run_cli(capsys, "cache", "rm", "nothing-here", *store)
     assert code == 1 and "no cached document is named 'nothing-here'" in err
+    code, out, _ = run_cli(capsys, "cache", "ls", *store, "--json")
+    removed_names = {p.stem for p in (tmp_path / "store").glob("*.json")}
     code, out, err = run_cli(capsys, "cache", "rm", "chapter1.txt", *store, "--json")
     removed = json.loads(out)
     assert code == 0 and removed["removed"] == 2 and removed["leaves_removed"] >= 1, "both tiers, the leaves too"
     assert not list((tmp_path / "store").glob("*.safetensors")), "nothing of the document is left"
+    locks = {p.stem for p in (tmp_path / "store" / "locks").glob("*.lock")}
+    assert not locks & {e.removeprefix(".") for e in removed_names}, "their lock files went too (issue 82)"
     ask_json(capsys, *common, "--split", "content")
     code, out, err = run_cli(capsys, "cache", "clear", *store, "--json")
     cleared = json.loads(out)

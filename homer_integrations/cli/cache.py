@@ -84,6 +84,12 @@ def _rm(cache: DocumentCache, names: list[str], as_json: bool, out: TextIO) -> N
             raise CliError(f"cache rm: {len(found)} cached documents have keys starting {name!r} ({keys}): give more")
         chosen.update(dict.fromkeys(e.key for e in found))
     removed, leaves = cache.discard_many(chosen)
+    if cache.directory is not None:  # their lock files too, unless a process holds one (a build under way)
+        from homer_integrations.cache.flight import remove_unheld_lock
+        from homer_integrations.cache.store_base import entry_name
+
+        for key in chosen:
+            remove_unheld_lock(cache.directory / "locks" / f"{entry_name(key)}.lock")
     if as_json:
         json.dump({"directory": cache.location, "removed": removed, "leaves_removed": leaves}, out)
         out.write("\n")
