@@ -41,7 +41,6 @@ from homer_integrations.cache.store_base import (
     SAFE_NAME,
     TENSORS,
     DiskBudgetError,
-    EntryTooLarge,
     Store,
     entry_name,
     oversized_is_ours,
@@ -109,8 +108,7 @@ class LocalStore(Store):
         if not self._reaped:
             self.reap_dead_writers()
         size = len(manifest) + (tensors.stat().st_size if isinstance(tensors, Path) else len(tensors))
-        if self.budget_bytes is not None and size > self.budget_bytes:
-            raise EntryTooLarge(f"the entry's {size:,} bytes exceed the disk budget of {self.budget_bytes:,} bytes")
+        self.check_fits(size)
         tensors_path, manifest_path = self.paths(key)
         self.directory.mkdir(parents=True, exist_ok=True)
         staged: list[Path] = []

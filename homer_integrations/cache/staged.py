@@ -110,13 +110,9 @@ class StagedTiers:
 
         def allocate(layout: Layout) -> dict[str, torch.Tensor] | None:
             self.drop(key)
-            size = sum(math.prod(shape) * dtype.itemsize for shape, dtype in layout.values())
-            budget = getattr(self.store, "budget_bytes", None)
-            if budget is not None and size > budget:  # staged, then refused: the directory held it over budget
-                logger.info("building the leaf tier %s in memory: its %s bytes exceed the disk budget", key[:12], size)
-                return None
             path = None
             try:
+                self.store.check_fits(sum(math.prod(shape) * dtype.itemsize for shape, dtype in layout.values()))
                 path = self.store.staging_file(key)
                 staged = StagedTensors(path, layout)
             except (OSError, ValueError, RuntimeError) as exc:

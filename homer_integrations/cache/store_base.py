@@ -65,6 +65,12 @@ class Store(ABC):
     budget_bytes: int | None = None
     """Most bytes of entries the store keeps (least recently used go first); None: no limit."""
 
+    def check_fits(self, size: int) -> None:
+        """Raise ``EntryTooLarge`` if an entry of ``size`` bytes exceeds the whole budget: before it is staged
+        (a staged copy would hold the directory over its budget, then be refused) and before it commits."""
+        if self.budget_bytes is not None and size > self.budget_bytes:
+            raise EntryTooLarge(f"the entry's {size:,} bytes exceed the disk budget of {self.budget_bytes:,} bytes")
+
     @abstractmethod
     def where(self, key: str) -> str:
         """Where ``key``'s tensors file is (for messages)."""

@@ -198,22 +198,11 @@ class StoredEntries:
         (whatever is left of it is ``StagedTiers.drop``'s). ``by_leaves``: whether a leaf tier is stored by its
         leaves (``leaf_stash.stored_by_leaves``; None: found out here)."""
         staged: Path | None = None
-        budget = getattr(self.store, "budget_bytes", None)
-        if in_place is None and budget is not None and by_leaves is None and isinstance(doc, LeafTier):
-            by_leaves = stored_by_leaves(self.store, doc)  # then the entry is the list of its leaves' keys
-        if in_place is None and budget is not None and not by_leaves and document_nbytes(doc) > budget:
-            # its size is known from its tensors: refused before a byte is staged (a staged copy took the
-            # directory to twice its budget, then was refused anyway)
-            warnings.warn(
-                f"could not write the document cache entry {self.store.where(key)}: its {document_nbytes(doc):,} "
-                f"bytes exceed the disk budget of {budget:,} bytes; keeping it in memory only",
-                DocumentCacheWarning,
-                stacklevel=5,
-            )
-            return False
         try:
             if by_leaves is None:
                 by_leaves = stored_by_leaves(self.store, doc)
+            if in_place is None and not by_leaves:  # its size is known from its tensors: refused before staging
+                self.store.check_fits(document_nbytes(doc))
             if in_place is not None:
                 manifest, tensors = EntryCodec.encode(
                     key, doc, label, into=in_place.finish(whole_tensors(doc)[1]), written=True, secret=self._secret
