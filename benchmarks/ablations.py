@@ -1,9 +1,9 @@
-"""Named ablations: the scoring variants that measured no gain, assembled from ``homer.scoring`` parts.
+"""Named ablations: the scoring variants that measured no gain, assembled from ``homer.scoring.chain`` parts.
 
 They left ``HomerConfig`` (README "Design and measurements" has their numbers); a benchmark builds
 one with ``ablation(name)`` and hands it to ``HomerModel(recipe=Recipe(scoring=...))``. ``recipe_of``
 maps the research switches ``HomerConfig`` had until 2026-12 (``shared_root="flat"``, ``replay="tree"``,
-...) to the ``homer.strategies`` units that replaced them, for the rows measured with them and the
+...) to the ``homer.reading.strategies`` units that replaced them, for the rows measured with them and the
 benchmarks' flags. One cache transform is here too, under trial: ``compact_positions`` (each kept
 token its own position).
 """
@@ -17,9 +17,12 @@ from typing import Any
 import torch
 
 from homer_integrations import HomerModel
-from homer_integrations.homer.compressed import CompressedDocument
-from homer_integrations.homer.decoder import DecoderStack
-from homer_integrations.homer.score_units import (
+from homer_integrations.homer.kv.compressed import CompressedDocument
+from homer_integrations.homer.model.decoder import DecoderStack
+from homer_integrations.homer.reading.strategies import REPLAYS, SHARED_ROOTS, Recipe
+from homer_integrations.homer.scoring.chain import Scoring
+from homer_integrations.homer.scoring.scorers import EveryLayer, LastTokenScorer, QuestionAttentionScorer, RandomScorer
+from homer_integrations.homer.scoring.units import (
     MaxPool,
     ScoreMemory,
     ScoreUnit,
@@ -27,9 +30,6 @@ from homer_integrations.homer.score_units import (
     UnitBestAndMean,
     WordUnits,
 )
-from homer_integrations.homer.scorers import EveryLayer, LastTokenScorer, QuestionAttentionScorer, RandomScorer
-from homer_integrations.homer.scoring import Scoring
-from homer_integrations.homer.strategies import REPLAYS, SHARED_ROOTS, Recipe
 
 
 def _swap_units(scoring: Scoring, unit: str) -> Scoring:

@@ -39,9 +39,9 @@ import torch
 from transformers import DynamicCache
 
 from homer_integrations import HomerConfig, HomerModel
-from homer_integrations.document_cache import DocumentCache
-from homer_integrations.homer.generation import DecodeState, GenerationOptions, decode
-from homer_integrations.homer.prompt import encode
+from homer_integrations.cache import DocumentCache
+from homer_integrations.homer.decoding.generation import DecodeState, GenerationOptions, decode
+from homer_integrations.homer.document.prompt import encode
 from homer_integrations.paths import bundled_excerpt, bundled_text
 
 RESULTS = Path(__file__).parent / "results"

@@ -25,11 +25,11 @@ import torch
 from safetensors import safe_open
 from transformers import DynamicCache
 
-from homer_integrations.homer.calibration import CalibrationKey, CalibrationStore, compute_bias
-from homer_integrations.homer.decoder import DecoderStack
-from homer_integrations.homer.prompt import encode
-from homer_integrations.homer.scorers import attention_logits
-from homer_integrations.models import EMBEDDED_MODELS, load_model
+from homer_integrations.engine.loading import EMBEDDED_MODELS, load_model
+from homer_integrations.homer.document.prompt import encode
+from homer_integrations.homer.model.decoder import DecoderStack
+from homer_integrations.homer.scoring.calibration import CalibrationKey, CalibrationStore, compute_bias
+from homer_integrations.homer.scoring.scorers import attention_logits
 from homer_integrations.paths import PACKAGE_DATA, bundled_text
 
 RESULTS = Path(__file__).parent / "results"

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from homer_integrations.homer.leaf_tier import LeafTier
-from homer_integrations.homer.nodes import CompressionResult
-from homer_integrations.homer.strategies import CompressorFor, PassageReplay, PassageRoom, Reread
+from homer_integrations.homer.layers.nodes import CompressionResult
+from homer_integrations.homer.leaves.leaf_tier import LeafTier
+from homer_integrations.homer.reading.strategies import CompressorFor, PassageReplay, PassageRoom, Reread
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ def log(message: str) -> None:
 def write_documents(folder: Path, count: int, tokens: int, start: int = 2000) -> list[Path]:
     """``count`` excerpts of about ``tokens`` tokens, alternating between the bundled novels, from
     token ``start`` on (past the title pages)."""
-    from homer_integrations.models import load_model
+    from homer_integrations.engine.loading import load_model
     from homer_integrations.paths import bundled_text
 
     _, tokenizer = load_model(MODEL)

@@ -63,8 +63,8 @@ import torch
 
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.corpus import Corpus, NamedText, stream_corpus
-from homer_integrations.homer.passages import PassageSelection
-from homer_integrations.homer.strategies import AutoReplay
+from homer_integrations.homer.reading.passages import PassageSelection
+from homer_integrations.homer.reading.strategies import AutoReplay
 from homer_integrations.paths import bundled_text
 from homer_integrations.question_sets import KeywordQuestion, question_set
 
@@ -81,7 +81,7 @@ from whole_book import (
 )
 
 if TYPE_CHECKING:
-    from homer_integrations.answering import AnswerInfo
+    from homer_integrations.engine.answering import AnswerInfo
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
@@ -209,7 +209,7 @@ class DocumentRouter:
     word of it is indexed)."""
 
     def __init__(self, corpus: Corpus, stemmer: str | None = "english") -> None:
-        from homer_integrations.retrieval import BM25Index
+        from homer_integrations.homer.scoring.lexical import BM25Index
 
         self.corpus = corpus
         self.index = BM25Index([doc.text for doc in corpus], stemmer=stemmer)

@@ -41,7 +41,7 @@ class Clock:
 
 
 def ours(engine: Any, doc: Any, question: torch.Tensor, tokens: int) -> dict[str, float]:
-    from homer_integrations.homer.generation import DecodeState, GenerationOptions, decode
+    from homer_integrations.homer.decoding.generation import DecodeState, GenerationOptions, decode
 
     state = DecodeState()
     options = GenerationOptions(max_new_tokens=tokens)
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     from homer_integrations import HomerModel
-    from homer_integrations.homer.prompt import encode
+    from homer_integrations.homer.document.prompt import encode
     from homer_integrations.paths import bundled_text
 
     engine = HomerModel.from_pretrained(args.model, progress=False, store=False)

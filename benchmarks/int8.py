@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from novel_qa import excerpt
 
 from homer_integrations import HomerModel
-from homer_integrations.document_cache import DocumentCache
+from homer_integrations.cache import DocumentCache
 from homer_integrations.question_sets import question_set
 
 RESULTS = Path(__file__).parent / "results"

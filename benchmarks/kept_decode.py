@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-from homer_integrations.homer.headwise.cache import register_headwise_attention
-from homer_integrations.homer.kept import kept_cache
-from homer_integrations.homer.kv import cache_from_tensors
-from homer_integrations.models import DEFAULT_MODEL, load_model
+from homer_integrations.engine.loading import DEFAULT_MODEL, load_model
+from homer_integrations.homer.kv.dynamic import cache_from_tensors
+from homer_integrations.homer.kv.headwise import register_headwise_attention
+from homer_integrations.homer.kv.kept import kept_cache
 
 RESULTS = Path(__file__).parent / "results"
 

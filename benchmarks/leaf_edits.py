@@ -7,7 +7,7 @@ from-scratch build.
 One engine with ``split="content"`` and a store builds the book's leaf tier (T1), then, for each of
 ``--edits`` paragraphs spread over the book (depths 1/(N+1) .. N/(N+1): 0.25, 0.5, 0.75 for 3), the
 tier of the book with one sentence appended to that paragraph (T2): its leaves are copied from the
-tier already held wherever their content key is found (``homer.leaf_reuse``), the rest computed
+tier already held wherever their content key is found (``homer.leaves.leaf_reuse``), the rest computed
 (counted from the builder's log). ``--verify N`` builds the first N edited versions again from scratch
 in a fresh engine without a store and compares the tiers (largest absolute difference of every
 tensor), and the kept tokens and answer of one question about the book's opening, which no edit
@@ -36,10 +36,10 @@ from pathlib import Path
 import torch
 
 from homer_integrations import HomerConfig, HomerModel
-from homer_integrations.document_cache import DocumentCache
-from homer_integrations.homer.leaf_tier import LeafTier
-from homer_integrations.homer.strategies import Recipe, RecomputeReplay
-from homer_integrations.homer.tier_file import whole_tensors
+from homer_integrations.cache import DocumentCache
+from homer_integrations.homer.leaves.leaf_tier import LeafTier
+from homer_integrations.homer.leaves.tier_file import whole_tensors
+from homer_integrations.homer.reading.strategies import Recipe, RecomputeReplay
 
 RESULTS = Path(__file__).parent / "results"
 QUESTION = "What was the name of Catherine Morland's father?"
@@ -95,14 +95,14 @@ class LeafLog(logging.Handler):
             self.built.append((int(record.args[1]), int(record.args[2])))
 
     def __enter__(self) -> LeafLog:
-        logger = logging.getLogger("homer_integrations.builder")
+        logger = logging.getLogger("homer_integrations.engine.builder")
         self._level = logger.level
         logger.setLevel(logging.INFO)
         logger.addHandler(self)
         return self
 
     def __exit__(self, *_: object) -> None:
-        logger = logging.getLogger("homer_integrations.builder")
+        logger = logging.getLogger("homer_integrations.engine.builder")
         logger.removeHandler(self)
         logger.setLevel(self._level)
 
@@ -243,7 +243,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--max-new-tokens", type=int, default=16)
     args = parser.parse_args()
-    from homer_integrations.models import load_model
+    from homer_integrations.engine.loading import load_model
     from homer_integrations.paths import bundled_text
 
     torch.set_num_threads(args.threads)

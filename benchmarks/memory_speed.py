@@ -47,8 +47,8 @@ def load(model_name: str, device: str, dtype: str, random_weights: str | None):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from homer_integrations import HomerConfig, HomerModel
-    from homer_integrations.document_cache import DocumentCache
-    from homer_integrations.models import load_model
+    from homer_integrations.cache import DocumentCache
+    from homer_integrations.engine.loading import load_model
 
     torch_dtype = getattr(torch, dtype)
     if random_weights:
@@ -79,7 +79,7 @@ def measure(method: str, tokens: int, model, tok, engine) -> dict:
     import torch
     from transformers import DynamicCache
 
-    from homer_integrations.homer.prompt import encode
+    from homer_integrations.homer.document.prompt import encode
 
     document = document_of(tok, tokens)
     layout = engine.prompting.layout("")

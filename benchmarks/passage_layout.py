@@ -32,15 +32,15 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from homer_integrations.homer import recompute
-from homer_integrations.homer.budget import ReadBudget
 from homer_integrations.homer.config import DEFAULT_DOCUMENT_SUFFIX
-from homer_integrations.homer.leaf_tier import LeafTier
-from homer_integrations.homer.nodes import CompressionResult
-from homer_integrations.homer.passages import Passages, PassageSelection
-from homer_integrations.homer.prompt import DOCUMENT_MARK, encode, render_chat
-from homer_integrations.homer.strategies import CompressorFor, PassageReplay, PassageRoom, Reread
-from homer_integrations.retrieval import DEFAULT_RETRIEVAL_INSTRUCTION, retrieval_prompt
+from homer_integrations.homer.document.prompt import DOCUMENT_MARK, encode, render_chat
+from homer_integrations.homer.layers.nodes import CompressionResult
+from homer_integrations.homer.leaves.leaf_tier import LeafTier
+from homer_integrations.homer.reading.budget import ReadBudget
+from homer_integrations.homer.reading.passages import Passages, PassageSelection
+from homer_integrations.homer.reading.strategies import CompressorFor, PassageReplay, PassageRoom, Reread
+from homer_integrations.homer.tree import recompute
+from homer_integrations.routing import DEFAULT_RETRIEVAL_INSTRUCTION, retrieval_prompt
 
 
 def taken_runs(

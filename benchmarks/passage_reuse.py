@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 import torch
 from upper_read import rerotated
 
-from homer_integrations.homer.chunk import Chunk
-from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
-from homer_integrations.homer.leaf_batch import leaf_reducible
-from homer_integrations.homer.nodes import CompressionResult, Nodes
-from homer_integrations.homer.strategies import PassageReplay, PassageRoom
+from homer_integrations.homer.kv.chunk import Chunk
+from homer_integrations.homer.kv.dynamic import cache_from_tensors, layer_tensors
+from homer_integrations.homer.layers.nodes import CompressionResult, Nodes
+from homer_integrations.homer.leaves.leaf_batch import leaf_reducible
+from homer_integrations.homer.reading.strategies import PassageReplay, PassageRoom
 
 BLOCK = 512
 """Document tokens per stored block (CacheBlend's chunks are passages of a few hundred tokens)."""

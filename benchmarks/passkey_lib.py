@@ -19,8 +19,8 @@ from ablations import ablation, recipe_of, split_switches
 from transformers import DynamicCache
 
 from homer_integrations import HomerConfig, HomerModel
-from homer_integrations.homer.generation import DecodeState, GenerationOptions, decode
-from homer_integrations.homer.prompt import encode, render_layout
+from homer_integrations.homer.decoding.generation import DecodeState, GenerationOptions, decode
+from homer_integrations.homer.document.prompt import encode, render_layout
 from homer_integrations.paths import bundled_text
 
 INSTRUCTION = (

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from homer_integrations import HomerConfig, HomerModel
-from homer_integrations.homer import scorers
-from homer_integrations.models import load_model
+from homer_integrations.engine.loading import load_model
+from homer_integrations.homer.scoring import scorers
 from homer_integrations.paths import bundled_text
 
 PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -37,7 +37,7 @@ def tiny_qwen(device: str = "cpu") -> tuple[Any, Any]:
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from homer_integrations.models import SMOLLM2, load_embedded
+    from homer_integrations.engine.loading import SMOLLM2, load_embedded
 
     saved = os.environ.get("HOMER_TEST_TOKENIZER")  # the device machine's copy (scripts/device/setup.sh)
     tok = AutoTokenizer.from_pretrained(saved) if saved else load_embedded(SMOLLM2)[1]
@@ -49,7 +49,7 @@ def tiny_qwen(device: str = "cpu") -> tuple[Any, Any]:
 
 def ask_query_aware(engine: Any, document: str, question: str) -> Any:
     """One query-aware question of ``document`` (the tier built or reused), one new token; its AnswerInfo."""
-    from homer_integrations.homer.generation import GenerationOptions
+    from homer_integrations.homer.decoding.generation import GenerationOptions
 
     lay = engine.prompting.layout(question, mode="query_aware")
     stream = engine.answerer.answer_span(
@@ -63,9 +63,9 @@ def ask_query_aware(engine: Any, document: str, question: str) -> Any:
 def one_point(tokens: int, ratio: int, repeats: int, device: str = "cpu") -> dict:
     from ruler import chunk_length
 
-    import homer_integrations.homer.flat as flat
+    import homer_integrations.homer.tree.flat as flat
     from homer_integrations import HomerConfig, HomerModel
-    from homer_integrations.answering import AnswerInfo
+    from homer_integrations.engine.answering import AnswerInfo
     from homer_integrations.paths import bundled_excerpt
 
     model, tok = tiny_qwen(device)

@@ -33,7 +33,7 @@ BLOCKS = (1024, 8192)
 def one_point(tokens: int, ratio: int, repeats: int, device: str) -> dict:
     from ruler import chunk_length
 
-    import homer_integrations.homer.decoder as decoder
+    import homer_integrations.homer.model.decoder as decoder
     from homer_integrations import HomerConfig, HomerModel
     from homer_integrations.paths import bundled_excerpt
 

@@ -135,7 +135,7 @@ class Prompt:
 
 def homer_prompt(engine: Any, sample: RulerSample, mode: str) -> Prompt:
     """RULER's texts in the engine's chat layout for ``mode`` (shared / query_aware / full)."""
-    from homer_integrations.homer.prompt import concat
+    from homer_integrations.homer.document.prompt import concat
 
     question = sample.question.lstrip()
     layout = engine.prompting.layout(question, mode=mode)
@@ -152,7 +152,7 @@ def sample_config(engine: Any, sample: RulerSample, ratio: float, **settings: An
     is the shared prompt's tokens / ``ratio``, the same for every method, and the chunk length
     ``chunk_length``'s; ``settings`` (``mode``, ``replay``, ...) go to the config as they are."""
     from homer_integrations import HomerConfig
-    from homer_integrations.homer.prompt import encode
+    from homer_integrations.homer.document.prompt import encode
 
     shared = homer_prompt(engine, sample, "shared")
     tok = engine.prompting.tokenizer
@@ -242,8 +242,8 @@ def homer_rows(args: argparse.Namespace) -> None:
     import torch
 
     from homer_integrations import HomerConfig, HomerModel, PromptTooLongError
-    from homer_integrations.homer.prompt import encode
-    from homer_integrations.models import load_model
+    from homer_integrations.engine.loading import load_model
+    from homer_integrations.homer.document.prompt import encode
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -268,11 +268,11 @@ def homer_rows(args: argparse.Namespace) -> None:
             switches = _replay(args.method)
             engine = HomerModel(model, tok, config, model_name=MODEL, progress=False, recipe=recipe_of(**switches))
             if args.method == "homer_shared_headwise_whole":
-                from homer_integrations.homer.headwise import root as headwise_root
+                from homer_integrations.homer.tree import headwise as headwise_root
 
                 headwise_root.CANDIDATES = 1e6  # every document token a candidate, where the window has room
             if args.method == "homer_shared_headwise_cut":
-                from homer_integrations.homer.headwise import root as headwise_root
+                from homer_integrations.homer.tree import headwise as headwise_root
 
                 headwise_root.WHOLE_WORDS = False  # the candidates as the selection kept them
             scoring = _scoring(args, engine.tiers.scoring)
@@ -349,7 +349,7 @@ def _scoring(args: argparse.Namespace, package: Any) -> Any:
     """
     from ablations import ABLATIONS, RECONSTRUCTION_ABLATIONS
 
-    from homer_integrations.homer.scoring import Scoring
+    from homer_integrations.homer.scoring.chain import Scoring
 
     if args.method.endswith("_stmt"):
         return RECONSTRUCTION_ABLATIONS["reconstruction_statements"](package)
@@ -367,7 +367,7 @@ def _scoring(args: argparse.Namespace, package: Any) -> Any:
 
 
 def _answer(engine: Any, prompt: Prompt, sample: RulerSample, mode: str) -> Any:
-    from homer_integrations.homer.generation import GenerationOptions
+    from homer_integrations.homer.decoding.generation import GenerationOptions
 
     return engine.answerer.answer_span(
         prompt.prefix,
@@ -383,7 +383,7 @@ def _answer(engine: Any, prompt: Prompt, sample: RulerSample, mode: str) -> Any:
 # ----------------------------------------------------------------------------------- orchestration
 def model_dir() -> Path:
     """The converted Qwen checkpoint (converted from its GGUF packages on first use)."""
-    from homer_integrations.models import QWEN25_CODER_05B, converted_dir, load_model
+    from homer_integrations.engine.loading import QWEN25_CODER_05B, converted_dir, load_model
 
     path = converted_dir(QWEN25_CODER_05B)
     if not (path / "config.json").is_file():

@@ -31,7 +31,8 @@ from pathlib import Path
 import torch
 
 from homer_integrations import HomerModel
-from homer_integrations.homer import leaf_pass, recompute
+from homer_integrations.homer.leaves import leaf_pass
+from homer_integrations.homer.tree import recompute
 from homer_integrations.paths import bundled_text
 
 RESULTS = Path(__file__).parent / "results"

@@ -29,7 +29,7 @@ import torch
 from pydantic import BaseModel, Field, ValidationError
 
 from homer_integrations import HomerModel
-from homer_integrations.homer.constraints import ResponseFormat
+from homer_integrations.homer.decoding.constraints import ResponseFormat
 from homer_integrations.paths import bundled_text
 
 RESULTS = Path(__file__).parent / "results"

@@ -43,8 +43,8 @@ def one(variant: str, tokens: int, model_name: str, threads: int) -> dict:
     import torch
 
     from homer_integrations import HomerConfig, HomerModel
-    from homer_integrations.document_cache import DocumentCache
-    from homer_integrations.models import load_model
+    from homer_integrations.cache import DocumentCache
+    from homer_integrations.engine.loading import load_model
     from homer_integrations.paths import bundled_excerpt
 
     torch.set_num_threads(threads)

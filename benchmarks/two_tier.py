@@ -17,7 +17,7 @@ three questions:
 - ``per_question_flat``: the same tier; each question keeps the best tokens of all leaves by their
   leaf scores and runs the upper layers once (``FlatReplay``).
 - ``default``: a fresh engine with the package's defaults, ``mode="auto"`` (within the window: the whole
-  prompt kept once, every question read after it through ``homer.kept``); ``default_query_aware``: the same
+  prompt kept once, every question read after it through ``homer.kv.kept``); ``default_query_aware``: the same
   engine in ``query_aware`` (the default before 2026-12-05: each question's selection re-read).
 
 Recorded per method: seconds to prepare the document, and per question the time to first token
@@ -43,11 +43,11 @@ from ablations import ABLATIONS, RECONSTRUCTION_ABLATIONS, recipe_of, with_compa
 from passkey_lib import INSTRUCTION
 
 from homer_integrations import HomerConfig, HomerModel
-from homer_integrations.homer.generation import DecodeState, GenerationOptions, decode
-from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
-from homer_integrations.homer.prompt import encode
-from homer_integrations.homer.scoring import RECONSTRUCTION_UNITS
-from homer_integrations.models import load_model
+from homer_integrations.engine.loading import load_model
+from homer_integrations.homer.decoding.generation import DecodeState, GenerationOptions, decode
+from homer_integrations.homer.document.prompt import encode
+from homer_integrations.homer.kv.dynamic import cache_from_tensors, layer_tensors
+from homer_integrations.homer.scoring.chain import RECONSTRUCTION_UNITS
 from homer_integrations.paths import bundled_text
 
 RESULTS = Path(__file__).parent / "results"
@@ -107,7 +107,7 @@ last-token scores by whole sentences (``RECONSTRUCTION_UNITS``, the shared root'
 max-pooled words: 3/6 against 5/6 on the same documents (it lost the code on one and the parrot and
 the town on the other), so it was not run on the held-out seeds. ``*_recompute`` rows: the flat
 selection (the shared root's, or the question's with the package recipe) re-read by one plain prefill
-of the kept tokens through every layer (``RecomputeReplay``/``RecomputeRoot``, ``homer.recompute``).
+of the kept tokens through every layer (``RecomputeReplay``/``RecomputeRoot``, ``homer.tree.recompute``).
 ``per_question_smax_recompute``: that re-read with a statement's best question attention alone
 instead of the sentence bonus's mean (ablation ``question_statement_max``);
 ``per_question_bestmean_recompute``: with a statement's best plus 4x its mean (``UnitBestAndMean``, the

@@ -22,14 +22,14 @@ from dataclasses import dataclass
 
 import torch
 
-from homer_integrations.homer.chunk import Chunk
-from homer_integrations.homer.chunking import ChunkPlan
-from homer_integrations.homer.kv import cache_from_tensors
-from homer_integrations.homer.leaf_batch import leaf_reducible
-from homer_integrations.homer.leaf_pass import LeafPass
-from homer_integrations.homer.leaf_tier import LeafTier
-from homer_integrations.homer.nodes import CompressionResult, Nodes
-from homer_integrations.homer.strategies import CompressorFor, PassageReplay, PassageRoom, Reread
+from homer_integrations.homer.document.chunking import ChunkPlan
+from homer_integrations.homer.kv.chunk import Chunk
+from homer_integrations.homer.kv.dynamic import cache_from_tensors
+from homer_integrations.homer.layers.nodes import CompressionResult, Nodes
+from homer_integrations.homer.leaves.leaf_batch import leaf_reducible
+from homer_integrations.homer.leaves.leaf_pass import LeafPass
+from homer_integrations.homer.leaves.leaf_tier import LeafTier
+from homer_integrations.homer.reading.strategies import CompressorFor, PassageReplay, PassageRoom, Reread
 
 
 def positions_in_leaves(plan: ChunkPlan, kept: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ and is reported by split, kind and depth. Methods, the same model and token budg
 
 - ``query_aware``: ``HomerModel.answer(book, q, mode="query_aware")`` with a store (the package's
   default). Past the model's window it keeps the whole passages BM25 ranks best for the question
-  (``homer.passages``, no leaf tier) and re-reads them.
+  (``homer.reading.passages``, no leaf tier) and re-reads them.
 - ``fused``: the same passages ranked by BM25 and question attention over the leaf tier together
   (reciprocal-rank fusion, ``PassageSelection(attention=1.0)``): the tier built once (paid by the
   first question, kept on disk). The rows before 2026-12-03 named ``query_aware`` were this method.
@@ -21,7 +21,7 @@ and is reported by split, kind and depth. Methods, the same model and token budg
   best single statements by question attention, re-read (the rows before 2026-12-02 named
   ``query_aware`` were this method and are relabelled).
 - ``hybrid``: ``tokens`` whose selection also keeps the statements BM25 ranks best for the
-  question (``homer.lexical.LexicalEvidence``: at most a quarter of the same budget), from the same tier.
+  question (``homer.scoring.lexical.LexicalEvidence``: at most a quarter of the same budget), from the same tier.
 - ``shared``: the book's one question-agnostic root (``mode="shared"``), built once.
 - ``bm25``: the retrieval route the package ships (``HomerRouter``'s: ``RecursiveCharacterTextSplitter``
   chunks of 800 characters, BM25, ``retrieval_prompt``), with as many chunks as fill the budget.
@@ -57,10 +57,10 @@ from typing import Any
 import torch
 
 from homer_integrations import HomerConfig, HomerModel
-from homer_integrations.homer.budget import ReadBudget
-from homer_integrations.homer.lexical import LexicalEvidence
-from homer_integrations.homer.passages import PassageSelection
-from homer_integrations.homer.strategies import AutoReplay, PassageReplay, RecomputeReplay, Replay
+from homer_integrations.homer.reading.budget import ReadBudget
+from homer_integrations.homer.reading.passages import PassageSelection
+from homer_integrations.homer.reading.strategies import AutoReplay, PassageReplay, RecomputeReplay, Replay
+from homer_integrations.homer.scoring.lexical import LexicalEvidence
 from homer_integrations.paths import bundled_text
 from homer_integrations.question_sets import question_set
 
@@ -152,7 +152,7 @@ class Bm25Route:
     def __init__(self, engine: HomerModel, text: str, budget: int, stemmer: str | None = "english") -> None:
         from langchain_text_splitters import RecursiveCharacterTextSplitter
 
-        from homer_integrations.retrieval import BM25Index
+        from homer_integrations.homer.scoring.lexical import BM25Index
 
         splitter = RecursiveCharacterTextSplitter(chunk_size=CHUNK_CHARS, chunk_overlap=CHUNK_OVERLAP)
         chunks = splitter.split_text(text)
@@ -166,7 +166,7 @@ class Bm25Route:
         from langchain_core.messages import HumanMessage
 
         from homer_integrations.langchain import ChatHomer
-        from homer_integrations.retrieval import retrieval_prompt
+        from homer_integrations.routing import retrieval_prompt
 
         started = time.perf_counter()
         passages = self.index.search(question, self.k)

@@ -35,7 +35,7 @@ Option = tuple[str, type, Any, str]
 
 EXCERPT: Option = ("--tokens", int, 3000, "excerpt length in model tokens")
 MODEL = "qwen2.5-coder-1.5b-instruct"
-"""``--model``'s default: the package's (``homer_integrations.models.DEFAULT_MODEL``; not imported: torch)."""
+"""``--model``'s default: the package's (``homer_integrations.engine.loading.DEFAULT_MODEL``; not imported: torch)."""
 MODE = "auto"
 """``--mode``'s default: the package's (a document that fits the window kept whole, a longer one per question)."""
 MODES = ("auto", "shared", "query_aware", "full")

@@ -10,22 +10,22 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from homer_integrations.engine import AnswerInfo, AnswerStream, HomerModel
-    from homer_integrations.homer.compressed import CompressedDocument, CompressionStats
+    from homer_integrations.engine.model import AnswerInfo, AnswerStream, HomerModel
+    from homer_integrations.engine.prompting import InputTooLongError, PromptTooLongError
     from homer_integrations.homer.config import HomerConfig
-    from homer_integrations.homer.generation import GenerationOptions
-    from homer_integrations.prompting import InputTooLongError, PromptTooLongError
+    from homer_integrations.homer.decoding.generation import GenerationOptions
+    from homer_integrations.homer.kv.compressed import CompressedDocument, CompressionStats
 
 _EXPORTS = {
-    "AnswerInfo": "homer_integrations.engine",
-    "AnswerStream": "homer_integrations.engine",
-    "HomerModel": "homer_integrations.engine",
-    "CompressedDocument": "homer_integrations.homer.compressed",
-    "CompressionStats": "homer_integrations.homer.compressed",
+    "AnswerInfo": "homer_integrations.engine.model",
+    "AnswerStream": "homer_integrations.engine.model",
+    "HomerModel": "homer_integrations.engine.model",
+    "CompressedDocument": "homer_integrations.homer.kv.compressed",
+    "CompressionStats": "homer_integrations.homer.kv.compressed",
     "HomerConfig": "homer_integrations.homer.config",
-    "GenerationOptions": "homer_integrations.homer.generation",
-    "InputTooLongError": "homer_integrations.prompting",
-    "PromptTooLongError": "homer_integrations.prompting",
+    "GenerationOptions": "homer_integrations.homer.decoding.generation",
+    "InputTooLongError": "homer_integrations.engine.prompting",
+    "PromptTooLongError": "homer_integrations.engine.prompting",
 }
 
 

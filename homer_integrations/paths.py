@@ -1,8 +1,10 @@
-"""Where the package keeps files: bundled data, and the user's cache directory."""
+"""Where the package keeps files (bundled data, the user's cache directory), and whether a file is this user's own
+private file: what the keyed cache's secret and ``homer-qa serve``'s announcement must be before they are trusted."""
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,3 +43,14 @@ def bundled_excerpt(tokenizer: PreTrainedTokenizerBase, tokens: int, start_marke
     novel = bundled_text("prideprejudice")
     ids = tokenizer(novel[novel.index(start_marker) :], add_special_tokens=False)["input_ids"]
     return tokenizer.decode(ids[:tokens])
+
+
+def not_private(st: os.stat_result, fix: str) -> str | None:
+    """Why a file of ``st`` is not this user's own private file (``fix`` ends the reason), or None."""
+    if not hasattr(os, "getuid"):  # no POSIX owners and modes (Windows)
+        return None
+    if st.st_uid != os.getuid():
+        return f"belongs to user {st.st_uid}, not to you (user {os.getuid()})"
+    if st.st_mode & 0o077:
+        return f"has mode {stat.S_IMODE(st.st_mode):o}: others may read or write it ({fix})"
+    return None

@@ -3,7 +3,7 @@
 Framework-free: tools are OpenAI-format function dicts (``{"type": "function", "function": {"name",
 "description", "parameters"}}``, what LangChain's ``convert_to_openai_tool`` returns). A call is
 written as one compact JSON object, ``{"name": ..., "arguments": {...}}``, decoded under a grammar
-(see ``homer.constraints``): with ``choice="any"`` the answer must be a call to one of the tools,
+(see ``homer.decoding.constraints``): with ``choice="any"`` the answer must be a call to one of the tools,
 with a tool's name a call to that tool, with ``"auto"`` either a call (the answer starts with ``{``)
 or plain text. One call per answer.
 """
@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from homer_integrations.homer.constraints import ResponseFormat, closed_schema
+from homer_integrations.homer.decoding.constraints import ResponseFormat, closed_schema
 
 AUTO, ANY, NONE = "auto", "any", "none"
 

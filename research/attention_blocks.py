@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 from homer_integrations import HomerModel
-from homer_integrations.homer import decoder
-from homer_integrations.homer.budget import ReadBudget
-from homer_integrations.homer.strategies import AutoReplay, PassageReplay
+from homer_integrations.homer.model import decoder
+from homer_integrations.homer.reading.budget import ReadBudget
+from homer_integrations.homer.reading.strategies import AutoReplay, PassageReplay
 from homer_integrations.paths import bundled_text
 
 OUT = Path(__file__).parents[1] / "benchmarks" / "results" / "attention_blocks.json"

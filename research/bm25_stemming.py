@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from book_selection import Chunks, evidence_offsets, token_span
 from whole_book import book_with_facts
 
-from homer_integrations.homer.passages import PassageSelection
-from homer_integrations.homer.prompt import unit_ids
+from homer_integrations.homer.document.prompt import unit_ids
+from homer_integrations.homer.reading.passages import PassageSelection
 from homer_integrations.paths import cache_root
 
 

@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from whole_book import book_with_facts
 
 from homer_integrations import HomerModel
-from homer_integrations.homer.pruning import standardise
-from homer_integrations.homer.score_units import ScoreMemory
-from homer_integrations.homer.scorers import EveryLayer
-from homer_integrations.prompting import encode
+from homer_integrations.engine.prompting import encode
+from homer_integrations.homer.scoring.pruning import standardise
+from homer_integrations.homer.scoring.scorers import EveryLayer
+from homer_integrations.homer.scoring.units import ScoreMemory
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from whole_book import CHUNK_CHARS, CHUNK_OVERLAP, FACTS, book_with_facts
 
-from homer_integrations.homer.lexical import BM25Index
+from homer_integrations.homer.scoring.lexical import BM25Index
 from homer_integrations.paths import bundled_text
 from homer_integrations.question_sets import question_set
 
@@ -133,8 +133,8 @@ def main() -> None:
     B = args.budget
     from transformers import AutoTokenizer
 
-    from homer_integrations.homer.passages import PassageSelection
-    from homer_integrations.homer.prompt import unit_ids
+    from homer_integrations.homer.document.prompt import unit_ids
+    from homer_integrations.homer.reading.passages import PassageSelection
     from homer_integrations.paths import cache_root
 
     tokenizer = AutoTokenizer.from_pretrained(next((cache_root() / "models").glob(f"{args.model}-*[!k]")))

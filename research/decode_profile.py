@@ -4,7 +4,7 @@
 
 Loads the converted Qwen2.5-Coder-1.5B in bfloat16 (the package's model cache; run the package once
 first), prefills ``--context`` random tokens into a ``DynamicCache`` with SDPA, then times single-token
-steps of ``model(...)`` (as ``homer.generation.decode`` calls it) with each attention implementation,
+steps of ``model(...)`` (as ``homer.decoding.generation.decode`` calls it) with each attention implementation,
 and profiles three SDPA steps by operator; ``package`` is the attention the engine registers
 (``register_headwise_attention``). Also times one bfloat16 matrix-vector product per weight
 shape, the rate that bounds a step that only read its weights.
@@ -19,7 +19,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from homer_integrations.homer.headwise.cache import register_headwise_attention
+from homer_integrations.homer.kv.headwise import register_headwise_attention
 from homer_integrations.paths import cache_root
 
 

@@ -24,11 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # p
 from passkey_lib import key_token_indices, make_sample, parse_key
 
 from homer_integrations import HomerConfig, HomerModel
-from homer_integrations.homer.generation import GenerationOptions
-from homer_integrations.homer.scorers import LastTokenScorer
-from homer_integrations.homer.scoring import Scoring
-from homer_integrations.homer.strategies import Recipe
-from homer_integrations.models import GEMMA3_270M, load_embedded
+from homer_integrations.engine.loading import GEMMA3_270M, load_embedded
+from homer_integrations.homer.decoding.generation import GenerationOptions
+from homer_integrations.homer.reading.strategies import Recipe
+from homer_integrations.homer.scoring.chain import Scoring
+from homer_integrations.homer.scoring.scorers import LastTokenScorer
 
 PREFIX = (
     "There is an important piece of information hidden inside a lot of irrelevant text. "

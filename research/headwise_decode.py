@@ -4,7 +4,7 @@ Both caches hold the same K/V bytes: the dense root ``budget`` tokens in every h
 ``L * Hkv * budget`` (layer, head, token) triples spread over the heads log-normally, clipped to the
 candidates (2x the budget), about as a RULER sample spread them (59 to 3,643 tokens at a mean of 971).
 The K/V values are random: attention's cost does not depend on them. The same question tokens are
-read, then ``--tokens`` tokens decoded greedily as ``homer.generation.decode`` does, the two caches
+read, then ``--tokens`` tokens decoded greedily as ``homer.decoding.generation.decode`` does, the two caches
 alternating ``--repeats`` times in one process; reported as medians and the head-wise/dense ratio.
 
     .venv/bin/python research/headwise_decode.py                     # Qwen2.5-Coder-0.5B, budgets 1024, 2048
@@ -43,7 +43,7 @@ def spread(layers: int, heads: int, budget: int, generator: torch.Generator) -> 
 @torch.inference_mode()
 def time_answer(model, cache, question: torch.Tensor, start: int, tokens: int) -> dict[str, float]:
     """Read ``question`` [q] after ``cache`` at positions ``start..``, then ``tokens`` greedy steps (no
-    early stop: random caches end an answer anywhere), as ``homer.generation.decode`` calls the model."""
+    early stop: random caches end an answer anywhere), as ``homer.decoding.generation.decode`` calls the model."""
     device = model.device
     began = time.perf_counter()
     positions = torch.arange(start, start + question.numel(), device=device)[None]
@@ -58,8 +58,8 @@ def time_answer(model, cache, question: torch.Tensor, start: int, tokens: int) -
 
 
 def one_budget(model, budget: int, args: argparse.Namespace) -> dict:
-    from homer_integrations.homer.headwise.cache import headwise_cache, register_headwise_attention
-    from homer_integrations.homer.kv import cache_from_tensors
+    from homer_integrations.homer.kv.dynamic import cache_from_tensors
+    from homer_integrations.homer.kv.headwise import headwise_cache, register_headwise_attention
 
     register_headwise_attention(model)  # both caches run through it: dense ones reach SDPA unchanged
     config = model.config
@@ -98,7 +98,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
-    from homer_integrations.models import load_model
+    from homer_integrations.engine.loading import load_model
 
     torch.set_num_threads(args.threads)
     model, _ = load_model(MODEL, dtype="float32" if args.device == "cpu" else "bfloat16", device=args.device)

@@ -16,7 +16,7 @@ one of the ``--close-top`` share of best-scored kept tokens, whole (``close_stat
 ``chunks`` (``chunks:W:...``, W document tokens a piece) runs each piece through every layer alone
 after the prefix, at its document positions, and scores it by reconstruction of its own text (a
 memory-bounded whole read; it lost: ``benchmarks/ruler_notes.md``). ``selection`` then
-cuts that cache to the budget with ``homer.headwise.selection``'s reconstruction scores per layer and head:
+cuts that cache to the budget with ``homer.scoring.headwise``'s reconstruction scores per layer and head:
 ``uniform`` (the same count in every head), ``global`` (KVzip's one budget over all heads and layers;
 the answer hides each head's padding slots from attention through a wrapped SDPA), ``globalword``
 (``global`` over scores pooled per word: each head keeps a word whole or not at all),
@@ -55,19 +55,19 @@ from ablations import RECONSTRUCTION_ABLATIONS
 from ruler_trace import answer_after, row_head, value_and_line
 
 from homer_integrations import HomerConfig, HomerModel
-from homer_integrations.builder import compressed_document
-from homer_integrations.homer.chunk import Chunk
-from homer_integrations.homer.chunking import ChunkPlan
-from homer_integrations.homer.compressor import HomerCompressor
-from homer_integrations.homer.decoder import DecoderStack
-from homer_integrations.homer.headwise.root import score_candidates, select_candidates
-from homer_integrations.homer.headwise.selection import head_scores, keep_global, keep_per_head
-from homer_integrations.homer.kv import cache_from_tensors, layer_tensors
-from homer_integrations.homer.nodes import CompressionResult
-from homer_integrations.homer.pruning import standardise
-from homer_integrations.homer.recompute import prefill_kept, whole_units
-from homer_integrations.homer.score_units import ScoreUnit, pool_words
-from homer_integrations.models import load_model
+from homer_integrations.engine.builder import compressed_document
+from homer_integrations.engine.loading import load_model
+from homer_integrations.homer.document.chunking import ChunkPlan
+from homer_integrations.homer.kv.chunk import Chunk
+from homer_integrations.homer.kv.dynamic import cache_from_tensors, layer_tensors
+from homer_integrations.homer.layers.nodes import CompressionResult
+from homer_integrations.homer.model.decoder import DecoderStack
+from homer_integrations.homer.scoring.headwise import head_scores, keep_global, keep_per_head
+from homer_integrations.homer.scoring.pruning import standardise
+from homer_integrations.homer.scoring.units import ScoreUnit, pool_words
+from homer_integrations.homer.tree.compressor import HomerCompressor
+from homer_integrations.homer.tree.headwise import score_candidates, select_candidates
+from homer_integrations.homer.tree.recompute import prefill_kept, whole_units
 
 OUT = ruler.RESULTS / "headwise_probe.jsonl"
 REPORT = ruler.RESULTS / "headwise_probe.md"

@@ -33,12 +33,12 @@ from unittest import mock
 
 import torch
 
-import homer_integrations.homer.flat as flat
-import homer_integrations.homer.headwise.root as root
-import homer_integrations.homer.headwise.selection as selection
-import homer_integrations.homer.scorers as scorers
+import homer_integrations.homer.scoring.headwise as selection
+import homer_integrations.homer.scoring.scorers as scorers
+import homer_integrations.homer.tree.flat as flat
+import homer_integrations.homer.tree.headwise as root
 from homer_integrations import HomerModel
-from homer_integrations.homer.strategies import AutoRoot, HeadwiseRoot, RootSpan
+from homer_integrations.homer.reading.strategies import AutoRoot, HeadwiseRoot, RootSpan
 from homer_integrations.paths import bundled_text
 
 MODEL = "smollm2-135m-instruct"

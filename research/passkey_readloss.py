@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # passkey_lib
 from passkey_lib import engine_for, make_sample, run_sample
 
-from homer_integrations.models import load_model
+from homer_integrations.engine.loading import load_model
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # results stay with the benchmarks
 

@@ -35,12 +35,12 @@ import ruler_tasks
 from ruler_trace import value_and_line
 
 from homer_integrations import HomerConfig, HomerModel
-from homer_integrations.homer.chunking import ChunkPlan
-from homer_integrations.homer.kv import cache_from_tensors
-from homer_integrations.homer.probing import probe_scores
-from homer_integrations.homer.scorers import ReconstructionScorer, ScoreInput
-from homer_integrations.homer.strategies import Recipe
-from homer_integrations.models import load_model
+from homer_integrations.engine.loading import load_model
+from homer_integrations.homer.document.chunking import ChunkPlan
+from homer_integrations.homer.kv.dynamic import cache_from_tensors
+from homer_integrations.homer.reading.strategies import Recipe
+from homer_integrations.homer.scoring.probing import probe_scores
+from homer_integrations.homer.scoring.scorers import ReconstructionScorer, ScoreInput
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # results stay with the benchmarks
 

@@ -28,12 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # p
 from passkey_lib import QUESTION, engine_for, key_token_indices, make_sample, run_sample
 
 from homer_integrations import HomerModel
-from homer_integrations.homer.chunking import ChunkPlan
-from homer_integrations.homer.nodes import PruneEvent
-from homer_integrations.homer.prompt import encode, unit_ids
-from homer_integrations.homer.score_units import pool_words
-from homer_integrations.homer.scorers import LastTokenScorer, ScoreInput
-from homer_integrations.models import load_model
+from homer_integrations.engine.loading import load_model
+from homer_integrations.homer.document.chunking import ChunkPlan
+from homer_integrations.homer.document.prompt import encode, unit_ids
+from homer_integrations.homer.layers.nodes import PruneEvent
+from homer_integrations.homer.scoring.scorers import LastTokenScorer, ScoreInput
+from homer_integrations.homer.scoring.units import pool_words
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # results stay with the benchmarks
 

@@ -36,11 +36,11 @@ import ruler_tasks
 from ruler_trace import value_and_line
 
 from homer_integrations import HomerConfig, HomerModel
-from homer_integrations.homer.prompt import unit_ids
-from homer_integrations.homer.pruning import standardise
-from homer_integrations.homer.score_units import pool_words
-from homer_integrations.homer.scorers import QuestionAttentionScorer, ScoreInput
-from homer_integrations.models import load_model
+from homer_integrations.engine.loading import load_model
+from homer_integrations.homer.document.prompt import unit_ids
+from homer_integrations.homer.scoring.pruning import standardise
+from homer_integrations.homer.scoring.scorers import QuestionAttentionScorer, ScoreInput
+from homer_integrations.homer.scoring.units import pool_words
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # results stay with the benchmarks
 RECORDS = RESULTS / "question_layers"

@@ -36,7 +36,7 @@ def profile_question(tokens: int, ratio: int, device: str, tiny: bool, dtype: st
     from ruler import MODEL, chunk_length
 
     from homer_integrations import HomerConfig, HomerModel
-    from homer_integrations.models import load_model
+    from homer_integrations.engine.loading import load_model
     from homer_integrations.paths import bundled_excerpt
 
     model, tok = tiny_qwen(device) if tiny else load_model(MODEL, dtype=getattr(torch, dtype), device=device)

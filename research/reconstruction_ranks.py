@@ -22,13 +22,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # two_tier
 from two_tier import engine_for, make_sample, value_tokens
 
-from homer_integrations.homer.chunking import ChunkPlan
-from homer_integrations.homer.kv import cache_from_tensors
-from homer_integrations.homer.probing import probe_scores
-from homer_integrations.homer.prompt import encode
-from homer_integrations.homer.pruning import standardise
-from homer_integrations.homer.scorers import ReconstructionScorer, ScoreInput
-from homer_integrations.models import load_model
+from homer_integrations.engine.loading import load_model
+from homer_integrations.homer.document.chunking import ChunkPlan
+from homer_integrations.homer.document.prompt import encode
+from homer_integrations.homer.kv.dynamic import cache_from_tensors
+from homer_integrations.homer.scoring.probing import probe_scores
+from homer_integrations.homer.scoring.pruning import standardise
+from homer_integrations.homer.scoring.scorers import ReconstructionScorer, ScoreInput
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # results stay with the benchmarks
 

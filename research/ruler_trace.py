@@ -34,10 +34,10 @@ import ruler_tasks
 from ablations import ABLATIONS, recipe_of
 
 from homer_integrations import HomerConfig, HomerModel
-from homer_integrations.homer.generation import GenerationOptions
-from homer_integrations.homer.score_units import ScoreMemory, SentenceBonus
-from homer_integrations.homer.scoring import Scoring
-from homer_integrations.models import load_model
+from homer_integrations.engine.loading import load_model
+from homer_integrations.homer.decoding.generation import GenerationOptions
+from homer_integrations.homer.scoring.chain import Scoring
+from homer_integrations.homer.scoring.units import ScoreMemory, SentenceBonus
 
 
 def scoring_for(name: str) -> Scoring | None:

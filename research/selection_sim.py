@@ -34,10 +34,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # two_tier
 from two_tier import FACTS, engine_for, make_sample, value_tokens
 
-from homer_integrations.homer.prompt import encode, unit_ids
-from homer_integrations.homer.pruning import standardise
-from homer_integrations.homer.score_units import pool_words
-from homer_integrations.models import load_model
+from homer_integrations.engine.loading import load_model
+from homer_integrations.homer.document.prompt import encode, unit_ids
+from homer_integrations.homer.scoring.pruning import standardise
+from homer_integrations.homer.scoring.units import pool_words
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # results stay with the benchmarks
 SCORES = RESULTS / "selection_scores"

@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache
 from yarn_prefill_qa import yarn_model
 
-from homer_integrations.models import QWEN25_CODER_15B, load_embedded
+from homer_integrations.engine.loading import QWEN25_CODER_15B, load_embedded
 
 DATA = Path(__file__).resolve().parents[1] / "homer_integrations" / "data"
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "yarn_prefill_cost.json"

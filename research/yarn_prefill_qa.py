@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from whole_book import ROWS, book_with_facts, peak_rss_mb
 
 from homer_integrations import HomerModel
-from homer_integrations.models import QWEN25_CODER_15B, converted_dir, load_embedded
+from homer_integrations.engine.loading import QWEN25_CODER_15B, converted_dir, load_embedded
 
 OUT = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "yarn_prefill_rows.jsonl"
 

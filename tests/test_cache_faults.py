@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from safetensors.torch import save, save_file
 
 from homer_integrations import CompressedDocument, HomerModel
+from homer_integrations.cache import DocumentCache, DocumentCacheWarning
 from homer_integrations.cli import main
-from homer_integrations.document_cache import DocumentCache, DocumentCacheWarning
-from homer_integrations.homer.compressed import CacheSpec, check_consistent, validate
+from homer_integrations.homer.kv.compressed import CacheSpec, check_consistent, validate
 from tests import test_document_cache as base
 from tests.test_document_cache import Counter, _paths, _rewrite_manifest, assert_same_tensors
 

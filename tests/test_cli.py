@@ -220,7 +220,7 @@ def test_split_content_keeps_its_own_leaf_tier(
 def test_how_the_cache_is_built_is_not_a_command_line_option(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    # the shared root's builder and the other research switches are a Recipe (homer.strategies), not a flag
+    # the shared root's builder and the other research switches are a Recipe (homer.reading.strategies), not a flag
     book = tmp_path / "chapter1.txt"
     book.write_text("Some text.", encoding="utf-8")
     with pytest.raises(SystemExit) as exit_info:

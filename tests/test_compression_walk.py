@@ -14,18 +14,18 @@ VALUES = frozenset(
     f"{PACKAGE}.{name}"
     for name in (
         "homer.config",
-        "homer.encoded",
-        "homer.compressed",
-        "homer.chunking",
-        "homer.leaf_tier",
-        "homer.scoring",
-        "homer.decoder",
-        "homer.calibration",
-        "homer.prompt",
+        "homer.document.encoded",
+        "homer.kv.compressed",
+        "homer.document.chunking",
+        "homer.leaves.leaf_tier",
+        "homer.scoring.chain",
+        "homer.model.decoder",
+        "homer.scoring.calibration",
+        "homer.document.prompt",
     )
 )
 """Not bounded here: the values a call hands around (their accessors and properties: ``prompt_len``,
-``units``, ``needs_calibration``, ``tier.nbytes``), the calibration table and ``homer.prompt``'s
+``units``, ``needs_calibration``, ``tier.nbytes``), the calibration table and ``homer.document.prompt``'s
 tokenizer helpers, which ``prompting`` calls once for each text it encodes or renders."""
 
 TWICE = {
@@ -34,12 +34,12 @@ TWICE = {
         # included, and encodes it on a miss only: a stored root needs no tokens
         "prompting": 3,
         # AutoRoot asks whether the head-wise root is possible, then builds it
-        "homer.headwise.root": 2,
+        "homer.tree.headwise": 2,
     },
     "query_aware": {
         "prompting": 3,  # the engine's call lays the prompt out and checks the question; tiers encodes it
         # the leaf tier's passes (no bias, no budget: stored for every question) and the question's
-        "homer.compressor": 2,
+        "homer.tree.compressor": 2,
     },
 }
 """Modules a first compression still visits more than once, and why."""
@@ -87,7 +87,7 @@ def test_one_compression_enters_each_module_once_and_tokenizes_the_document_once
     assert {name for name, n in visits.items() if n > 1} == set(TWICE[mode]), walk.edges
     for name, bound in TWICE[mode].items():
         assert visits[name] <= bound, (name, walk.edges)
-    assert visits["tiers"] == visits["builder"] == visits["homer.strategies"] == 1
+    assert visits["tiers"] == visits["builder"] == visits["homer.reading.strategies"] == 1
     assert sum(document in text for text in texts if isinstance(text, str)) == 1, "tokenized once"
 
     if mode == "query_aware":  # the next question replays from the stored tier: one compressor, no tokenization

@@ -15,7 +15,7 @@ from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.cache.store import open_store
 from homer_integrations.cli import main
 from homer_integrations.corpus import CorpusWorker, DocumentJob, DocumentOutcome, compress_corpus
-from homer_integrations.models import SMOLLM2, converted_dir
+from homer_integrations.engine.loading import SMOLLM2, converted_dir
 from tests.cache.conftest import s3_endpoint, s3_url  # noqa: F401 (fixtures: a real S3 API on 127.0.0.1)
 from tests.conftest import REPO, tiny_model
 

@@ -14,9 +14,9 @@ from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.corpus import Corpus, NamedText, Source, ask_corpus, document_name, stream_corpus
 from homer_integrations.corpus.questions import HEADER, kept_ranges
 from homer_integrations.documents import DocumentError
-from homer_integrations.homer.budget import ReadBudget
-from homer_integrations.homer.passages import PassageSelection
-from homer_integrations.homer.strategies import AutoReplay, PassageReplay, Recipe
+from homer_integrations.homer.reading.budget import ReadBudget
+from homer_integrations.homer.reading.passages import PassageSelection
+from homer_integrations.homer.reading.strategies import AutoReplay, PassageReplay, Recipe
 from tests.conftest import tiny_model
 
 RARE = "The quillwort zephyrine marmalade treaty was signed at Okeechobee by the marquess."
@@ -182,7 +182,7 @@ def test_a_bad_question_or_option_is_refused_before_any_work(engine, novel) -> N
 
 
 def test_the_joined_text_is_tokenized_once_for_every_question(engine, novel, monkeypatch) -> None:
-    from homer_integrations import prompting
+    from homer_integrations.engine import prompting
 
     calls: list[str] = []
     tokenize = prompting.encode_offsets

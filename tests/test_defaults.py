@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from homer_integrations import HomerConfig, HomerModel
+from homer_integrations.engine.loading import DEFAULT_MODEL, QWEN25_CODER_15B, ModelNotAvailableError, gguf_file
 from homer_integrations.homer.config import resolve_mode
-from homer_integrations.models import DEFAULT_MODEL, QWEN25_CODER_15B, ModelNotAvailableError, gguf_file
 from tests.conftest import REPO, mode_engine
 
 QUESTION = "Who has taken Netherfield Park?"
@@ -28,7 +28,7 @@ def test_the_default_model_is_the_1_5b_model_everywhere_a_name_is_missing(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from homer_integrations.cli import common, main
-    from homer_integrations.engine_pool import MODEL_ENV, default_model_name
+    from homer_integrations.engine.pool import MODEL_ENV, default_model_name
 
     assert DEFAULT_MODEL == QWEN25_CODER_15B.name == "qwen2.5-coder-1.5b-instruct"
     assert common.DEFAULT_MODEL == DEFAULT_MODEL, "the CLI's literal (it starts without torch) follows the package"

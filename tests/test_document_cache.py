@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save, save_file
 
 from homer_integrations import CompressedDocument, HomerConfig, HomerModel
-from homer_integrations.document_cache import (
+from homer_integrations.cache import (
     FORMAT_VERSION,
     CacheStats,
     DocumentCache,
@@ -27,7 +27,7 @@ from homer_integrations.document_cache import (
     document_nbytes,
     entry_checksum,
 )
-from homer_integrations.homer.strategies import FlatRoot, Recipe, TreeRoot
+from homer_integrations.homer.reading.strategies import FlatRoot, Recipe, TreeRoot
 from tests.conftest import REPO, tiny_model, uncalibrated
 
 CONFIG = HomerConfig(max_chunk_len=128, warmup_layers=3, mode="shared")
@@ -477,7 +477,7 @@ import json, sys, time
 from pathlib import Path
 from safetensors import safe_open
 from safetensors.torch import load_file
-from homer_integrations.document_cache import DocumentCache, document_from_tensors
+from homer_integrations.cache import DocumentCache, document_from_tensors
 
 directory, source, key, marks = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4])
 

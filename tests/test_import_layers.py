@@ -146,7 +146,7 @@ def test_the_graph_sees_every_kind_of_import() -> None:
     # function-local: cli/compress.py imports open_store inside a function
     assert "homer_integrations.cache.store" in graph["homer_integrations.cli.compress"]
     # under TYPE_CHECKING: the package's lazy exports
-    assert "homer_integrations.engine" in graph["homer_integrations"]
+    assert "homer_integrations.engine.model" in graph["homer_integrations"]
     # ``from package import submodule``: the submodule
     assert "homer_integrations.cli.serve" in graph["homer_integrations.cli"]
     assert cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [frozenset("abc")]
@@ -174,3 +174,40 @@ def test_homer_imports_only_homer() -> None:
 
 def test_cache_imports_no_front_end() -> None:
     assert outside_imports("cache", FRONT_ENDS) == set()
+
+
+STAGES = ("document", "scoring", "layers", "leaves", "tree", "reading", "decoding")
+"""``homer/``'s stages in the order a document flows through them (``homer/__init__``)."""
+SHARED = ("config", "model", "kv")
+"""What every stage may import: the settings, the decoder, the K/V forms."""
+
+
+def homer_part(module: str) -> str | None:
+    """The stage or shared helper of ``homer/`` that ``module`` lies in (``homer.tree.flat`` -> ``tree``)."""
+    prefix = f"{PACKAGE}.homer."
+    return module[len(prefix) :].split(".")[0] if module.startswith(prefix) else None
+
+
+def test_homer_is_its_stages_and_shared_helpers() -> None:
+    parts = {homer_part(name) for name in modules()} - {None}
+    assert parts == set(STAGES) | set(SHARED)
+    for part in parts:
+        inside = [n for n in modules() if homer_part(n) == part and not n.endswith("__init__")]
+        assert len(inside) <= 12, f"homer/{part} holds {len(inside)} modules"
+
+
+def test_each_stage_imports_only_earlier_stages() -> None:
+    bad = []
+    for source, edges in import_graph().items():
+        stage = homer_part(source)
+        for target in edges:
+            used = homer_part(target)
+            if stage is None or used is None or used == stage:
+                continue
+            if stage in SHARED:
+                ok = used in SHARED and SHARED.index(used) <= SHARED.index(stage) or stage == "config"
+            else:
+                ok = used in SHARED or STAGES.index(used) < STAGES.index(stage)
+            if not ok:
+                bad.append(f"{source} -> {target}")
+    assert not bad, "imports against the stage order: " + "; ".join(bad)

@@ -23,9 +23,9 @@ from homer_integrations import HomerConfig, HomerModel, InputTooLongError, Promp
 from homer_integrations.cli import main
 from homer_integrations.cli.common import DEFAULT_MAX_DOCUMENT_TOKENS
 from homer_integrations.documents import DEFAULT_MAX_BYTES, FileTooLargeError, read_document
-from homer_integrations.homer.prompt import encode, render_layout
-from homer_integrations.homer.strategies import Recipe
-from homer_integrations.models import ModelNotAvailableError, resolve_device
+from homer_integrations.engine.loading import ModelNotAvailableError, resolve_device
+from homer_integrations.homer.document.prompt import encode, render_layout
+from homer_integrations.homer.reading.strategies import Recipe
 from tests.conftest import REPO, tiny_model
 
 FAST_CALIBRATION = Recipe(calibration_segments=1)
@@ -249,7 +249,7 @@ def test_a_prompt_around_the_document_that_takes_most_of_the_cache_is_a_warning(
             recipe=FAST_CALIBRATION,
         )
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="homer_integrations.tiers"):
+        with caplog.at_level(logging.WARNING, logger="homer_integrations.engine.tiers"):
             return engine.compress(novel[:3000], mode="shared").num_tokens
 
     assert compress("Answer briefly.") <= 64
@@ -298,7 +298,7 @@ def test_a_question_over_its_token_limit_is_refused_before_any_layer_runs(engine
 
 
 def test_a_huge_question_is_refused_without_tokenizing_it(engine: HomerModel, monkeypatch: pytest.MonkeyPatch) -> None:
-    import homer_integrations.prompting as prompting
+    import homer_integrations.engine.prompting as prompting
 
     def never(*_: object, **__: object) -> None:
         raise AssertionError("the question was tokenized")
@@ -314,7 +314,7 @@ def test_a_huge_question_is_refused_without_tokenizing_it(engine: HomerModel, mo
 def test_a_document_over_max_document_tokens_is_counted_in_slices_and_refused_early(
     tokenizer, tmp_path: Path, novel: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import homer_integrations.prompting as prompting
+    import homer_integrations.engine.prompting as prompting
 
     assert prompting.DEFAULT_MAX_DOCUMENT_TOKENS == DEFAULT_MAX_DOCUMENT_TOKENS == 2_000_000  # the CLI's default
     cfg = HomerConfig(max_chunk_len=128, warmup_layers=2)
@@ -520,7 +520,7 @@ def test_an_injected_document_is_compressed_as_plain_text(engine: HomerModel, to
 
 
 def test_a_caller_formatted_prompt_keeps_its_markup_and_its_document_stays_plain(engine: HomerModel, tokenizer) -> None:
-    from homer_integrations.prompt_split import render_plain_text, split_prompt
+    from homer_integrations.engine.prompt_split import render_plain_text, split_prompt
 
     document = f"Chapter one.\n{INJECTION}\nChapter two."
     formatted = f"<|im_start|>user\nRead this.\n\n{document}\n\nWho?<|im_end|>\n<|im_start|>assistant\n"

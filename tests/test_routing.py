@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from homer_integrations.retrieval import DEFAULT_RETRIEVAL_INSTRUCTION, BM25Index, retrieval_prompt
+from homer_integrations.homer.scoring.lexical import BM25Index
 from homer_integrations.routing import (
+    DEFAULT_RETRIEVAL_INSTRUCTION,
     CallableStrategy,
     RouteDecision,
     RulesStrategy,
     SelfRouteStrategy,
     aroute_answer,
     make_strategy,
+    retrieval_prompt,
     route_answer,
 )
 

@@ -17,11 +17,11 @@ PACKAGE = "homer_integrations"
 
 def orchestrates(module: str) -> bool:
     """Whether ``module`` sequences a compression: the package's top-level modules (``engine``, ``tiers``,
-    ``prompting``, ``builder``, and whichever the engine's calls are split into) and ``homer.strategies``.
-    ``homer.compressor`` is not one: it only wires the passes over one ``Nodes`` (its frames are their
+    ``prompting``, ``builder``, and whichever the engine's calls are split into) and ``homer.reading.strategies``.
+    ``homer.tree.compressor`` is not one: it only wires the passes over one ``Nodes`` (its frames are their
     constructors), and is counted as a module the builder enters."""
     inner = module.removeprefix(f"{PACKAGE}.")
-    return inner != module and ("." not in inner or inner == "homer.strategies")
+    return inner != module and ("." not in inner or inner == "homer.reading.strategies")
 
 
 def _module(frame: FrameType) -> str:

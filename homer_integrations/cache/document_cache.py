@@ -45,8 +45,8 @@ from homer_integrations.cache.memory import MemoryLRU
 from homer_integrations.cache.secret import default_secret_path, load_secret
 from homer_integrations.cache.store import DiskBudgetError, Store, open_store
 from homer_integrations.cache.stored import StoredEntries
-from homer_integrations.homer.compressed import CacheSpec
-from homer_integrations.homer.tier_file import Allocate
+from homer_integrations.homer.kv.compressed import CacheSpec
+from homer_integrations.homer.leaves.tier_file import Allocate
 
 DEFAULT_MEMORY_BUDGET = 2 * 1024**3
 _LABEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("homer_document_label", default=None)

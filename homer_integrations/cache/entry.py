@@ -28,17 +28,23 @@ from safetensors.torch import save as save_safetensors
 from safetensors.torch import save_file as save_safetensors_file
 
 from homer_integrations.cache.secret import entry_mac
-from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, check_consistent, check_layout, validate
-from homer_integrations.homer.leaf_entry import SERIAL_FORMAT as LEAF_PIECE_FORMAT
-from homer_integrations.homer.leaf_entry import LeafEntry
-from homer_integrations.homer.leaf_tier import LeafPiece, LeafTier
-from homer_integrations.homer.tier_file import SERIAL_FORMAT as LEAF_TIER_FORMAT
-from homer_integrations.homer.tier_file import head_tensors, tier_from_tensors, whole_tensors
+from homer_integrations.homer.kv.compressed import (
+    CacheSpec,
+    CompressedDocument,
+    check_consistent,
+    check_layout,
+    validate,
+)
+from homer_integrations.homer.leaves.leaf_entry import SERIAL_FORMAT as LEAF_PIECE_FORMAT
+from homer_integrations.homer.leaves.leaf_entry import LeafEntry
+from homer_integrations.homer.leaves.leaf_tier import LeafPiece, LeafTier
+from homer_integrations.homer.leaves.tier_file import SERIAL_FORMAT as LEAF_TIER_FORMAT
+from homer_integrations.homer.leaves.tier_file import head_tensors, tier_from_tensors, whole_tensors
 
 CacheSource = Literal["memory", "disk", "computed"]
 Entry = CompressedDocument | LeafTier | LeafEntry
-"""What the cache holds: a document's compressed root cache, its leaf tier (``homer.leaf_tier``), or one leaf
-of tiers stored by their leaves (``homer.leaf_entry``)."""
+"""What the cache holds: a document's compressed root cache, its leaf tier (``homer.leaves.leaf_tier``), or one leaf
+of tiers stored by their leaves (``homer.leaves.leaf_entry``)."""
 E = TypeVar("E", CompressedDocument, LeafTier, LeafEntry)
 KINDS = {CompressedDocument: "root", LeafTier: "leaf_tier", LeafEntry: "leaf"}
 PieceReader = Callable[[str], LeafEntry]

@@ -13,8 +13,8 @@ import hashlib
 import json
 from typing import Any
 
-from homer_integrations.homer.fingerprint import TextDigests
-from homer_integrations.homer.prompt import markup
+from homer_integrations.homer.document.prompt import markup
+from homer_integrations.homer.model.fingerprint import TextDigests
 
 
 class DocumentKeys:

@@ -1,7 +1,7 @@
 """``LeafStashInStore``: a content-split tier's leaves as store entries of their own, and reading them back.
 
-Each leaf of a tier built with ``split="content"`` is an entry under its content key (``homer.leaf_entry``),
-written as the build finishes it, and the tier's own entry lists those keys (``homer.tier_file``). The same
+Each leaf of a tier built with ``split="content"`` is an entry under its content key (``homer.leaves.leaf_entry``),
+written as the build finishes it, and the tier's own entry lists those keys (``homer.leaves.tier_file``). The same
 text under the same prefix and model is stored once, whichever document holds it.
 """
 
@@ -14,9 +14,9 @@ from safetensors import SafetensorError
 
 from homer_integrations.cache.entry import Entry, Unusable, mapped_entry
 from homer_integrations.cache.store_base import Store
-from homer_integrations.homer.compressed import CacheSpec
-from homer_integrations.homer.leaf_entry import LeafEntry
-from homer_integrations.homer.leaf_tier import LeafPiece, LeafTier
+from homer_integrations.homer.kv.compressed import CacheSpec
+from homer_integrations.homer.leaves.leaf_entry import LeafEntry
+from homer_integrations.homer.leaves.leaf_tier import LeafPiece, LeafTier
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from homer_integrations.cache.entry import CacheSource, E, Entry, Unusable, docu
 from homer_integrations.cache.flight import SingleFlight
 from homer_integrations.cache.memory import MemoryLRU, Slot
 from homer_integrations.cache.stored import DocumentCacheWarning, StoredEntries
-from homer_integrations.homer.compressed import CacheSpec, CompressedDocument
-from homer_integrations.homer.leaf_tier import LeafTier
+from homer_integrations.homer.kv.compressed import CacheSpec, CompressedDocument
+from homer_integrations.homer.leaves.leaf_tier import LeafTier
 
 logger = logging.getLogger(__name__)
 

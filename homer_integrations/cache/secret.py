@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 
 from homer_integrations.cache.files import kind, read_regular
-from homer_integrations.ownership import not_private
+from homer_integrations.paths import not_private
 
 SECRET_NAME = "cache.key"
 SECRET_BYTES = 32

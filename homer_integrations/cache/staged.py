@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from homer_integrations.cache.store_base import Store
-from homer_integrations.homer.tier_file import Allocate, Layout
+from homer_integrations.homer.leaves.tier_file import Allocate, Layout
 
 logger = logging.getLogger(__name__)
 

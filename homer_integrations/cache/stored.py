@@ -36,9 +36,9 @@ from homer_integrations.cache.flight import KeyLock, LockTimeout
 from homer_integrations.cache.leaf_stash import LeafStashInStore, stored_by_leaves
 from homer_integrations.cache.staged import StagedTensors, StagedTiers
 from homer_integrations.cache.store_base import Store
-from homer_integrations.homer.compressed import CacheSpec
-from homer_integrations.homer.leaf_tier import LeafTier
-from homer_integrations.homer.tier_file import whole_tensors
+from homer_integrations.homer.kv.compressed import CacheSpec
+from homer_integrations.homer.leaves.leaf_tier import LeafTier
+from homer_integrations.homer.leaves.tier_file import whole_tensors
 
 logger = logging.getLogger(__name__)
 

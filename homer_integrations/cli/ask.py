@@ -24,10 +24,10 @@ from homer_integrations.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from homer_integrations.document_cache import DocumentCache
+    from homer_integrations.cache import DocumentCache
     from homer_integrations.documents import ParsedDocument
-    from homer_integrations.engine import AnswerInfo, HomerModel
-    from homer_integrations.homer.generation import GenerationOptions
+    from homer_integrations.engine.model import AnswerInfo, HomerModel
+    from homer_integrations.homer.decoding.generation import GenerationOptions
     from homer_integrations.question_sets import KeywordQuestion
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -146,7 +146,7 @@ def _check_sizes(
 
 def _worded(exc: ValueError) -> str:
     """``exc``'s message; an ``InputTooLongError``'s with the command-line option that raises its limit."""
-    from homer_integrations.prompting import InputTooLongError
+    from homer_integrations.engine.prompting import InputTooLongError
 
     return exc.worded(SETTING_OPTIONS[exc.setting]) if isinstance(exc, InputTooLongError) else str(exc)
 
@@ -170,7 +170,7 @@ def _demo_questions(text: str) -> list[KeywordQuestion]:
 
 
 def _generation(args: argparse.Namespace) -> GenerationOptions:
-    from homer_integrations.homer.generation import GenerationOptions
+    from homer_integrations.homer.decoding.generation import GenerationOptions
 
     try:
         return GenerationOptions(

@@ -17,7 +17,7 @@ from homer_integrations.cli import loading, options
 from homer_integrations.cli.common import EXIT_OK, CliError, human_bytes, printable
 
 if TYPE_CHECKING:
-    from homer_integrations.document_cache import DocumentCache
+    from homer_integrations.cache import DocumentCache
 
 
 def add_parser(commands: Any) -> None:

@@ -21,7 +21,7 @@ MODES = ("auto", "shared", "query_aware", "full")
 """``--mode`` choices: ``homer_integrations.homer.config.Mode`` (not imported here: it loads pydantic)."""
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
-"""``--model``'s default: ``homer_integrations.models.DEFAULT_MODEL`` (not imported here: it loads torch)."""
+"""``--model``'s default: ``homer_integrations.engine.loading.DEFAULT_MODEL`` (not imported here: it loads torch)."""
 DEFAULT_MAX_FILE_MB = 16
 """``--max-file-mb``: the default limit of ``homer_integrations.documents`` (16 MiB)."""
 DEFAULT_MAX_DOCUMENT_TOKENS = 2_000_000

@@ -60,7 +60,7 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from homer_integrations.corpus import compress_corpus
-    from homer_integrations.models import ModelNotAvailableError
+    from homer_integrations.engine.loading import ModelNotAvailableError
     from homer_integrations.paths import cache_root
 
     missing = [str(p) for p in args.paths if not p.exists()]

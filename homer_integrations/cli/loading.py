@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Any
 from homer_integrations.cli.common import EXIT_USAGE, CliError
 
 if TYPE_CHECKING:  # the heavy imports (torch, transformers) wait until a command needs them
-    from homer_integrations.document_cache import DocumentCache
-    from homer_integrations.engine import HomerModel
+    from homer_integrations.cache import DocumentCache
+    from homer_integrations.engine.model import HomerModel
     from homer_integrations.homer.config import HomerConfig
 
 
 def open_cache(args: argparse.Namespace) -> DocumentCache:
     """The cache ``--cache-dir``, ``--store``, ``--max-bytes``, ``--keyed`` and ``--no-disk-cache`` name."""
-    from homer_integrations.document_cache import DocumentCache
+    from homer_integrations.cache import DocumentCache
 
     given = [name for name, on in (("--cache-dir", args.cache_dir), ("--store", args.store)) if on is not None]
     if getattr(args, "no_disk_cache", False):
@@ -50,7 +50,7 @@ def open_cache(args: argparse.Namespace) -> DocumentCache:
 @functools.lru_cache(maxsize=2)
 def load_parts(name: str, dtype: str, device: str | None, quantize: str | None = None) -> tuple[Any, Any]:
     """(model, tokenizer), loaded once per process: ``main`` may be called many times (tests, notebooks)."""
-    from homer_integrations.models import load_model
+    from homer_integrations.engine.loading import load_model
 
     return load_model(name, dtype=dtype, device=device, quantize=quantize)  # type: ignore[arg-type]
 
@@ -60,8 +60,8 @@ def engine(
 ) -> HomerModel:
     """A ``HomerModel`` like ``HomerModel.from_pretrained`` builds, over weights loaded once per process."""
     from homer_integrations import HomerModel
-    from homer_integrations.homer.architectures import UnsupportedModelError
-    from homer_integrations.models import DEFAULT_MODEL
+    from homer_integrations.engine.loading import DEFAULT_MODEL
+    from homer_integrations.homer.model.architectures import UnsupportedModelError
 
     name = args.model or DEFAULT_MODEL
     model, tokenizer = parts(args)
@@ -76,7 +76,7 @@ def engine(
 
 def parts(args: argparse.Namespace) -> tuple[Any, Any]:
     """(model, tokenizer) that ``--model``, ``--dtype``, ``--device`` and ``--quantize`` name; problems as one line."""
-    from homer_integrations.models import DEFAULT_MODEL, ModelNotAvailableError
+    from homer_integrations.engine.loading import DEFAULT_MODEL, ModelNotAvailableError
 
     name = args.model or DEFAULT_MODEL
     check_device(args.device)
@@ -90,7 +90,7 @@ def parts(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def check_device(device: str | None) -> None:
     """Refuse a ``--device`` this torch cannot use before any weights load."""
-    from homer_integrations.models import resolve_device
+    from homer_integrations.engine.loading import resolve_device
 
     try:
         resolve_device(device)

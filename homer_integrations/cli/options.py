@@ -86,7 +86,8 @@ def model_options(parser: argparse.ArgumentParser, *, quantize: bool = True) -> 
 
 def homer_options(parser: argparse.ArgumentParser, *, warmup: bool = True, split: bool = True) -> None:
     """``--max-chunk-len``, ``--split`` (and ``--warmup-layers``): the HOMER settings a command may change
-    (``config``). How the caches are built (``homer.strategies.Recipe``) is for research, not the command line."""
+    (``config``). How the caches are built (``homer.reading.strategies.Recipe``) is for research, not the
+    command line."""
     parser.add_argument("--max-chunk-len", type=positive_int, metavar="N", help="HOMER chunk length (tokens)")
     if split:
         parser.add_argument(

@@ -34,7 +34,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from homer_integrations.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, CliError, show_warning
-from homer_integrations.ownership import not_private
+from homer_integrations.paths import not_private
 
 STATE_FILE = "server.json"
 CONNECT_TIMEOUT = 2.0

@@ -56,7 +56,7 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; the model named by ``--model`` (default: the embedded one) is loaded first."""
-    from homer_integrations.models import DEFAULT_MODEL
+    from homer_integrations.engine.loading import DEFAULT_MODEL
 
     running = remote.find_server(quiet=True)  # an announcement no client trusts is replaced below
     if running is not None and remote.listening(running):

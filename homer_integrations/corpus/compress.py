@@ -18,7 +18,7 @@ from homer_integrations.corpus.worker import CorpusWorker, WorkerSpec, engine_jo
 from homer_integrations.documents import DEFAULT_MAX_BYTES, DocumentError, iter_documents, read_document
 
 if TYPE_CHECKING:
-    from homer_integrations.engine import HomerModel
+    from homer_integrations.engine.model import HomerModel
     from homer_integrations.homer.config import HomerConfig, Mode
 
 logger = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def compress_corpus(
         spec = WorkerSpec(model=engine.model_name, store=str(store), mode=mode, storage_options=storage_options)
         job = engine_job_id(engine, engine.mode_for(mode))
     else:
-        from homer_integrations.models import DEFAULT_MODEL
+        from homer_integrations.engine.loading import DEFAULT_MODEL
 
         engine = None
         spec = WorkerSpec(
@@ -140,7 +140,7 @@ def compress_corpus(
 
 def _check_model(name: str) -> None:
     """Refuse a local model path that does not exist before any worker starts."""
-    from homer_integrations.models import EMBEDDED_MODELS, resolve_model_path
+    from homer_integrations.engine.loading import EMBEDDED_MODELS, resolve_model_path
 
     if name not in EMBEDDED_MODELS:
         resolve_model_path(name)

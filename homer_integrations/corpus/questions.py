@@ -27,10 +27,10 @@ import torch
 
 from homer_integrations.corpus.compress import collect_files
 from homer_integrations.documents import DEFAULT_MAX_BYTES, read_document
-from homer_integrations.homer.generation import GenerationOptions
+from homer_integrations.homer.decoding.generation import GenerationOptions
 
 if TYPE_CHECKING:
-    from homer_integrations.engine import AnswerInfo, AnswerStream, HomerModel
+    from homer_integrations.engine.model import AnswerInfo, AnswerStream, HomerModel
 
 HEADER = "Document: {name}\n\n"
 """What introduces each document in ``Corpus.text``."""

@@ -14,7 +14,7 @@ from homer_integrations.corpus.report import DocumentJob, DocumentOutcome
 from homer_integrations.corpus.worker import CorpusWorker, WorkerSpec
 
 if TYPE_CHECKING:
-    from homer_integrations.engine import HomerModel
+    from homer_integrations.engine.model import HomerModel
 
 
 class InProcessRunner:

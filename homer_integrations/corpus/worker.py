@@ -17,7 +17,7 @@ from homer_integrations.corpus.ledger import CorpusLedger
 from homer_integrations.corpus.report import DocumentJob, DocumentOutcome, Status
 
 if TYPE_CHECKING:
-    from homer_integrations.engine import HomerModel
+    from homer_integrations.engine.model import HomerModel
     from homer_integrations.homer.config import HomerConfig, Mode
 
 
@@ -47,7 +47,7 @@ class WorkerSpec:
         A local model directory is named by its files' names, sizes and modification times; a hub id
         by the id (pin a revision, or use a local path, if the weights behind it may change).
         """
-        from homer_integrations.engine import ALGORITHM_VERSION
+        from homer_integrations.engine.model import ALGORITHM_VERSION
         from homer_integrations.homer.config import HomerConfig, first_mode
 
         config = self.config.model_dump(mode="json") if self.config is not None else None
@@ -82,7 +82,7 @@ class CorpusWorker:
     def __init__(self, spec: WorkerSpec, job: str, engine: HomerModel | None = None) -> None:
         import torch
 
-        from homer_integrations.document_cache import DocumentCache
+        from homer_integrations.cache import DocumentCache
 
         if spec.threads:
             torch.set_num_threads(spec.threads)
@@ -98,8 +98,8 @@ class CorpusWorker:
 
     @staticmethod
     def _load(spec: WorkerSpec, cache: Any) -> HomerModel:
-        from homer_integrations.engine import HomerModel
-        from homer_integrations.models import load_model
+        from homer_integrations.engine.loading import load_model
+        from homer_integrations.engine.model import HomerModel
 
         model, tokenizer = load_model(spec.model, dtype=spec.dtype, device=spec.device)
         return HomerModel(model, tokenizer, spec.config, model_name=spec.model, document_cache=cache, progress=False)

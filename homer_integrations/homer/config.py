@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 if TYPE_CHECKING:
-    from homer_integrations.homer.compressed import CompressedDocument
+    from homer_integrations.homer.kv.compressed import CompressedDocument
 
 Mode = Literal["auto", "shared", "query_aware", "full"]
 MODES: tuple[Mode, ...] = get_args(Mode)
@@ -74,7 +74,10 @@ _UNITS = {
     },
     "replay": {"recompute": "RecomputeReplay", "flat": "FlatReplay", "tree": "TreeReplay"},
 }
-_SCORING = ("scoring=Scoring(...)", "with the score units you want (Scoring.default(): the package's, homer.scoring)")
+_SCORING = (
+    "scoring=Scoring(...)",
+    "with the score units you want (Scoring.default(): the package's, homer.scoring.chain)",
+)
 REMOVED_FIELDS: dict[str, tuple[str, str]] = {
     "reask_question": ("reask_question={value!r}", ""),
     "score_pooling": _SCORING,
@@ -103,7 +106,7 @@ def removed_field_message(name: str, value: Any) -> str:
     recipe = f"Recipe({replacement.format(value=value, unit=unit)})"
     return (
         f"{name} was removed from HomerConfig; pass HomerModel(recipe={recipe}){' ' + note if note else ''} "
-        f"(Recipe and its units: homer_integrations.homer.strategies)"
+        f"(Recipe and its units: homer_integrations.homer.reading.strategies)"
     )
 
 
@@ -129,11 +132,11 @@ class HomerConfig(BaseModel):
         system_prompt: system message placed in the prefix (chat models).
         split: how a document is cut into leaves: ``even`` (the paper: ``2**h`` pieces of equal length)
             or ``content`` (pieces cut at statement ends chosen by their own tokens,
-            ``homer.content_split``, so an edit changes only the leaves around it; a tree over any
+            ``homer.document.content_split``, so an edit changes only the leaves around it; a tree over any
             number of leaves). Left out of every dump (and so of every cache key) while ``even``.
 
     How the caches are built (the shared root's builder, the per-question replay, the scoring, the
-    re-asked question, the calibration's size) is a ``homer.strategies.Recipe`` handed to
+    re-asked question, the calibration's size) is a ``homer.reading.strategies.Recipe`` handed to
     ``HomerModel(recipe=...)``: research switches whose defaults are the measured best. Passing one of
     the fields they replaced (``REMOVED_FIELDS``) raises an error that names the replacement.
     """

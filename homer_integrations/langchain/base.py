@@ -8,18 +8,18 @@ from typing import Any, cast
 from langchain_core.messages.ai import UsageMetadata
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from homer_integrations.engine import AnswerStream, HomerModel
-from homer_integrations.engine_pool import default_model_name, shared_engine
+from homer_integrations.engine.model import AnswerStream, HomerModel
+from homer_integrations.engine.pool import default_model_name, shared_engine
+from homer_integrations.engine.prompt_split import PromptSplit, Renderer, split_prompt, start_answer
 from homer_integrations.homer.config import Mode, check_mode
-from homer_integrations.homer.generation import GenerationOptions
-from homer_integrations.prompt_split import PromptSplit, Renderer, split_prompt, start_answer
+from homer_integrations.homer.decoding.generation import GenerationOptions
 from homer_integrations.tool_calls import ToolCallFormat
 
 CALL_OPTIONS = frozenset(
     {"document", "mode", "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "response_format"}
 )
 """Per-call keyword arguments (``invoke(..., document=...)``, ``bind(mode=...)``); ``response_format``
-constrains the answer (see ``homer_integrations.homer.constraints.ResponseFormat.of``)."""
+constrains the answer (see ``homer_integrations.homer.decoding.constraints.ResponseFormat.of``)."""
 
 
 @dataclass
@@ -79,7 +79,7 @@ class HomerSettings(BaseModel):
     long_prompt_tokens: int | None = Field(default=None, ge=1)
     """Prompts longer than this are searched for a document to compress (default:
     ``prompt_split.long_prompt_default``: 1,024 tokens or the engine's ``max_chunk_len``, the smaller). See
-    ``homer_integrations.prompt_split``."""
+    ``homer_integrations.engine.prompt_split``."""
     mode: Mode | None = None
     """HOMER mode of a document's answers: ``auto`` (the engine's default: ``full`` for a document that fits
     the window, else ``query_aware``), ``query_aware`` (the question is compressed with the document, from its

@@ -15,8 +15,8 @@ from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from homer_integrations.aio import iterate_in_thread
-from homer_integrations.homer.constraints import ResponseFormat
+from homer_integrations.engine.aio import iterate_in_thread
+from homer_integrations.homer.decoding.constraints import ResponseFormat
 from homer_integrations.langchain.base import HomerCall, HomerSettings
 from homer_integrations.langchain.structured import structured_runnable
 from homer_integrations.tool_calls import ToolCall, ToolCallFormat, render_call
@@ -106,7 +106,7 @@ class ChatHomer(HomerSettings, BaseChatModel):
     """A local Hugging Face chat model that answers about whole documents beyond its window.
 
     Long documents are compressed once by HOMER into a short cache and every later question
-    about them reuses it. A document gets in three ways (see ``homer_integrations.prompt_split``):
+    about them reuses it. A document gets in three ways (see ``homer_integrations.engine.prompt_split``):
     ``ChatHomer(document=...)``, ``.bind(document=...)`` or ``invoke(..., document=...)``;
     a document this engine compressed before, found by its exact text in a message; or, for a
     prompt longer than ``long_prompt_tokens``, the long middle of its longest message (an

@@ -10,7 +10,7 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.utils import AddableDict
 
 from homer_integrations.corpus.questions import Corpus, CorpusStream, NamedText, Source, document_name, stream_corpus
-from homer_integrations.engine import HomerModel
+from homer_integrations.engine.model import HomerModel
 from homer_integrations.langchain.chat_models import ChatHomer
 
 CorpusInput = str | dict[str, Any]

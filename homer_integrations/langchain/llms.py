@@ -10,9 +10,9 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.language_models import BaseLLM, LangSmithParams
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 
-from homer_integrations.aio import iterate_in_thread
+from homer_integrations.engine.aio import iterate_in_thread
+from homer_integrations.engine.prompt_split import render_plain_text
 from homer_integrations.langchain.base import HomerCall, HomerSettings
-from homer_integrations.prompt_split import render_plain_text
 
 
 class HomerLLM(HomerSettings, BaseLLM):

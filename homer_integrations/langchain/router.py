@@ -12,11 +12,19 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import patch_config
 from langchain_text_splitters import RecursiveCharacterTextSplitter
 
-from homer_integrations.engine import HomerModel
+from homer_integrations.engine.model import HomerModel
 from homer_integrations.homer.config import Mode, check_mode, first_mode
+from homer_integrations.homer.scoring.lexical import BM25Index, Passage
 from homer_integrations.langchain.chat_models import ChatHomer
-from homer_integrations.retrieval import BM25Index, Passage, retrieval_prompt
-from homer_integrations.routing import Route, RouteDecision, StrategyLike, aroute_answer, make_strategy, route_answer
+from homer_integrations.routing import (
+    Route,
+    RouteDecision,
+    StrategyLike,
+    aroute_answer,
+    make_strategy,
+    retrieval_prompt,
+    route_answer,
+)
 
 RouterInput = str | dict[str, Any]
 _QUESTION_KEYS = ("question", "input", "query")

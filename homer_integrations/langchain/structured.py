@@ -1,5 +1,5 @@
 """Structured output for ``ChatHomer``: ``with_structured_output``'s runnable, whose answer is decoded under
-the schema (``homer_integrations.homer.constraints``) and parsed, so it fits even from a small model.
+the schema (``homer_integrations.homer.decoding.constraints``) and parsed, so it fits even from a small model.
 
 The chat model comes in as an argument typed by LangChain's ``BaseChatModel`` (only ``bind`` and
 ``bind_tools`` are called), so this module does not import ``chat_models``, which imports it."""
@@ -17,7 +17,7 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel
 
-from homer_integrations.homer.constraints import ResponseFormat
+from homer_integrations.homer.decoding.constraints import ResponseFormat
 
 
 def structured_runnable(

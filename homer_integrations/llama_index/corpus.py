@@ -13,9 +13,9 @@ from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.prompts.mixin import PromptDictType, PromptMixinType
 from llama_index.core.schema import Document, NodeRelationship, NodeWithScore, QueryBundle, RelatedNodeInfo, TextNode
 
-from homer_integrations.aio import iterate_in_thread
 from homer_integrations.corpus.questions import Corpus, CorpusStream, NamedText, Source, document_name, stream_corpus
-from homer_integrations.engine import HomerModel
+from homer_integrations.engine.aio import iterate_in_thread
+from homer_integrations.engine.model import HomerModel
 from homer_integrations.llama_index.llm import HomerLLM
 from homer_integrations.llama_index.query_engine import STATS_KEY, query_text
 

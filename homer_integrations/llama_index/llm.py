@@ -20,11 +20,20 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 
-from homer_integrations.engine import AnswerStream, HomerModel
-from homer_integrations.engine_pool import shared_engine
-from homer_integrations.homer.compressed import CompressionStats
+from homer_integrations.engine.model import AnswerStream, HomerModel
+from homer_integrations.engine.pool import shared_engine
+from homer_integrations.engine.prompt_split import (
+    PromptSplit,
+    Renderer,
+    long_prompt_default,
+    remember_document,
+    split_prompt,
+    start_answer,
+)
+from homer_integrations.engine.prompting import check_text
 from homer_integrations.homer.config import Mode
-from homer_integrations.homer.generation import GenerationOptions
+from homer_integrations.homer.decoding.generation import GenerationOptions
+from homer_integrations.homer.kv.compressed import CompressionStats
 from homer_integrations.llama_index.messages import chat_messages, completion_messages
 from homer_integrations.llama_index.messages import message_text as message_text  # importable here, as before
 from homer_integrations.llama_index.responses import (
@@ -35,15 +44,6 @@ from homer_integrations.llama_index.responses import (
     in_thread,
 )
 from homer_integrations.llama_index.structured import StructuredOutput
-from homer_integrations.prompt_split import (
-    PromptSplit,
-    Renderer,
-    long_prompt_default,
-    remember_document,
-    split_prompt,
-    start_answer,
-)
-from homer_integrations.prompting import check_text
 
 
 class HomerLLM(StructuredOutput, CustomLLM):
@@ -53,7 +53,7 @@ class HomerLLM(StructuredOutput, CustomLLM):
     name (``HomerLLM(model=...)``, one shared engine per name), or with neither for the
     embedded default model.
 
-    How a long document reaches the model (``homer_integrations.prompt_split`` decides):
+    How a long document reaches the model (``homer_integrations.engine.prompt_split`` decides):
 
     - explicitly: ``complete(question, document=text)`` answers ``question`` about ``text``;
       ``chat(messages, document=text)`` puts ``text`` at the start of the first user message

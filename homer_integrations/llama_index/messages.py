@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from llama_index.core.base.llms.types import ChatMessage, TextBlock
 from llama_index.core.llms.llm import default_completion_to_prompt
 
-from homer_integrations.prompt_split import Renderer, render_plain_text
+from homer_integrations.engine.prompt_split import Renderer, render_plain_text
 
 Messages = list[dict[str, str]]
 

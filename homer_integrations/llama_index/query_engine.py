@@ -27,13 +27,13 @@ from llama_index.core.prompts.mixin import PromptDictType, PromptMixinType
 from llama_index.core.schema import Document, NodeWithScore, QueryBundle, TextNode
 from pydantic import BaseModel
 
-from homer_integrations.aio import iterate_in_thread
-from homer_integrations.engine import AnswerStream, HomerModel
-from homer_integrations.homer.compressed import CompressionStats
+from homer_integrations.engine.aio import iterate_in_thread
+from homer_integrations.engine.model import AnswerStream, HomerModel
+from homer_integrations.engine.prompting import check_text
 from homer_integrations.homer.config import Mode, check_mode
-from homer_integrations.homer.constraints import ResponseFormat
+from homer_integrations.homer.decoding.constraints import ResponseFormat
+from homer_integrations.homer.kv.compressed import CompressionStats
 from homer_integrations.llama_index.llm import HomerLLM
-from homer_integrations.prompting import check_text
 
 DEFAULT_COMBINE_TEMPLATE = PromptTemplate(
     "Several documents were asked the same question. Their answers:\n"

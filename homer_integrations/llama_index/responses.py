@@ -11,8 +11,8 @@ from typing import TypeVar
 
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse, MessageRole
 
-from homer_integrations.aio import iterate_in_thread
-from homer_integrations.engine import AnswerStream
+from homer_integrations.engine.aio import iterate_in_thread
+from homer_integrations.engine.model import AnswerStream
 
 R = TypeVar("R")
 

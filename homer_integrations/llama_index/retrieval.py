@@ -2,7 +2,7 @@
 
 A stock ``RetrieverQueryEngine`` over llama-index-retrievers-bm25's ``BM25Retriever``; chunks
 are cut by ``SentenceSplitter`` counting the model's own tokens, and the hits are answered with
-the excerpt prompt shared with the LangChain router (``homer_integrations.retrieval``) through
+the excerpt prompt shared with the LangChain router (``homer_integrations.routing``) through
 ``ExcerptSynthesizer``. Everything is local: no embeddings, no tiktoken, no global Settings.
 """
 
@@ -22,7 +22,7 @@ from llama_index.core.types import RESPONSE_TEXT_TYPE
 from llama_index.retrievers.bm25 import BM25Retriever
 
 from homer_integrations.llama_index.llm import HomerLLM
-from homer_integrations.retrieval import retrieval_prompt
+from homer_integrations.routing import retrieval_prompt
 
 
 class ExcerptSynthesizer(BaseSynthesizer):

@@ -1,5 +1,5 @@
 """Structured output for ``HomerLLM``: a pydantic program whose answer is decoded under the output class's
-JSON schema (``homer_integrations.homer.constraints``), so it validates even from a small model.
+JSON schema (``homer_integrations.homer.decoding.constraints``), so it validates even from a small model.
 
 The model comes in as an argument typed by LlamaIndex's ``LLM`` (only ``chat`` and ``stream_chat`` are
 called), so this module does not import ``llm``, whose ``HomerLLM`` mixes ``StructuredOutput`` in."""
@@ -19,8 +19,8 @@ from llama_index.core.types import BasePydanticProgram
 from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
-from homer_integrations.aio import iterate_in_thread
-from homer_integrations.homer.constraints import ResponseFormat
+from homer_integrations.engine.aio import iterate_in_thread
+from homer_integrations.homer.decoding.constraints import ResponseFormat
 
 Model = TypeVar("Model", bound=BaseModel)
 dispatcher = get_dispatcher(__name__)

@@ -42,7 +42,7 @@ rm -rf .xfer && mkdir -p .xfer
 gguf=$($py - "$model" <<'PY'
 import sys, tempfile
 from pathlib import Path
-from homer_integrations.models import EMBEDDED_MODELS, gguf_file
+from homer_integrations.engine.loading import EMBEDDED_MODELS, gguf_file
 spec = EMBEDDED_MODELS[sys.argv[1]]
 print(gguf_file(spec, Path(tempfile.mkdtemp(prefix="homer-pack-"))))
 PY

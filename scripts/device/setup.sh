@@ -16,7 +16,7 @@ python3 - <<'PY'
 import hashlib, importlib.util, sys
 from pathlib import Path
 sys.path.insert(0, "/tmp/site")
-from homer_integrations.models import EMBEDDED_MODELS, converted_dir
+from homer_integrations.engine.loading import EMBEDDED_MODELS, converted_dir
 name, count = Path("/tmp/xfer/model").read_text().split()
 spec = EMBEDDED_MODELS[name]
 work = converted_dir(spec).with_name(converted_dir(spec).name + ".work")

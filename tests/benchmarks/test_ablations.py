@@ -1,5 +1,5 @@
 """benchmarks/ablations.py: the cache transform under trial (``compact_positions``) and ``recipe_of``, the old
-research switches' names mapped to ``homer.strategies`` units."""
+research switches' names mapped to ``homer.reading.strategies`` units."""
 
 from __future__ import annotations
 
@@ -9,13 +9,20 @@ from pathlib import Path
 import torch
 
 from homer_integrations import HomerConfig, HomerModel
-from homer_integrations.builder import compressed_document
-from homer_integrations.homer.compressed import CompressedDocument
-from homer_integrations.homer.compressor import HomerCompressor
-from homer_integrations.homer.decoder import DecoderStack
-from homer_integrations.homer.nodes import CompressorSettings
-from homer_integrations.homer.scoring import Scoring
-from homer_integrations.homer.strategies import FlatReplay, FlatRoot, Recipe, RecomputeRoot, TreeReplay, TreeRoot
+from homer_integrations.engine.builder import compressed_document
+from homer_integrations.homer.kv.compressed import CompressedDocument
+from homer_integrations.homer.layers.nodes import CompressorSettings
+from homer_integrations.homer.model.decoder import DecoderStack
+from homer_integrations.homer.reading.strategies import (
+    FlatReplay,
+    FlatRoot,
+    Recipe,
+    RecomputeRoot,
+    TreeReplay,
+    TreeRoot,
+)
+from homer_integrations.homer.scoring.chain import Scoring
+from homer_integrations.homer.tree.compressor import HomerCompressor
 from tests import conftest
 from tests.conftest import uncalibrated
 

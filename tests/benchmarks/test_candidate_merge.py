@@ -10,10 +10,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 from candidate_merge import CandidateMerge
 
-from homer_integrations.homer.budget import ReadBudget
-from homer_integrations.homer.passages import PassageSelection
-from homer_integrations.homer.prompt import encode, unit_ids
-from homer_integrations.homer.strategies import PassageReplay, Recipe
+from homer_integrations.homer.document.prompt import encode, unit_ids
+from homer_integrations.homer.reading.budget import ReadBudget
+from homer_integrations.homer.reading.passages import PassageSelection
+from homer_integrations.homer.reading.strategies import PassageReplay, Recipe
 from tests.conftest import mode_engine
 
 QUESTION = "Who walked to Meryton with the sisters?"

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import corpus_qa
 
 from homer_integrations import HomerConfig, HomerModel
-from homer_integrations.homer.strategies import Recipe
+from homer_integrations.homer.reading.strategies import Recipe
 from homer_integrations.paths import bundled_text
 from homer_integrations.question_sets import question_set
 from tests.conftest import tiny_model

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from homer_integrations.homer.chunk import Chunk
-from homer_integrations.homer.kv import cache_from_tensors
+from homer_integrations.homer.kv.chunk import Chunk
+from homer_integrations.homer.kv.dynamic import cache_from_tensors
 from tests.conftest import tiny_model
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "research"))  # it puts benchmarks/ on the path itself
@@ -49,7 +49,7 @@ def test_chunks_run_alone_at_their_document_positions(tokenizer, novel, tmp_path
     from headwise_probe import encode_chunks
 
     from homer_integrations import HomerConfig, HomerModel
-    from homer_integrations.homer.strategies import Recipe
+    from homer_integrations.homer.reading.strategies import Recipe
 
     config = HomerConfig(max_chunk_len=128, warmup_layers=3, final_cache_len=64)
     recipe = Recipe(calibration_segments=2)

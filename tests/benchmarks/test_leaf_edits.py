@@ -9,8 +9,8 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import leaf_edits
 
 from homer_integrations import HomerConfig, HomerModel
-from homer_integrations.document_cache import DocumentCache
-from homer_integrations.homer.strategies import Recipe, RecomputeReplay
+from homer_integrations.cache import DocumentCache
+from homer_integrations.homer.reading.strategies import Recipe, RecomputeReplay
 from tests.conftest import tiny_model
 
 

@@ -11,10 +11,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 from passage_layout import INSTRUCTED_FRAME, LaidOutPassages, taken_runs
 
-from homer_integrations.homer.budget import ReadBudget
-from homer_integrations.homer.passages import PassageSelection
-from homer_integrations.homer.prompt import encode, unit_ids
-from homer_integrations.homer.strategies import AutoReplay, PassageReplay, Recipe
+from homer_integrations.homer.document.prompt import encode, unit_ids
+from homer_integrations.homer.reading.budget import ReadBudget
+from homer_integrations.homer.reading.passages import PassageSelection
+from homer_integrations.homer.reading.strategies import AutoReplay, PassageReplay, Recipe
 from tests.conftest import mode_engine
 
 QUESTION = "Who walked to Meryton with the sisters?"

@@ -13,7 +13,7 @@ import passage_reuse
 from passage_reuse import BlockStore, blended_read
 
 from tests.conftest import tiny_model
-from tests.homer.tier_helpers import ATOL, compressor, ids
+from tests.homer.leaves.tier_helpers import ATOL, compressor, ids
 
 
 @pytest.fixture
@@ -56,9 +56,9 @@ def test_the_engine_reads_the_default_passages_through_it(tokenizer, calibration
     """Every row recomputed, the engine's answer root over a book past the window is the re-read's."""
     from passage_reuse import ReusedPassages
 
-    from homer_integrations.homer.budget import ReadBudget
-    from homer_integrations.homer.passages import PassageSelection
-    from homer_integrations.homer.strategies import AutoReplay, PassageReplay, Recipe
+    from homer_integrations.homer.reading.budget import ReadBudget
+    from homer_integrations.homer.reading.passages import PassageSelection
+    from homer_integrations.homer.reading.strategies import AutoReplay, PassageReplay, Recipe
     from tests.conftest import mode_engine
 
     book, question = novel[20_000:32_000], "Who walked to Meryton with the sisters?"

@@ -19,7 +19,7 @@ import ruler_tasks
 @pytest.fixture(scope="module")
 def tokenizer_path(smol_parts) -> str:
     """The converted SmolLM2 directory (the generators' ``hf`` tokenizer helper loads it by path)."""
-    from homer_integrations.models import SMOLLM2, converted_dir
+    from homer_integrations.engine.loading import SMOLLM2, converted_dir
 
     return str(converted_dir(SMOLLM2))
 

@@ -10,12 +10,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 from upper_read import UpperRead, positions_in_leaves, rerotated, upper_read
 
-from homer_integrations.homer.budget import ReadBudget
-from homer_integrations.homer.passages import PassageSelection
-from homer_integrations.homer.strategies import AutoReplay, PassageReplay, Recipe
-from homer_integrations.homer.tier_file import whole_tensors
+from homer_integrations.homer.leaves.tier_file import whole_tensors
+from homer_integrations.homer.reading.budget import ReadBudget
+from homer_integrations.homer.reading.passages import PassageSelection
+from homer_integrations.homer.reading.strategies import AutoReplay, PassageReplay, Recipe
 from tests.conftest import mode_engine, tiny_model
-from tests.homer.tier_helpers import ATOL, compressor, ids
+from tests.homer.leaves.tier_helpers import ATOL, compressor, ids
 
 QUESTION = "Who walked to Meryton with the sisters?"
 

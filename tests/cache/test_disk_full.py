@@ -21,9 +21,9 @@ import torch
 from safetensors import SafetensorError
 
 from homer_integrations import CompressedDocument, HomerModel
+from homer_integrations.cache import DocumentCache
 from homer_integrations.cache import entry as entry_module
 from homer_integrations.cache.stored import DocumentCacheWarning
-from homer_integrations.document_cache import DocumentCache
 from tests.test_document_cache import assert_same_tensors
 
 QUESTION = "Who wrote the letter?"
@@ -233,7 +233,7 @@ def test_a_content_split_tier_whose_leaves_fill_the_disk_is_kept_in_memory_and_i
     """Each leaf is an entry of its own, written as the build finishes it: the disk fills at the fourth leaf
     (two fsyncs a leaf); that write warns once, the rest of the tier is kept in memory and its whole write
     fails the same way. The leaves stored before serve the next build once the disk has room."""
-    from tests.homer.test_leaf_reuse import counted, store_engine, tier_of
+    from tests.homer.leaves.test_leaf_reuse import counted, store_engine, tier_of
 
     text, directory = novel[20_000:24_000], tmp_path / "cache"
     monkeypatch.setattr(os, "fsync", full_after(6, os.fsync))

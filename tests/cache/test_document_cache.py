@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from homer_integrations import CompressedDocument, HomerModel
-from homer_integrations import document_cache as reexported
 from homer_integrations.cache import DocumentCache, DocumentCacheWarning, LocalStore, MemoryLRU, Store
 from homer_integrations.cache.fsspec_store import FsspecStore
 from homer_integrations.cli import main
@@ -18,12 +17,6 @@ from tests.test_cli import ask_json, run_cli
 from tests.test_document_cache import Counter, make_engine
 
 tiny_cli = test_cli.tiny_cli  # the CLI tests' fixture: a tiny model in place of any named one
-
-
-def test_the_old_module_re_exports_the_package() -> None:
-    assert reexported.DocumentCache is DocumentCache
-    for name in reexported.__all__:
-        assert getattr(reexported, name) is not None
 
 
 @pytest.mark.parametrize(

@@ -17,8 +17,8 @@ import pytest
 from safetensors.torch import save_file
 
 from homer_integrations import CompressedDocument, HomerModel
+from homer_integrations.cache import DocumentCache, DocumentCacheWarning
 from homer_integrations.cache.fsspec_store import FsspecStore
-from homer_integrations.document_cache import DocumentCache, DocumentCacheWarning
 from tests.conftest import REPO
 from tests.test_document_cache import _CHILD, Counter, assert_same_tensors, make_engine, wait_for
 
@@ -195,8 +195,8 @@ import json, sys, time
 started = time.perf_counter()
 from tests.conftest import tiny_model
 from homer_integrations import HomerConfig, HomerModel
-from homer_integrations.homer.strategies import FlatRoot, Recipe
-from homer_integrations.models import SMOLLM2, load_embedded
+from homer_integrations.homer.reading.strategies import FlatRoot, Recipe
+from homer_integrations.engine.loading import SMOLLM2, load_embedded
 
 url, calib, text = sys.argv[1], sys.argv[2], open(sys.argv[3]).read()
 config = HomerConfig(max_chunk_len=128, warmup_layers=3, mode="shared")
@@ -256,7 +256,7 @@ def test_a_budget_is_refused_for_urls(store_url: str) -> None:
 def test_a_content_split_tier_is_stored_by_its_leaves_on_any_filesystem(
     tokenizer, calibration, novel: str, store_url: str
 ) -> None:
-    from tests.homer.test_leaf_reuse import store_engine, tier_of
+    from tests.homer.leaves.test_leaf_reuse import store_engine, tier_of
 
     text = novel[20_000:24_000]
     writer = store_engine(tokenizer, calibration, store_url)

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from homer_integrations import CompressedDocument, HomerModel
+from homer_integrations.cache import DocumentCache, DocumentCacheWarning
 from homer_integrations.cache.entry import entry_checksum
 from homer_integrations.cache.secret import CacheSecretError, load_secret
 from homer_integrations.cli import main
-from homer_integrations.document_cache import DocumentCache, DocumentCacheWarning
 
 POSIX = pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX owners and modes")
 

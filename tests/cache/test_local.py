@@ -13,9 +13,9 @@ import pytest
 from safetensors.torch import save_file
 
 from homer_integrations import CompressedDocument, HomerModel
+from homer_integrations.cache import DocumentCache, DocumentCacheWarning
 from homer_integrations.cache.entry import EntryCodec
 from homer_integrations.cache.local import LocalStore
-from homer_integrations.document_cache import DocumentCache, DocumentCacheWarning
 from tests.conftest import REPO
 from tests.test_document_cache import Counter, make_engine
 
@@ -82,7 +82,7 @@ _WRITER = """
 import sys
 from safetensors import safe_open
 from safetensors.torch import load_file
-from homer_integrations.document_cache import DocumentCache, document_from_tensors
+from homer_integrations.cache import DocumentCache, document_from_tensors
 
 directory, budget, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 cache = DocumentCache(directory, disk_budget_bytes=budget, memory_budget_bytes=0)

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from homer_integrations import CompressedDocument
+from homer_integrations.cache import DocumentCache, DocumentCacheWarning
 from homer_integrations.cache.entry import MAX_MANIFEST_BYTES
 from homer_integrations.cache.local import LocalStore
 from homer_integrations.cli import main
-from homer_integrations.document_cache import DocumentCache, DocumentCacheWarning
 from tests.test_document_cache import Counter
 
 KINDS = ["fifo", "zero", "urandom", "outside"]

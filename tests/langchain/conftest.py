@@ -28,8 +28,8 @@ def fresh_engine(smol_parts):
     """A new engine over the session's SmolLM2 weights, with an empty document cache (to count compressions),
     answering from the shared root unless a call names another mode (pinned, as ``smol_engine``)."""
     from homer_integrations import HomerConfig, HomerModel
+    from homer_integrations.engine.loading import SMOLLM2
     from homer_integrations.homer.config import ModelDefaults
-    from homer_integrations.models import SMOLLM2
 
     model, tokenizer = smol_parts
     defaults = ModelDefaults(max_chunk_len=SMOLLM2.max_chunk_len, warmup_layers=SMOLLM2.warmup_layers)

@@ -21,9 +21,9 @@ from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
 
-from homer_integrations.engine_pool import MODEL_ENV
+from homer_integrations.engine.loading import SMOLLM2, converted_dir
+from homer_integrations.engine.pool import MODEL_ENV
 from homer_integrations.langchain import ChatHomer
-from homer_integrations.models import SMOLLM2, converted_dir
 
 _SHARED: dict[str, Any] = {}
 _fresh_documents = itertools.count(1)

@@ -19,7 +19,7 @@ from langchain_core.messages import (
 )
 
 from homer_integrations import HomerConfig, HomerModel
-from homer_integrations.homer.strategies import Recipe
+from homer_integrations.homer.reading.strategies import Recipe
 from homer_integrations.langchain import ChatHomer
 from homer_integrations.langchain.chat_models import message_dicts
 from tests.conftest import tiny_model

@@ -34,7 +34,7 @@ def chat(tokenizer, calibration) -> ChatHomer:
     (1024: the excerpt is two leaves and a root; a shorter chunk would compress the retrieval route's
     plain prompt of three excerpts as a document)."""
     from homer_integrations import HomerConfig, HomerModel
-    from homer_integrations.homer.strategies import Recipe
+    from homer_integrations.homer.reading.strategies import Recipe
     from tests.conftest import tiny_model
 
     config = HomerConfig(max_chunk_len=1024, warmup_layers=3, mode="shared")
@@ -54,9 +54,9 @@ def chat(tokenizer, calibration) -> ChatHomer:
 def smol_chat(smol_parts) -> ChatHomer:
     """SmolLM2 (it must say "unanswerable" when it cannot answer) on a fresh engine with the tree root."""
     from homer_integrations import HomerConfig, HomerModel
+    from homer_integrations.engine.loading import SMOLLM2
     from homer_integrations.homer.config import ModelDefaults
-    from homer_integrations.homer.strategies import Recipe, TreeRoot
-    from homer_integrations.models import SMOLLM2
+    from homer_integrations.homer.reading.strategies import Recipe, TreeRoot
 
     model, tokenizer = smol_parts
     defaults = ModelDefaults(max_chunk_len=SMOLLM2.max_chunk_len, warmup_layers=SMOLLM2.warmup_layers)

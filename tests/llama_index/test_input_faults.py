@@ -17,7 +17,7 @@ from llama_index.core.base.llms.types import (
 )
 
 from homer_integrations import HomerConfig, HomerModel
-from homer_integrations.homer.strategies import Recipe
+from homer_integrations.homer.reading.strategies import Recipe
 from homer_integrations.llama_index import HomerLLM
 from tests.conftest import tiny_model
 

@@ -6,9 +6,9 @@ import pytest
 from llama_index.core.base.llms.types import ChatMessage, ImageBlock, MessageRole, TextBlock
 from llama_index.core.llms.llm import default_completion_to_prompt
 
+from homer_integrations.engine.prompt_split import render_plain_text
 from homer_integrations.llama_index.llm import message_text as reexported
 from homer_integrations.llama_index.messages import chat_messages, completion_messages, message_text
-from homer_integrations.prompt_split import render_plain_text
 
 
 def test_a_completion_prompt_takes_the_system_prompt_and_the_chat_template():

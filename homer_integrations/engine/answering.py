@@ -1,0 +1,239 @@
+"""Answers: ``Answerer`` feeds text after a document's cache (or after nothing) and streams the
+answer; ``AnswerStream`` yields its pieces and ``AnswerInfo`` says what it cost and which cache
+served it, in the shapes frameworks report it (``usage``, ``metadata``, ``as_dict``).
+
+Cache accounting follows the prompt-caching convention (Anthropic, OpenAI, LangChain's
+``input_token_details``): the compressed span (template head + document + fixed suffix) is
+*cache creation* on the call that compressed it and *cache read* on every call that reused
+it; ``input_tokens`` is the whole prompt: that span plus the tokens fed after the cache.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from homer_integrations.cache import CacheSource
+from homer_integrations.engine.tiers import DocumentTiers
+from homer_integrations.homer.config import Mode
+from homer_integrations.homer.decoding.generation import DecodeState, FinishReason, GenerationOptions, decode
+from homer_integrations.homer.document.prompt import encode
+from homer_integrations.homer.kv.compressed import CompressedDocument, CompressionStats
+from homer_integrations.homer.kv.headwise import headwise_ready
+from homer_integrations.homer.kv.kept import kept_decoding
+
+
+@dataclass(frozen=True)
+class TokenUsage:
+    """Token counts of one answer; ``cache_creation + cache_read <= input_tokens``."""
+
+    input_tokens: int
+    output_tokens: int
+    cache_creation: int
+    cache_read: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass
+class AnswerInfo:
+    """What one answer cost and where its cache came from; complete once the stream is exhausted.
+
+    ``cache_source`` is ``memory``, ``disk`` or ``computed`` for answers over a document, None
+    for plain prompts. ``input_tokens`` are the tokens fed after the cache (question, chat
+    turns); ``document_tokens`` the tokens the cache stands for. ``mode`` says which tier served:
+    ``shared`` (the one compressed root) or ``query_aware`` (pruning replayed from the leaf tier
+    with this question, the kept tokens read as ``Recipe.replay`` says). ``compress_seconds`` is
+    everything before the question was fed (lookups, compression or replay); ``document_seconds`` the
+    part of it spent computing the cached entry (the shared root or the leaf tier), 0 when it came
+    from the cache.
+    """
+
+    cache_source: CacheSource | None = None
+    document_tokens: int = 0
+    cache_tokens: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: FinishReason | None = None
+    compression: CompressionStats | None = None
+    compress_seconds: float = 0.0
+    time_to_first_token: float | None = None
+    total_seconds: float = 0.0
+    mode: Mode | None = None
+    document_seconds: float = 0.0
+
+    def token_usage(self) -> TokenUsage:
+        """Token counts of the finished answer (its stream exhausted), cache creation / read included."""
+        cached = self.compression.prompt_tokens if self.compression is not None else 0
+        created = cached if self.cache_source == "computed" else 0
+        return TokenUsage(
+            input_tokens=cached + self.input_tokens,
+            output_tokens=self.output_tokens,
+            cache_creation=created,
+            cache_read=cached - created,
+        )
+
+    def usage(self) -> dict[str, Any]:
+        """``token_usage`` in LangChain's ``UsageMetadata`` shape (``input_token_details``: ``cache_creation``,
+        ``cache_read``)."""
+        u = self.token_usage()
+        return {
+            "input_tokens": u.input_tokens,
+            "output_tokens": u.output_tokens,
+            "total_tokens": u.total_tokens,
+            "input_token_details": {"cache_creation": u.cache_creation, "cache_read": u.cache_read},
+        }
+
+    def metadata(self) -> dict[str, Any]:
+        """HOMER statistics of the finished answer as a flat, JSON-ready dict.
+
+        ``mode`` is the HOMER mode that served (``shared``, ``query_aware``, ``full``; None for a
+        plain prompt); ``cache_source`` is ``computed`` / ``memory`` / ``disk`` (None for a plain
+        prompt); ``compress_seconds`` is the time spent getting the cache on this call, of which
+        ``document_seconds`` computing the cached entry (0 when it came from the cache).
+        """
+        data: dict[str, Any] = {
+            "mode": self.mode,
+            "cache_source": self.cache_source,
+            "document_tokens": self.document_tokens,
+            "cache_tokens": self.cache_tokens,
+            "compress_seconds": round(self.compress_seconds, 4),
+            "document_seconds": round(self.document_seconds, 4),
+            "finish_reason": self.finish_reason,
+            "time_to_first_token": None if self.time_to_first_token is None else round(self.time_to_first_token, 4),
+            "total_seconds": round(self.total_seconds, 4),
+        }
+        if self.compression is not None:
+            data["compression_ratio"] = round(self.compression.compression_ratio, 3)
+            data["compression_seconds"] = round(self.compression.seconds, 4)
+        return data
+
+    def as_dict(self) -> dict[str, Any]:
+        """``metadata`` and ``token_usage`` in one JSON-ready dict, plus the full compression statistics
+        (``compression``: leaves, tree height, cache bytes, ...; None for plain prompts): LlamaIndex's
+        ``additional_kwargs`` and node metadata."""
+        return {
+            **self.metadata(),
+            **asdict(self.token_usage()),
+            "compression": None if self.compression is None else asdict(self.compression),
+        }
+
+
+class AnswerStream(Iterator[str]):
+    """Text pieces of an answer; ``info`` is complete once iteration ends."""
+
+    def __init__(self, pieces: Iterator[str], info: AnswerInfo, state: DecodeState, started: float) -> None:
+        self._pieces = pieces
+        self.info = info
+        self._state = state
+        self._started = started
+
+    def __next__(self) -> str:
+        try:
+            return next(self._pieces)
+        except StopIteration:
+            self.info.output_tokens = len(self._state.token_ids)
+            self.info.finish_reason = self._state.finish_reason
+            if self._state.first_token_seconds is not None and self.info.time_to_first_token is None:
+                self.info.time_to_first_token = self.info.compress_seconds + self._state.first_token_seconds
+            self.info.total_seconds = time.perf_counter() - self._started
+            raise
+
+    def text(self) -> str:
+        """Consume the stream and return the whole answer."""
+        return "".join(self)
+
+
+class Answerer:
+    """Streams answers with ``model`` after caches that ``tiers`` computes or looks up.
+
+    The framework adapters answer through it: their prompts arrive already split into the texts
+    before the document (``prefix``), after it (``suffix``) and after the cache (``continuation``).
+    """
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tiers: DocumentTiers) -> None:
+        self.model, self.tokenizer, self.tiers = model, tokenizer, tiers
+
+    def answer_span(
+        self,
+        prefix: str,
+        document: str,
+        suffix: str,
+        continuation: str,
+        options: GenerationOptions | None = None,
+        *,
+        question: str | None = None,
+        mode: Mode | None = None,
+    ) -> AnswerStream:
+        """Compress (or fetch) prefix + document + suffix in ``mode`` (see ``DocumentTiers.compress``) and
+        stream the answer to ``continuation``; ``info`` says which mode served and what the cached entry cost."""
+        started = time.perf_counter()
+        mode = self.tiers.concrete_mode(mode, document, question)
+        doc, source, built = self.tiers.compress(prefix, document, suffix, question, mode)
+        stream = self.continue_from(
+            doc, continuation, options, cache_source=source, compress_seconds=time.perf_counter() - started
+        )
+        stream.info.mode = mode
+        stream.info.document_seconds = built
+        return stream
+
+    def continue_from(
+        self,
+        document: CompressedDocument,
+        continuation: str,
+        options: GenerationOptions | None = None,
+        *,
+        cache_source: CacheSource | None = None,
+        compress_seconds: float = 0.0,
+    ) -> AnswerStream:
+        """Feed ``continuation`` after a compressed document and stream the answer."""
+        started = time.perf_counter() - compress_seconds
+        options = options or GenerationOptions()
+        ids = encode(self.tokenizer, continuation, formatted=True)
+        if ids.numel() == 0 and document.next_token_logits is None:
+            raise ValueError("nothing follows the document: give a question or use query_aware mode")
+        info = AnswerInfo(
+            cache_source=cache_source,
+            document_tokens=document.stats.document_tokens,
+            cache_tokens=document.num_tokens,
+            input_tokens=ids.numel(),
+            compression=document.stats,
+            compress_seconds=compress_seconds,
+        )
+        state = DecodeState()
+        kept = headwise_ready(self.model) and kept_decoding(self.model.config)
+        pieces = decode(
+            self.model,
+            self.tokenizer,
+            document.to_cache(tail=ids.numel() + options.max_new_tokens + 1 if kept else None),
+            ids,
+            document.last_position + 1,
+            options,
+            state,
+            first_logits=document.next_token_logits if ids.numel() == 0 else None,
+        )
+        return AnswerStream(pieces, info, state, started)
+
+    def generate(self, prompt: str, **generation: Any) -> AnswerStream:
+        """Plain generation for a prompt that needs no compression (already chat-formatted text)."""
+        options = GenerationOptions(**generation)
+        ids = encode(self.tokenizer, prompt, first=True, formatted=True)
+        if ids.numel() == 0:
+            raise ValueError("the prompt is empty")
+        window = self.tiers.prompting.context_window
+        if ids.numel() >= window:
+            raise ValueError(
+                f"the prompt has {ids.numel()} tokens, over the model's {window}-token window; "
+                f"pass the long text as a document so HOMER compresses it"
+            )
+        started = time.perf_counter()
+        state = DecodeState()
+        info = AnswerInfo(input_tokens=ids.numel())
+        pieces = decode(self.model, self.tokenizer, DynamicCache(), ids, 0, options, state)
+        return AnswerStream(pieces, info, state, started)

@@ -1,0 +1,89 @@
+"""The kept cache: it answers as transformers' own cache over the same K/V, without writing or copying them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Gemma3TextConfig
+
+from homer_integrations.homer.kv.dynamic import cache_from_tensors
+from homer_integrations.homer.kv.headwise import register_headwise_attention
+from homer_integrations.homer.kv.kept import KeptKV, KeptLayer, kept_attention, kept_cache, kept_decoding
+from tests.conftest import tiny_model
+
+
+def prefilled(kind: str, length: int = 40, dtype: torch.dtype = torch.float32, **overrides) -> tuple:
+    model = tiny_model(kind, vocab_size=256, **overrides).to(dtype)
+    context = torch.randint(0, 256, (length,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        cache = model(context[None], use_cache=True).cache
+    return model, [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers]
+
+
+def continue_after(model, cache, start: int, rows: int, steps: int = 3) -> torch.Tensor:
+    """Logits of ``rows`` tokens read after ``cache`` and of ``steps`` decoding steps after them: [rows + steps, V]."""
+    follow = torch.arange(5, 5 + rows)[None]
+    with torch.no_grad():
+        out = [model(input_ids=follow, position_ids=torch.arange(start, start + rows)[None], cache=cache).logits[0]]
+        for i in range(steps):
+            position = torch.tensor([[start + rows + i]])
+            out.append(model(input_ids=torch.tensor([[11 + i]]), position_ids=position, cache=cache).logits[0])
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("rows", [1, 6])
+def test_a_kept_cache_answers_as_the_dynamic_cache_over_the_same_tensors(kind: str, rows: int) -> None:
+    model, keys, values = prefilled(kind)
+    register_headwise_attention(model)
+    expected = continue_after(model, cache_from_tensors(keys, values), 40, rows)
+    before = [k.clone() for k in keys]
+    kept = kept_cache(keys, values, capacity=2)  # smaller than what is fed: the tail grows
+    torch.testing.assert_close(continue_after(model, kept, 40, rows), expected, atol=1e-5, rtol=1e-5)
+    layer = kept.layers[0]
+    assert isinstance(layer, KeptLayer) and layer.stored_keys is keys[0]
+    assert layer.keys.shape[2] == rows + 3 and kept.get_seq_length() == 40 + rows + 3
+    assert all(torch.equal(k, b) for k, b in zip(keys, before, strict=True)), "the stored K/V were written"
+
+
+def test_grouped_query_attention_is_computed_without_repeating_heads() -> None:
+    """Four query heads per K/V head, in bfloat16 as on a CPU that computes it: the kept product against the
+    model's eager attention over repeated heads."""
+    model, keys, values = prefilled("qwen2", dtype=torch.bfloat16, num_attention_heads=8, num_key_value_heads=2)
+    register_headwise_attention(model)
+    expected = continue_after(model, cache_from_tensors(keys, values), 40, 4).float()
+    got = continue_after(model, kept_cache(keys, values, 16), 40, 4).float()
+    torch.testing.assert_close(got, expected, atol=0.05, rtol=0.02)
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.85
+
+
+def test_long_continuations_run_in_blocks_with_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    from homer_integrations.homer.kv import kept
+
+    model, keys, values = prefilled("llama")
+    register_headwise_attention(model)
+    whole = continue_after(model, kept_cache(keys, values, 8), 40, 6)
+    monkeypatch.setattr(kept, "_SCORE_BYTES", 4 * 4 * (40 + 6) * 2)  # two query rows a block
+    torch.testing.assert_close(continue_after(model, kept_cache(keys, values, 8), 40, 6), whole)
+
+
+def test_sliding_window_and_soft_capped_layers_go_to_the_models_own_attention() -> None:
+    stored, tail = torch.randn(1, 1, 5, 4), torch.randn(1, 1, 2, 4)
+    calls = []
+
+    def base(module, query, key, value, mask, **kwargs):
+        calls.append((key.shape[2], kwargs["sliding_window"]))
+        return query.transpose(1, 2), None
+
+    q = torch.randn(1, 2, 2, 4)
+    kept_attention(None, q, KeptKV(stored, tail), KeptKV(stored, tail), None, base=base, sliding_window=3)
+    assert calls == [(7, 3)]
+    with pytest.raises(ValueError, match="sliding-window"):
+        kept_attention(None, q, KeptKV(stored, tail), KeptKV(stored, tail), None, softcap=30.0)
+
+
+def test_which_models_decode_over_kept_layers() -> None:
+    assert kept_decoding(tiny_model("qwen2").config) and kept_decoding(tiny_model("llama").config)
+    assert not kept_decoding(tiny_model("mistral", sliding_window=16).config)
+    gemma = Gemma3TextConfig(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])
+    assert not kept_decoding(gemma)
