@@ -176,11 +176,14 @@ def compact_positions(stack: DecoderStack, doc: CompressedDocument) -> Compresse
 def with_compact_positions(engine: HomerModel) -> HomerModel:
     """``engine`` answering from ``compact_positions`` of every cache it compresses or looks up."""
     tiers = engine.tiers
-    compress = tiers.compress
 
-    def compacted(*args: Any, **kwargs: Any) -> Any:
-        result = compress(*args, **kwargs)
-        return result._replace(document=compact_positions(tiers.stack, result.document))
+    def compacting(compress: Any) -> Any:
+        def compacted(*args: Any, **kwargs: Any) -> Any:
+            result = compress(*args, **kwargs)
+            return result._replace(document=compact_positions(tiers.stack, result.document))
 
-    tiers.compress = compacted  # type: ignore[method-assign]
+        return compacted
+
+    tiers.root = compacting(tiers.root)  # type: ignore[method-assign]
+    tiers.replay = compacting(tiers.replay)  # type: ignore[method-assign]
     return engine

@@ -102,7 +102,7 @@ def measure(method: str, tokens: int, model, tok, engine) -> dict:
             row["prompt_tokens"] = full.numel()
             del out
         elif method == "homer":
-            doc, *_ = engine.tiers.compress(layout.prefix, document, layout.suffix, mode="shared")
+            doc, *_ = engine.compress_span(layout.prefix, document, layout.suffix, mode="shared")
             row.update(kv_bytes=doc.stats.peak_kv_bytes, cache_tokens=doc.num_tokens)
             # the default AutoRoot: head-wise, or the flat root where the model refuses it
             row["root"] = "headwise" if doc.head_lengths is not None else "flat"
@@ -112,7 +112,7 @@ def measure(method: str, tokens: int, model, tok, engine) -> dict:
             row.update(kv_bytes=tier.nbytes, cache_tokens=tier.num_tokens)
         else:
             asked = engine.prompting.layout(QUESTION, "query_aware")
-            doc, *_ = engine.tiers.compress(asked.prefix, document, asked.suffix, question=QUESTION, mode="query_aware")
+            doc, *_ = engine.compress_span(asked.prefix, document, asked.suffix, question=QUESTION, mode="query_aware")
             row.update(kv_bytes=doc.stats.peak_kv_bytes, cache_tokens=doc.num_tokens)
         if cuda:
             torch.cuda.synchronize()

@@ -101,8 +101,8 @@ def run_sample(engine: HomerModel, method: str, sample: Sample, diagnostics: boo
         answer = stream.text()
         if diagnostics:
             lay = engine.prompting.layout(QUESTION)
-            doc, *_ = engine.tiers.compress(
-                lay.prefix, sample.document, lay.suffix, QUESTION if method == "query_aware" else None
+            doc, *_ = engine.compress_span(
+                lay.prefix, sample.document, lay.suffix, question=QUESTION if method == "query_aware" else None
             )
             kept = set(doc.origin.tolist())
             needed = key_token_indices(tok, sample.document, sample.key)

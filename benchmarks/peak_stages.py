@@ -107,7 +107,7 @@ def main() -> None:
         profile.wrap(stack, name)
     profile.wrap(scorers, "log_max_attention")  # a module global: the scorers look it up per call
     with profile:
-        engine.tiers.compress(layout.prefix, document, layout.suffix)
+        engine.compress_span(layout.prefix, document, layout.suffix)
     print(f"start {profile.start / 2**20:.0f} MB, peak {profile.high / 2**20:.0f} MB ({args.tokens} tokens)")
     for step, rise in sorted(profile.rises.items(), key=lambda kv: -kv[1]):
         print(f"  +{rise / 2**20:6.0f} MB  {step}")

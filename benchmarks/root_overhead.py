@@ -51,7 +51,7 @@ def one_point(tokens: int, ratio: int, repeats: int, device: str) -> dict:
                 engine = HomerModel(model, tok, settings, model_name="qwen2-shape-tiny", progress=False)
                 lay = engine.prompting.layout("", mode="shared")
                 start = time.perf_counter()
-                doc = engine.tiers.compress(lay.prefix, document, lay.suffix, None, "shared").document
+                doc = engine.compress_span(lay.prefix, document, lay.suffix, mode="shared").document
                 if i:
                     seconds[rows].append(time.perf_counter() - start)
                 kept[rows] = doc.origin.tolist()

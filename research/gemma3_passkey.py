@@ -66,7 +66,7 @@ def ask(engine: HomerModel, document: str, mode: str) -> tuple[str, float, int]:
 
 def survived(engine: HomerModel, document: str, key: str) -> bool:
     """Whether every token of the key is in the shared root (served from the engine's cache after ``ask``)."""
-    doc, *_ = engine.tiers.compress(PREFIX, document, "\n\n", mode="shared")
+    doc, *_ = engine.compress_span(PREFIX, document, "\n\n", mode="shared")
     return set(key_token_indices(engine.tokenizer, document, key)) <= set(doc.origin.tolist())
 
 

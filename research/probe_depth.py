@@ -112,7 +112,7 @@ def time_roots(model: Any, tok: Any, args: argparse.Namespace) -> None:
             recipe = Recipe(scoring=scoring)
             engine = HomerModel(model, tok, config, model_name=ruler.MODEL, progress=False, recipe=recipe)
             start = time.perf_counter()
-            engine.tiers.compress(prompt.prefix, prompt.document, prompt.suffix, None, "shared")
+            engine.compress_span(prompt.prefix, prompt.document, prompt.suffix, mode="shared")
             seconds[name].append(round(time.perf_counter() - start, 2))
             print(name, seconds[name][-1], flush=True)
     out = {

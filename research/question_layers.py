@@ -85,8 +85,8 @@ def record(args: argparse.Namespace) -> None:
             engine.tiers.question_scoring = replace(scoring, scorer=RecordingScorer())
             prompt = ruler.homer_prompt(engine, sample, "query_aware")
             TAPE.clear()
-            doc = engine.tiers.compress(
-                prompt.prefix, sample.document, prompt.suffix, sample.question.lstrip(), "query_aware"
+            doc = engine.compress_span(
+                prompt.prefix, sample.document, prompt.suffix, question=sample.question.lstrip(), mode="query_aware"
             ).document
             text = sample.document
             offsets = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]

@@ -112,7 +112,7 @@ def main() -> None:
             engine = HomerModel(model, tok, config, model_name=ruler.MODEL, progress=False, recipe=recipe)
             prompt = ruler.homer_prompt(engine, sample, mode)
             question = sample.question.lstrip() if mode == "query_aware" else None
-            doc = engine.tiers.compress(prompt.prefix, text, prompt.suffix, question, mode).document
+            doc = engine.compress_span(prompt.prefix, text, prompt.suffix, question=question, mode=mode).document
             origin = doc.origin.tolist()
             kept = set(origin)
             answer = answer_after(engine, doc, prompt, sample)

@@ -73,7 +73,7 @@ def engine(tokenizer, calibration) -> HomerModel:
 
 def test_a_question_less_preparation_keeps_the_whole_prefill_a_later_question_reads(engine: HomerModel, text: str):
     assert engine.config.mode == "auto" and engine.mode_for(document=text) == "full"
-    tokens, source = engine.cache_document(text)
+    tokens, source, _ = engine.cache_document(text)
     assert tokens > 500 and source == "computed"
     [entry] = engine.document_cache.entries()
     assert entry.kind == "root" and engine.entry_key(text) == entry.key

@@ -205,7 +205,7 @@ def test_each_stage_imports_only_earlier_stages() -> None:
             if stage is None or used is None or used == stage:
                 continue
             if stage in SHARED:
-                ok = used in SHARED and SHARED.index(used) <= SHARED.index(stage) or stage == "config"
+                ok = (used in SHARED and SHARED.index(used) <= SHARED.index(stage)) or stage == "config"
             else:
                 ok = used in SHARED or STAGES.index(used) < STAGES.index(stage)
             if not ok:

@@ -128,7 +128,7 @@ class CorpusWorker:
         """(document tokens, status): ``stored`` when another worker wrote the entry meanwhile (the
         store's single flight made this one wait for it, then load it)."""
         with self.engine.document_cache.labelled(job.label):
-            tokens, source = self.engine.cache_document(job.text, self.mode)
+            tokens, source, _ = self.engine.cache_document(job.text, self.mode)
         if source is None:
             return tokens, "unneeded"
         return tokens, "compressed" if source == "computed" else "stored"

@@ -18,8 +18,9 @@ from typing import Any
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from homer_integrations.cache import CacheSource
+from homer_integrations.engine.modes import kept_form
 from homer_integrations.engine.tiers import DocumentTiers
-from homer_integrations.homer.config import Mode
+from homer_integrations.homer.config import Mode, resolve_mode
 from homer_integrations.homer.decoding.generation import DecodeState, FinishReason, GenerationOptions, decode
 from homer_integrations.homer.document.prompt import encode
 from homer_integrations.homer.kv.compressed import CompressedDocument, CompressionStats
@@ -171,15 +172,16 @@ class Answerer:
         question: str | None = None,
         mode: Mode | None = None,
     ) -> AnswerStream:
-        """Compress (or fetch) prefix + document + suffix in ``mode`` (see ``DocumentTiers.compress``) and
+        """Compress (or fetch) prefix + document + suffix in ``mode`` (default: ``query_aware``
+        with a ``question``, else ``shared``; ``engine.modes``) and
         stream the answer to ``continuation``; ``info`` says which mode served and what the cached entry cost."""
         started = time.perf_counter()
-        mode = self.tiers.concrete_mode(mode, document, question)
-        doc, source, built = self.tiers.compress(prefix, document, suffix, question, mode)
+        form = kept_form(resolve_mode(mode, question=question), self.tiers.prompting, document, question)
+        doc, source, built = form.compress(self.tiers, prefix, document, suffix, question)
         stream = self.continue_from(
             doc, continuation, options, cache_source=source, compress_seconds=time.perf_counter() - started
         )
-        stream.info.mode = mode
+        stream.info.mode = form.mode
         stream.info.document_seconds = built
         return stream
 

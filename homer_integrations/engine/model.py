@@ -4,7 +4,7 @@ Everything above it (CLI, LangChain, LlamaIndex, corpus compression) calls its p
 properties only (``tests/test_engine_door.py`` holds them to it); nothing below it knows any framework.
 Its parts, each one idea: ``prompting`` (token counts, layouts, size limits), ``tiers`` (the
 document's cached entries: shared root, full prefill, leaf tier; their keys, scoring and
-calibration), ``answerer`` (streams answers after a cache) and, over them, ``mode_calls.ModeCalls``
+calibration), ``answerer`` (streams answers after a cache) and, over them, ``calls.ModeCalls``
 (what a call about a document does in its mode); the methods below are their door.
 """
 
@@ -18,12 +18,13 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from homer_integrations.cache import CacheSource, DocumentCache
+from homer_integrations.cache import DocumentCache
 from homer_integrations.cache.document_cache import CacheStats
 from homer_integrations.cache.store import Store
 from homer_integrations.engine.answering import Answerer, AnswerInfo, AnswerStream
+from homer_integrations.engine.calls import ModeCalls
 from homer_integrations.engine.loading import DEFAULT_MODEL, embedded_defaults, load_model
-from homer_integrations.engine.modes import ModeCalls
+from homer_integrations.engine.modes import Prepared, decide, kept_form
 from homer_integrations.engine.prompting import DEFAULT_MAX_DOCUMENT_TOKENS, Prompting
 from homer_integrations.engine.quantization import Quantization
 from homer_integrations.engine.tiers import ALGORITHM_VERSION, Compressed, DocumentTiers
@@ -191,8 +192,7 @@ class HomerModel:
         an adapter's setting) that is not None, checked, else ``config.mode`` (``homer.config.resolve_mode``).
         ``auto`` with a ``document`` is decided for it: ``full`` when it fits the model's window with room for a
         question and its answer, else ``query_aware`` (``Prompting.whole_mode``); without one it stays ``auto``."""
-        mode = resolve_mode(*requested, default=self.config.mode)
-        return self.prompting.whole_mode(document) if mode == "auto" and document is not None else mode
+        return decide(resolve_mode(*requested, default=self.config.mode), self.prompting, document)
 
     def reads_tier(self, document_tokens: int) -> bool:
         """Whether a ``query_aware`` question about a document of ``document_tokens`` reads its leaf tier;
@@ -260,7 +260,9 @@ class HomerModel:
         with it (query-aware); without one, the shared root (cached), unless ``mode="full"``. An explicit
         ``mode="query_aware"`` needs ``question=``. To prepare what later questions replay from, see
         ``cache_document``."""
-        return self._modes.compress(text, question, self.mode_for(mode, document=text), requested=mode is not None)
+        return self._modes.compress(
+            text, question, self.mode_for(mode, document=text), requested=mode not in (None, "auto")
+        )
 
     def compress_span(
         self, prefix: str, document: str, suffix: str, *, question: str | None = None, mode: Mode | None = None
@@ -268,7 +270,8 @@ class HomerModel:
         """The cache of ``prefix`` + ``document`` + ``suffix`` (texts an adapter laid out, ``layout_prompt``)
         in ``mode`` (default: ``query_aware`` with a ``question``, else ``shared``): the document, where its
         cached entry came from and the seconds spent computing that entry."""
-        return self.tiers.compress(prefix, document, suffix, question, mode)
+        form = kept_form(resolve_mode(mode, question=question), self.prompting, document, question)
+        return form.compress(self.tiers, prefix, document, suffix, question)
 
     def entry_key(self, document: str, mode: Mode | None = None) -> str:
         """The document-cache key of ``document``'s stored entry in ``mode`` (default: ``config.mode``), laid
@@ -277,9 +280,10 @@ class HomerModel:
 
     def cache_document(
         self, document: str, mode: Mode | None = None, *, prefix: str | None = None, suffix: str | None = None
-    ) -> tuple[int, CacheSource | None]:
+    ) -> Prepared:
         """Look up, or compute and store, ``document``'s entry in ``mode`` (see ``entry_key``; by default the
-        leaf tier): (its document tokens, where it came from). What every later question in that mode
+        leaf tier): its document tokens, where it came from and, for a ``shared`` root or a ``full`` prefill,
+        its ``CompressionStats`` (``modes.Prepared``). What every later question in that mode
         starts from. ``prefix`` / ``suffix``: the texts an adapter laid out around the document
         (``layout_prompt``); default: this engine's layout with no question. The source is None when
         there is nothing to store: past the model's window a ``query_aware`` question reads the text's

@@ -1,89 +1,125 @@
-"""``ModeCalls``: what an engine's call about a document does in its mode.
+"""Ways to keep a document: one unit per mode, what it keys, prepares once and reads for every question.
 
-``shared`` reads the document's one compressed root, ``full`` its whole uncompressed prefill and
-``query_aware`` its leaf tier, from which each question's selection is replayed (``tiers``). For a
-call in a mode (already resolved, ``HomerModel.mode_for``) this lays the prompt out around the
-document (``prompting``), picks the entry the call reads or prepares, and answers after it
-(``answering``). ``HomerModel.compress``, ``entry_key``, ``cache_document`` and ``run`` are its door.
+- ``SharedRoot`` (``shared``): one compressed root with a question-independent suffix, cached.
+- ``WholePrefill`` (``full``): the whole prompt prefilled and kept uncompressed, cached.
+- ``PerQuestion`` (``query_aware``): the document's leaf tier, cached; each question's own root is replayed
+  from it (or, past the window, its BM25 passages re-read) with the question in the suffix.
+
+``auto`` is no unit: ``decide`` picks ``full`` or ``query_aware`` for each document. A new way to keep a
+document is one more unit in ``KEPT_FORMS`` (and its name in ``homer.config.Mode``).
 """
 
 from __future__ import annotations
 
+from typing import ClassVar, NamedTuple
+
 from homer_integrations.cache import CacheSource
-from homer_integrations.engine.answering import Answerer, AnswerStream
 from homer_integrations.engine.prompting import Prompting
-from homer_integrations.engine.tiers import DocumentTiers
-from homer_integrations.homer.config import Mode, resolve_mode
-from homer_integrations.homer.decoding.generation import GenerationOptions
-from homer_integrations.homer.kv.compressed import CompressedDocument
+from homer_integrations.engine.tiers import Compressed, DocumentTiers
+from homer_integrations.homer.config import Mode
+from homer_integrations.homer.kv.compressed import CompressionStats
 
 
-class ModeCalls:
-    """Calls about a document over one engine's ``prompting``, ``tiers`` and ``answerer``."""
+class Prepared(NamedTuple):
+    """A document's entry looked up or computed: its document tokens, where it came from (None when there is
+    nothing to keep: past the window a ``query_aware`` question reads passages), and, for a cache that is
+    itself the entry (``shared``, ``full``), its compression statistics."""
 
-    def __init__(self, prompting: Prompting, tiers: DocumentTiers, answerer: Answerer) -> None:
-        self.prompting = prompting
-        self.tiers = tiers
-        self.answerer = answerer
+    document_tokens: int
+    source: CacheSource | None
+    stats: CompressionStats | None = None
 
-    def compress(self, text: str, question: str | None, mode: Mode, *, requested: bool) -> CompressedDocument:
-        """``text`` compressed in ``mode``; ``query_aware`` without a question falls back to ``shared`` unless
-        that mode was ``requested`` by the caller (then it is refused)."""
-        if mode == "query_aware" and question is None:
-            if requested:
-                raise ValueError("query_aware mode compresses the question with the document: pass question=")
-            mode = "shared"  # nothing to steer the selection: the question-independent root
-        layout = self.prompting.layout(question or "", mode)
-        asked = question if mode == "query_aware" else None
-        if asked is not None:  # compressed with the document: within the question's limit
-            self.prompting.check_question(asked, allow_empty=True)
-        return self.tiers.compress(layout.prefix, text, layout.suffix, asked, mode).document
 
-    def entry_key(self, document: str, mode: Mode) -> str:
-        """The key of ``document``'s stored entry in ``mode``, laid out with no question."""
-        layout = self.prompting.layout("", mode)
-        if mode == "query_aware":
-            return self.tiers.keys.tier(layout.prefix, document)
-        if mode == "full":
-            return self.tiers.keys.full(layout.prefix, document, layout.suffix)
-        return self.tiers.keys.root(layout.prefix, document, layout.suffix)
+class KeptForm:
+    """One way to keep a document: the entry it keys, prepares once and answers every question from."""
 
-    def cache_document(
-        self, document: str, mode: Mode, prefix: str | None, suffix: str | None
-    ) -> tuple[int, CacheSource | None]:
-        """``document``'s entry in ``mode`` looked up or computed: (its document tokens, where it came from;
-        None past the window in ``query_aware``, where a question reads passages and no leaf tier)."""
-        layout = self.prompting.layout("", mode)
-        prefix = layout.prefix if prefix is None else prefix
-        suffix = layout.suffix if suffix is None else suffix
-        if mode == "query_aware":
-            encoded = self.prompting.encode_document(prefix, document, "")  # its ids are kept for the tier
-            tokens = encoded.document_ids.numel()
-            if not self.tiers.reads_tier(tokens):
-                return tokens, None
-            tier, source = self.tiers.leaf_tier(prefix, document, encoded)
-            return tier.document_tokens, source
-        doc, source, _ = self.tiers.compress(prefix, document, suffix, mode=mode)
-        return doc.stats.document_tokens, source
+    mode: ClassVar[Mode]
+    asks: ClassVar[bool] = False
+    """Whether a question is compressed with the document (laid out in its suffix), not only read after it."""
 
-    def run(
-        self, document: str | CompressedDocument, question: str, mode: Mode, options: GenerationOptions
-    ) -> AnswerStream:
-        """The answer to a checked ``question`` about ``document``: from the entry of ``mode`` for a text, or
-        after a ``CompressedDocument`` (one compressed query-aware for another question is refused)."""
-        if isinstance(document, CompressedDocument):  # it answers in the mode it was compressed in
-            mode = resolve_mode(compressed=document, window=self.prompting.context_window)
-        layout = self.prompting.layout(question, mode)
-        if not isinstance(document, CompressedDocument):
-            asked = question if mode == "query_aware" else None
-            return self.answerer.answer_span(
-                layout.prefix, document, layout.suffix, layout.continuation, options, question=asked, mode=mode
-            )
-        if document.question is not None and document.question != question:
-            raise ValueError(
-                "this document was compressed query-aware for another question; compress it again "
-                "with this question, or use shared mode to reuse one cache for every question"
-            )
-        stream = self.answerer.continue_from(document, layout.continuation, options)
-        stream.info.mode = mode
-        return stream
+    def key(self, tiers: DocumentTiers, prefix: str, document: str, suffix: str) -> str:
+        raise NotImplementedError
+
+    def compress(
+        self, tiers: DocumentTiers, prefix: str, document: str, suffix: str, question: str | None
+    ) -> Compressed:
+        """The cache a question about ``document`` is answered after (``question`` is used only if ``asks``)."""
+        raise NotImplementedError
+
+    def prepare(self, tiers: DocumentTiers, prefix: str, document: str, suffix: str) -> Prepared:
+        """The entry every later question starts from, looked up or computed."""
+        doc, source, _ = self.compress(tiers, prefix, document, suffix, None)
+        return Prepared(doc.stats.document_tokens, source, doc.stats)
+
+
+class SharedRoot(KeptForm):
+    """``shared``: one compressed root for every question."""
+
+    mode = "shared"
+
+    def key(self, tiers: DocumentTiers, prefix: str, document: str, suffix: str) -> str:
+        return tiers.keys.root(prefix, document, suffix)
+
+    def compress(
+        self, tiers: DocumentTiers, prefix: str, document: str, suffix: str, question: str | None
+    ) -> Compressed:
+        return tiers.root(prefix, document, suffix, full=False)
+
+
+class WholePrefill(KeptForm):
+    """``full``: the whole prompt prefilled once and kept uncompressed (it must fit the model's window)."""
+
+    mode = "full"
+
+    def key(self, tiers: DocumentTiers, prefix: str, document: str, suffix: str) -> str:
+        return tiers.keys.full(prefix, document, suffix)
+
+    def compress(
+        self, tiers: DocumentTiers, prefix: str, document: str, suffix: str, question: str | None
+    ) -> Compressed:
+        return tiers.root(prefix, document, suffix, full=True)
+
+
+class PerQuestion(KeptForm):
+    """``query_aware``: the leaf tier kept; each question's root replayed from it with the question."""
+
+    mode = "query_aware"
+    asks = True
+
+    def key(self, tiers: DocumentTiers, prefix: str, document: str, suffix: str) -> str:
+        return tiers.keys.tier(prefix, document)
+
+    def compress(
+        self, tiers: DocumentTiers, prefix: str, document: str, suffix: str, question: str | None
+    ) -> Compressed:
+        if question is None:
+            raise ValueError("query_aware mode compresses the question with the document: pass question=")
+        return tiers.replay(prefix, document, suffix, question)
+
+    def prepare(self, tiers: DocumentTiers, prefix: str, document: str, suffix: str) -> Prepared:
+        encoded = tiers.prompting.encode_document(prefix, document, "")  # its ids are kept for the tier
+        tokens = encoded.document_ids.numel()
+        if not tiers.reads_tier(tokens):
+            return Prepared(tokens, None)
+        tier, source = tiers.leaf_tier(prefix, document, encoded)
+        return Prepared(tier.document_tokens, source)
+
+
+KEPT_FORMS: dict[str, KeptForm] = {form.mode: form for form in (SharedRoot(), WholePrefill(), PerQuestion())}
+
+
+def decide(mode: Mode, prompting: Prompting, document: str | None) -> Mode:
+    """``mode`` with ``auto`` decided for ``document``: ``full`` when its prompt leaves room in the model's
+    window for a question and its answer, else ``query_aware`` (``Prompting.whole_mode``); without a
+    document ``auto`` stays."""
+    return prompting.whole_mode(document) if mode == "auto" and document is not None else mode
+
+
+def kept_form(mode: Mode, prompting: Prompting, document: str, question: str | None = None) -> KeptForm:
+    """The unit that keeps ``document`` in ``mode`` (``auto`` decided, ``decide``). A per-question read
+    with no question to steer it is the shared root, when the per-question path was not named but chosen
+    by ``auto`` past the window."""
+    concrete = decide(mode, prompting, document)
+    if mode == "auto" and concrete == "query_aware" and question is None:
+        concrete = "shared"
+    return KEPT_FORMS[concrete]

@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from homer_integrations.engine.modes import KEPT_FORMS
 from homer_integrations.engine.prompting import check_text
 from homer_integrations.homer.config import Mode
 from homer_integrations.homer.document.prompt import DOCUMENT_MARK, PromptText, concat, markup
@@ -310,7 +311,7 @@ def start_answer(engine: HomerModel, split: PromptSplit, options: GenerationOpti
     if split.document is None:
         return engine.generate(split.plain_prompt, **options.model_dump())
     mode = engine.mode_for(split.mode)
-    question = split.suffix if mode == "query_aware" else None
+    question = split.suffix if KEPT_FORMS[mode].asks else None
     stream = engine.run_span(
         split.prefix, split.document, split.suffix, split.continuation, options, question=question, mode=mode
     )

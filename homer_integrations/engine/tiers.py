@@ -27,7 +27,7 @@ from homer_integrations.cache.keys import DocumentKeys
 from homer_integrations.cache.leaf_stash import LeafStashInStore
 from homer_integrations.engine.builder import EntryBuilder, RecentIndexes
 from homer_integrations.engine.prompting import Prompting
-from homer_integrations.homer.config import HomerConfig, Mode, resolve_mode
+from homer_integrations.homer.config import HomerConfig
 from homer_integrations.homer.document.encoded import EncodedDocument
 from homer_integrations.homer.document.prompt import encode, markup
 from homer_integrations.homer.kv.compressed import CacheSpec, CompressedDocument
@@ -132,42 +132,10 @@ class DocumentTiers:
         other.document_cache = document_cache
         return other
 
-    def compress(
-        self, prefix: str, document: str, suffix: str, question: str | None = None, mode: Mode | None = None
-    ) -> Compressed:
-        """The cache of prefix + document + suffix texts in ``mode`` (default: ``query_aware`` when a
-        ``question`` is given, else ``shared``).
-
-        ``shared`` is the compressed root, cached under its key; ``full`` the uncompressed cache of
-        the whole prompt (a plain prefill kept like a root; the prompt must fit the model's window);
-        ``query_aware`` (``suffix`` holds ``question``) builds this question's root by the recipe's
-        replay: from the document's leaf tier, looked up or built once (the source reported is the
-        tier's), or, for a replay that reads the text alone (BM25 passages past the model's window),
-        from the document's text with no tier at all (source ``computed``). The replayed root is not
-        cached.
-        """
-        mode = self.concrete_mode(mode, document, question)
-        if mode == "query_aware":
-            if question is None:
-                raise ValueError("query_aware mode compresses the question with the document: pass question=")
-            encoded = self.prompting.encode_document(prefix, document, suffix, asks=True)  # checks the document
-            tier_key = self.keys.tier(prefix, document)
-            found: list[tuple[LeafTier, CacheSource]] = []
-
-            def leaf_tier() -> LeafTier:
-                if not found:
-                    tier, source = self.leaf_tier(prefix, document, encoded, tier_key)
-                    found.append((tier.to(self.stack.device), source))
-                return found[0][0]
-
-            key = hashlib.sha256(f"{tier_key}\0{json.dumps(markup(suffix).segments)}".encode()).hexdigest()
-            replayed = self.builder().replay(key, encoded, question, leaf_tier)
-            if not found:
-                return Compressed(replayed, "computed", 0.0)
-            tier, source = found[0]
-            return Compressed(replayed, source, tier.seconds if source == "computed" else 0.0)
+    def root(self, prefix: str, document: str, suffix: str, *, full: bool = False) -> Compressed:
+        """The cached root of prefix + document + suffix: the compressed ``shared`` root, or (``full``) the
+        whole prompt prefilled uncompressed (it must fit the model's window); looked up or computed."""
         self.prompting.check_document(document)  # a cached entry is served without tokenizing the document
-        full = mode == "full"
         key = self.keys.full(prefix, document, suffix) if full else self.keys.root(prefix, document, suffix)
         doc, source = self.document_cache.get_or_compute(
             key,
@@ -178,14 +146,27 @@ class DocumentTiers:
         )
         return Compressed(doc, source, doc.stats.seconds if source == "computed" else 0.0)
 
-    def concrete_mode(self, mode: Mode | None, document: str, question: str | None = None) -> Mode:
-        """``mode`` (default: ``query_aware`` with a ``question``, else ``shared``) with ``auto`` decided for
-        ``document`` (``Prompting.whole_mode``); past the window without a question, ``shared``."""
-        mode = resolve_mode(mode, question=question)
-        if mode == "auto":
-            mode = self.prompting.whole_mode(document)
-            return "shared" if mode == "query_aware" and question is None else mode
-        return mode
+    def replay(self, prefix: str, document: str, suffix: str, question: str) -> Compressed:
+        """``question``'s own root (``suffix`` holds it), replayed by the recipe from the document's leaf tier,
+        looked up or built once (the source reported is the tier's); or, for a replay that reads the text
+        alone (BM25 passages past the model's window), from the text with no tier (source ``computed``).
+        The replayed root is not cached."""
+        encoded = self.prompting.encode_document(prefix, document, suffix, asks=True)  # checks the document
+        tier_key = self.keys.tier(prefix, document)
+        found: list[tuple[LeafTier, CacheSource]] = []
+
+        def leaf_tier() -> LeafTier:
+            if not found:
+                tier, source = self.leaf_tier(prefix, document, encoded, tier_key)
+                found.append((tier.to(self.stack.device), source))
+            return found[0][0]
+
+        key = hashlib.sha256(f"{tier_key}\0{json.dumps(markup(suffix).segments)}".encode()).hexdigest()
+        replayed = self.builder().replay(key, encoded, question, leaf_tier)
+        if not found:
+            return Compressed(replayed, "computed", 0.0)
+        tier, source = found[0]
+        return Compressed(replayed, source, tier.seconds if source == "computed" else 0.0)
 
     def leaf_tier(
         self, prefix: str, document: str, encoded: EncodedDocument | None = None, key: str | None = None

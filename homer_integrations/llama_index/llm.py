@@ -98,7 +98,7 @@ class HomerLLM(StructuredOutput, CustomLLM):
     mode: Mode | None = Field(
         default=None,
         description="HOMER mode of a document's answers: query_aware, shared or full; None means the "
-        "engine's configured mode (query_aware unless its HomerConfig says otherwise). A call's mode= replaces it.",
+        "engine's configured mode (auto unless its HomerConfig says otherwise). A call's mode= replaces it.",
     )
 
     _engine: HomerModel = PrivateAttr()
@@ -196,13 +196,9 @@ class HomerLLM(StructuredOutput, CustomLLM):
         # nothing of a question reaches the cached entry (the tier reads the prefix and the document only):
         # lay out the document alone
         split = self._completion_split("", False, {"document": document, "mode": mode})
-        stats = None
-        if mode == "query_aware":
-            self._engine.cache_document(document, mode, prefix=split.prefix)
-        else:
-            stats = self._engine.compress_span(split.prefix, document, split.suffix, mode=mode).document.stats
+        prepared = self._engine.cache_document(document, mode, prefix=split.prefix, suffix=split.suffix)
         remember_document(self._engine, document)
-        return stats
+        return prepared.stats
 
     # ----------------------------------------------------------------------------- LlamaIndex API
     @llm_completion_callback()

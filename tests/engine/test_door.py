@@ -85,7 +85,7 @@ def test_the_front_ends_use_the_engines_public_door_only():
 def test_the_scan_finds_a_reach_past_the_door():
     source = """
 def f(self, engine, llm):
-    engine.tiers.compress("", "doc", "")
+    engine.tiers.root("", "doc", "")
     self._engine.answerer.generate("hi")
     llm.engine._private()
     self.resolve_engine().stack

@@ -139,7 +139,7 @@ def test_past_the_window_bm25_passages_need_no_leaf_tier_and_attention_builds_it
     info = stream.info
     assert info.cache_source == "computed" and info.document_seconds == 0.0
     assert engine.tiers.document_cache.stats().entries == 0, "no leaf tier was built or stored"
-    tokens, source = engine.cache_document(book, "query_aware")
+    tokens, source, _ = engine.cache_document(book, "query_aware")
     assert source is None and tokens > engine.context_window, "nothing to prepare: questions read the text"
     assert engine.tiers.document_cache.stats().entries == 0
     grown = engine.compress(book, question=question, mode="query_aware").num_tokens

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from homer_integrations.homer.model.decoder import DecoderStack
-from homer_integrations.homer.scoring.scorers import ScoreInput, log_max_attention
 from homer_integrations.homer.scoring import headwise as selection
+from homer_integrations.homer.scoring.scorers import ScoreInput, log_max_attention
 from tests.conftest import tiny_model
 
 

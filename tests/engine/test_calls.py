@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from homer_integrations import HomerModel
-from homer_integrations.engine.modes import ModeCalls
+from homer_integrations.engine.calls import ModeCalls
 from homer_integrations.homer.decoding.generation import GenerationOptions
 from tests.test_document_cache import make_engine
 
@@ -35,8 +35,9 @@ def test_query_aware_without_a_question_is_the_shared_root_unless_asked_for(call
 def test_each_mode_names_its_own_entry_and_prepares_it(calls: ModeCalls, document: str) -> None:
     keys = {mode: calls.entry_key(document, mode) for mode in ("shared", "full", "query_aware")}
     assert len(set(keys.values())) == 3
-    tokens, source = calls.cache_document(document, "shared", None, None)
-    assert tokens > 0 and source in ("memory", "computed")
+    tokens, source, stats = calls.cache_document(document, "shared", None, None)
+    assert tokens > 0 and source in ("memory", "computed") and stats is not None
+    assert stats.document_tokens == tokens
     assert calls.tiers.document_cache.get(keys["shared"]) is not None
 
 
