@@ -1,6 +1,6 @@
 """Cost of building a shared root in row blocks of 1,024 against 8,192.
 
-A decoder layer runs a leaf's rows in blocks (``homer/decoder.py``: ``ATTENTION_ROWS`` and
+A decoder layer runs a leaf's rows in blocks (``homer/model/decoder.py``: ``ATTENTION_ROWS`` and
 ``MLP_ROWS`` on a CPU, ``ACCELERATOR_ROWS`` on a GPU); on a GPU each block is another round of kernel
 launches (an H100 profile of a 64k root: 2,336 attention calls for 792 layer steps). This measures
 both sizes on Qwen2.5-0.5B's 24 layers at tiny widths (``question_overhead.tiny_qwen``), where every

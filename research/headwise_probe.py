@@ -60,11 +60,12 @@ from homer_integrations.engine.loading import load_model
 from homer_integrations.homer.document.chunking import ChunkPlan
 from homer_integrations.homer.kv.chunk import Chunk
 from homer_integrations.homer.kv.dynamic import cache_from_tensors, layer_tensors
-from homer_integrations.homer.layers.nodes import CompressionResult
+from homer_integrations.homer.layers.nodes import CompressionResult, Nodes
 from homer_integrations.homer.model.decoder import DecoderStack
 from homer_integrations.homer.scoring.headwise import head_scores, keep_global, keep_per_head
 from homer_integrations.homer.scoring.pruning import standardise
 from homer_integrations.homer.scoring.units import ScoreUnit, pool_words
+from homer_integrations.homer.tree import flat
 from homer_integrations.homer.tree.compressor import HomerCompressor
 from homer_integrations.homer.tree.headwise import score_candidates, select_candidates
 from homer_integrations.homer.tree.recompute import prefill_kept, whole_units
@@ -236,16 +237,16 @@ def close_statements(
 
 @contextlib.contextmanager
 def statement_closure(statements: torch.Tensor | None, top: float, longest: int) -> Iterator[dict]:
-    """While inside, the flat selection's re-read (``HomerCompressor._recomputed``) also takes whole the
+    """While inside, the flat selection's re-read (``homer.tree.flat.reread_selected``) also takes whole the
     short statements of its best-scored tokens (``close_statements``); the dict counts the tokens added."""
     added = {"tokens": 0}
     if statements is None:
         yield added
         return
-    original = HomerCompressor._recomputed
+    original = flat.reread_selected
 
-    def recomputed(
-        self: HomerCompressor,
+    def reread_closed(
+        nodes: Nodes,
         selected: Chunk,
         prefix_ids: torch.Tensor,
         document_ids: torch.Tensor,
@@ -253,6 +254,7 @@ def statement_closure(statements: torch.Tensor | None, top: float, longest: int)
         plan: ChunkPlan,
         start: float,
         whole: torch.Tensor | None = None,
+        extra: torch.Tensor | None = None,
     ) -> CompressionResult:
         doc = selected.origin >= 0
         order = selected.origin[doc].argsort()
@@ -262,15 +264,17 @@ def statement_closure(statements: torch.Tensor | None, top: float, longest: int)
             memory = torch.full((kept.numel(),), float("-inf"))
             memory[torch.isin(kept, selected.origin[doc][order])] = selected.memory[doc][order]
         closed = close_statements(kept, memory, statements, top, longest)
+        if extra is not None and extra.numel():
+            closed = torch.cat([closed, extra.to(closed.device)]).unique()
         added["tokens"] += closed.numel() - kept.numel()
-        result = prefill_kept(self.stack, self.settings, prefix_ids, document_ids, closed, suffix_ids)
+        result = prefill_kept(nodes.stack, nodes.settings, prefix_ids, document_ids, closed, suffix_ids)
         return replace(result, plan=plan, seconds=time.perf_counter() - start)
 
-    HomerCompressor._recomputed = recomputed
+    flat.reread_selected = reread_closed
     try:
         yield added
     finally:
-        HomerCompressor._recomputed = original
+        flat.reread_selected = original
 
 
 def word_counts(document_ids: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
