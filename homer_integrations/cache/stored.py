@@ -175,8 +175,8 @@ class StoredEntries:
     def mapped_files(self, key: str, doc: Entry) -> tuple[FileStamp, ...]:
         """The files ``doc`` (``key``'s entry) is memory-mapped from, as they were when mapped: a mapped entry's
         own file, and the leaves of a tier stored by its leaves (mapped as its build kept or found them); what
-        ``Lookup`` checks before it uses ``doc`` again. Empty for an entry held in process memory."""
-        if not isinstance(doc, LeafTier | LeafEntry):
+        ``Lookup`` checks before it uses ``doc`` again. Empty for an entry held in process or device memory."""
+        if not isinstance(doc, LeafTier | LeafEntry) or doc.device.type != "cpu":  # a copy on a GPU maps nothing
             return ()
         keys = [key] if doc.mapped else []
         if isinstance(doc, LeafTier):
