@@ -29,6 +29,7 @@ from safetensors.torch import save_file as save_safetensors_file
 
 from homer_integrations.cache.mapped import MAPPED, FileStamp
 from homer_integrations.cache.secret import entry_mac
+from homer_integrations.homer.compressed import SERIAL_FORMAT as ROOT_FORMAT
 from homer_integrations.homer.compressed import CacheSpec, CompressedDocument, check_consistent, check_layout, validate
 from homer_integrations.homer.leaf_entry import SERIAL_FORMAT as LEAF_PIECE_FORMAT
 from homer_integrations.homer.leaf_entry import LeafEntry
@@ -311,6 +312,15 @@ def to_device(doc: E, stored: str | None, device: torch.device | None) -> E:
     if device is None or device.type == "cpu":
         return doc
     return doc.to(device)
+
+
+def own_tensors(head: bytes) -> bool:
+    """Whether ``head``, the start of a safetensors file (its whole header), names one of the cache's formats:
+    a tensors file the cache wrote, whatever its name."""
+    try:
+        return safetensors_metadata(head).get("format") in (ROOT_FORMAT, LEAF_TIER_FORMAT, LEAF_PIECE_FORMAT)
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        return False
 
 
 def safetensors_metadata(data: bytes) -> dict[str, str]:
