@@ -4,6 +4,7 @@
   and its verification;
 - ``secret``: a keyed cache's secret file and its keyed checksum (HMAC-SHA256) of an entry;
 - ``memory``: ``MemoryLRU``, entries in memory within a byte budget;
+- ``mapped``: the files memory-mapped entries come from, as they were when mapped, and whether they changed since;
 - ``store_base``: the ``Store`` interface (below the stores that implement it);
 - ``store``: ``open_store``, a directory or URL's store (above them), and the interface re-exported;
 - ``local``: ``LocalStore``, a directory with a byte budget and least-recently-used eviction;

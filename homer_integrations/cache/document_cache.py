@@ -39,7 +39,7 @@ import torch
 from homer_integrations.cache.entry import FORMAT_VERSION, CacheEntry, CacheSource, E, Entry
 from homer_integrations.cache.inventory import Inventory
 from homer_integrations.cache.leaf_stash import LeafStashInStore
-from homer_integrations.cache.local import LocalStore
+from homer_integrations.cache.local import LocalStore, Orphan
 from homer_integrations.cache.lookup import Counters, Lookup
 from homer_integrations.cache.memory import MemoryLRU
 from homer_integrations.cache.secret import default_secret_path, load_secret
@@ -266,6 +266,16 @@ class DocumentCache:
         """Forget every key of ``keys`` as ``discard`` does: (entries removed, leaf entries removed with them,
         those no tier left in the store lists)."""
         return self._inventory.discard_many(keys)
+
+    def orphans(self) -> list[Orphan] | None:
+        """The files in a local directory that no entry needs: leaves no stored tier lists (a tier evicted, removed
+        or refused over the budget left them) and tensors files with no manifest; None for a URL store or memory
+        only. Files a live writer may still claim are not among them (``LocalStore.orphans``)."""
+        return self._inventory.orphans()
+
+    def remove_orphans(self) -> list[Orphan] | None:
+        """Remove the ``orphans``; those removed (None as for ``orphans``). Entries and the leaves tiers list stay."""
+        return self._inventory.remove_orphans()
 
     def clear(self, *, memory: bool = True, disk: bool = True) -> int:
         """Remove every entry (from memory and/or the store); returns how many distinct keys went.

@@ -27,7 +27,9 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from safetensors.torch import save_file as save_safetensors_file
 
+from homer_integrations.cache.mapped import MAPPED, FileStamp
 from homer_integrations.cache.secret import entry_mac
+from homer_integrations.homer.kv.compressed import SERIAL_FORMAT as ROOT_FORMAT
 from homer_integrations.homer.kv.compressed import (
     CacheSpec,
     CompressedDocument,
@@ -269,7 +271,10 @@ class EntryCodec:
                     "the entry's keyed checksum does not match this cache's secret (forged, or another secret)"
                 )
         mapped = tensors_file is not None and manifest.get("kind") in (KINDS[LeafTier], KINDS[LeafEntry])
+        stamp: FileStamp | None = None
         try:
+            if mapped:  # what is checked below is what gets mapped: ``mapped_entry`` compares the file with it
+                stamp = FileStamp.of(tensors_file)  # type: ignore[arg-type]
             data: bytes | Path = tensors_file if mapped else read_tensors()  # type: ignore[assignment]
             found = data.stat().st_size if isinstance(data, Path) else len(data)
             if found != size:
@@ -282,7 +287,7 @@ class EntryCodec:
             raise Unusable(f"cannot read the safetensors file: {exc}") from exc
         try:
             doc = (
-                mapped_entry(data, piece)
+                mapped_entry(data, piece, stamp)
                 if isinstance(data, Path)
                 else entry_from_tensors(load_safetensors(data), safetensors_metadata(data), piece)
             )
@@ -315,6 +320,15 @@ def to_device(doc: E, stored: str | None, device: torch.device | None) -> E:
     return doc.to(device)
 
 
+def own_tensors(head: bytes) -> bool:
+    """Whether ``head``, the start of a safetensors file (its whole header), names one of the cache's formats:
+    a tensors file the cache wrote, whatever its name."""
+    try:
+        return safetensors_metadata(head).get("format") in (ROOT_FORMAT, LEAF_TIER_FORMAT, LEAF_PIECE_FORMAT)
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        return False
+
+
 def safetensors_metadata(data: bytes) -> dict[str, str]:
     """The ``__metadata__`` of a safetensors blob (8-byte little-endian header length, JSON header)."""
     if len(data) < 8:
@@ -331,18 +345,25 @@ def safetensors_metadata(data: bytes) -> dict[str, str]:
 
 def mapped_tier(path: Path, piece: PieceReader | None = None) -> LeafTier:
     """The leaf tier in ``path`` with its tensors memory-mapped (safetensors maps the file; nothing is
-    copied until a question slices a leaf). The mapping outlives the file's replacement or removal."""
+    copied until a question slices a leaf). The mapping outlives the file's replacement or removal, not a
+    change in place (``mapped``: the file's stamp is noted, and checked before the tier is used again)."""
     tier = mapped_entry(path, piece)
     if not isinstance(tier, LeafTier):
         raise ValueError(f"{path.name} holds a {type(tier).__name__}, not a leaf tier")
     return tier
 
 
-def mapped_entry(path: Path, piece: PieceReader | None = None) -> LeafTier | LeafEntry:
-    """The leaf tier or leaf entry in ``path``, memory-mapped (see ``mapped_tier``)."""
+def mapped_entry(path: Path, piece: PieceReader | None = None, stamp: FileStamp | None = None) -> LeafTier | LeafEntry:
+    """The leaf tier or leaf entry in ``path``, memory-mapped (see ``mapped_tier``). ``stamp``: the file as it
+    was verified (default: as it is now); ``OSError`` if it is not that file still once mapped."""
+    stamp = FileStamp.of(path) if stamp is None else stamp
     with safe_open(str(path), framework="pt") as f:
         tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - safe_open is not a dict
         meta = f.metadata() or {}
+    why = stamp.why_changed()
+    if why is not None:
+        raise OSError(f"changed while it was mapped: {why}")
+    MAPPED.note(stamp)
     if meta.get("format") == LEAF_PIECE_FORMAT:
         return replace(LeafEntry.from_tensors(tensors, meta), mapped=True)
     read: list[LeafEntry] = []

@@ -144,10 +144,32 @@ class FileKeyLock:
             self._lock.acquire()
         except Timeout as exc:
             raise LockTimeout(str(exc)) from exc
+        # the lock file's modification time says since when it is held: whatever its holder writes (a tier's leaves,
+        # listed only once the tier is written) is newer, so ``LocalStore.orphans`` leaves it alone meanwhile
+        with contextlib.suppress(OSError, NotImplementedError):
+            os.utime(self.path, follow_symlinks=False)
 
     def release(self) -> None:
         if self._lock is not None:
             self._lock.release()
+
+
+def lock_held(path: Path) -> bool:
+    """Whether a thread or process holds the lock file ``path`` now; one that cannot be tried (not a regular file,
+    unreadable) counts as held, an absent one as free (and is not created)."""
+    try:
+        check_lock_file(path)
+        if not path.exists():
+            return False
+    except OSError:
+        return True
+    lock = FileLock(path, timeout=0)
+    try:
+        lock.acquire()
+    except (Timeout, OSError):
+        return True
+    lock.release()
+    return False
 
 
 def remove_unheld_lock(path: Path) -> bool:

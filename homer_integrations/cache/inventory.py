@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from homer_integrations.cache.entry import KINDS, CacheEntry, own_manifest
-from homer_integrations.cache.local import LocalStore
+from homer_integrations.cache.local import LocalStore, Orphan
 from homer_integrations.cache.memory import MemoryLRU
 from homer_integrations.cache.store import Store
 
@@ -98,6 +98,15 @@ class Inventory:
             for leaf in leaves
             if isinstance(leaf, str)
         }
+
+    def orphans(self) -> list[Orphan] | None:
+        """The store's orphaned files (``LocalStore.orphans``: leaves no tier lists, tensors with no manifest);
+        None where the store cannot tell (memory only, a URL)."""
+        return self.store.orphans() if isinstance(self.store, LocalStore) else None
+
+    def remove_orphans(self) -> list[Orphan] | None:
+        """Remove the store's orphaned files (``LocalStore.remove_orphans``); those removed, None as for ``orphans``."""
+        return self.store.remove_orphans() if isinstance(self.store, LocalStore) else None
 
     def clear(self, *, memory: bool, disk: bool) -> int:
         """Remove every entry from memory and/or the store; how many distinct keys went."""

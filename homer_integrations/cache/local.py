@@ -15,6 +15,14 @@ a link or a device at an entry's name is unusable, never opened for reading, and
 must be a directory of its own, not a link. A manifest over the limit that is the cache's (its name
 is a key's, or it names the cache's format near its start) is listed as an unusable entry, so
 ``cache ls`` shows it and ``clear`` removes it.
+
+Orphans (``orphans``) are files no entry needs: a leaf entry that no stored tier lists (its tier was
+evicted, removed or refused over the budget), and a tensors file of the cache's with no manifest (its
+writer died between the two renames, or the manifest was removed). A file a live writer may still claim
+is no orphan: one whose own key's lock is held, and any changed since the oldest held key lock was
+taken (``FileKeyLock`` stamps the lock file when it takes it; a tier's build holds its key's lock while
+it writes its leaves, and lists them only when it writes the tier). ``remove_orphans`` removes them;
+the budget counts them and evicts them before any entry.
 """
 
 from __future__ import annotations
@@ -26,17 +34,19 @@ import re
 import stat
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
-from homer_integrations.cache.entry import MAX_MANIFEST_BYTES, own_manifest, unusable_manifest
+from homer_integrations.cache.entry import MAX_MANIFEST_BYTES, own_manifest, own_tensors, unusable_manifest
 from homer_integrations.cache.files import OverLimit, own_directory, read_regular, regular_size, regular_stat
-from homer_integrations.cache.flight import FileKeyLock, KeyLock, remove_unheld_lock
+from homer_integrations.cache.flight import FileKeyLock, KeyLock, lock_held, remove_unheld_lock
 from homer_integrations.cache.store_base import (
     INDEX,
     INDEX_NAME,
+    KEY_NAME,
     MANIFEST,
     SAFE_NAME,
     TENSORS,
@@ -52,6 +62,28 @@ STALE_TEMP_SECONDS = 60.0
 """A writer's temporary file untouched this long, its process gone, is a leftover (``reap_dead_writers``)."""
 TEMP_NAME = re.compile(r"\.[0-9A-Za-z_-][0-9A-Za-z_.-]{0,127}\.(json|safetensors|index)\.\d+\.[0-9a-f]{8}\.tmp")
 BUDGET_LOCK = ".budget.lock"
+CLAIM_SLACK_NS = 2_000_000_000
+"""A file changed less than this before the oldest held lock was taken (or before the look began) may still be
+a live writer's: file times come from a coarser clock than ``time.time_ns``, on some filesystems to the second."""
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """Files no entry needs (see the module docstring): a leaf entry no tier lists (``kind`` ``leaf``: its
+    manifest and tensors), or a tensors file with no manifest (``tensors``). ``files``: each path with the
+    modification time (ns) it had when found; ``nbytes``: their size."""
+
+    name: str
+    kind: str
+    files: tuple[tuple[Path, int], ...]
+    nbytes: int
+
+    def unchanged(self) -> bool:
+        """Whether every file is still as found (a build that took a leaf since has touched its manifest)."""
+        try:
+            return all(regular_stat(path).st_mtime_ns == mtime for path, mtime in self.files)
+        except OSError:
+            return False
 
 
 class LocalStore(Store):
@@ -117,7 +149,9 @@ class LocalStore(Store):
             staged.append(_stage(manifest_path, manifest))
             with self._budget_lock():
                 if self.budget_bytes is not None:
-                    self._evict(self.budget_bytes - size, keep=key)
+                    self._evict(self.budget_bytes - size, keep=key, listing=own_manifest(manifest))
+                with contextlib.suppress(OSError):  # new until its manifest follows: no orphan meanwhile (``orphans``)
+                    os.utime(staged[0])
                 os.replace(staged[0], tensors_path)
                 os.replace(staged[1], manifest_path)
         finally:
@@ -138,9 +172,23 @@ class LocalStore(Store):
         """Bytes of the entries now stored (manifests + tensors)."""
         return sum(size for _, _, size, _ in self._scan())
 
+    def orphans(self) -> list[Orphan]:
+        """The files no entry needs and no live writer may claim (see the module docstring), oldest first."""
+        since = self._unclaimed_before()  # before the look: a writer that starts later writes newer files
+        return self._orphans(self._scan(), since)
+
+    def remove_orphans(self) -> list[Orphan]:
+        """Remove the ``orphans`` still as found, manifest first; those removed. A tier being written by a
+        process that holds no lock (its lock timed out) may list a leaf removed here: reading that tier then
+        finds the leaf missing and rebuilds it, as for any lost leaf."""
+        removed = [orphan for orphan in self.orphans() if orphan.unchanged() and self._remove_orphan(orphan)]
+        if removed:
+            logger.info("removed %d orphaned file(s) from %s", len(removed), self.directory)
+        return removed
+
     def trim(self, budget_bytes: int | None = None) -> list[str]:
-        """Evict least recently used entries until at most ``budget_bytes`` (default: the store's
-        budget) remain; the keys evicted."""
+        """Remove orphans, then evict least recently used entries, until at most ``budget_bytes`` (default:
+        the store's budget) remain; the keys evicted."""
         limit = self.budget_bytes if budget_bytes is None else budget_bytes
         self.reap_dead_writers()
         if limit is None or not self.directory.is_dir():
@@ -202,11 +250,31 @@ class LocalStore(Store):
         with FileLock(locks / BUDGET_LOCK):
             yield
 
-    def _evict(self, limit: int, keep: str | None) -> list[str]:
-        """Remove least recently used entries (never ``keep``) until the rest hold at most ``limit`` bytes."""
-        entries = [e for e in self._scan() if e[1]["key"] != keep]
+    def _evict(self, limit: int, keep: str | None, listing: dict[str, Any] | None = None) -> list[str]:
+        """Remove orphans, then least recently used entries (never ``keep``), until the rest hold at most ``limit``
+        bytes; the keys of the entries evicted. ``listing``: the manifest about to be written (the leaves it lists
+        are no orphans)."""
+        scanned = self._scan()
+        bare = self._bare_tensors({path.stem for path, _, _, _ in scanned})
+        if sum(e[2] for e in scanned if e[1]["key"] != keep) + sum(orphan.nbytes for orphan in bare) <= limit:
+            return []
+        since = self._unclaimed_before()  # then the directory again: what a writer listed before it let go is seen
+        scanned = self._scan()
+        bare = self._bare_tensors({path.stem for path, _, _, _ in scanned})
+        entries = [e for e in scanned if e[1]["key"] != keep]
+        total = sum(size for _, _, size, _ in entries) + sum(orphan.nbytes for orphan in bare)
+        gone: set[str] = set()
+        written = None if keep is None else entry_name(keep)  # about to be replaced anyway
+        for orphan in self._orphans(scanned, since, bare, listing):  # first: nothing reads them
+            if total <= limit:
+                break
+            if orphan.name != written and orphan.unchanged() and self._remove_orphan(orphan):
+                total -= orphan.nbytes
+                gone.add(orphan.name)
+                logger.info("removed orphaned document cache file(s) %s (%d bytes) over the disk budget",
+                            orphan.name[:12], orphan.nbytes)  # fmt: skip
+        entries = [e for e in entries if e[0].stem not in gone]
         entries.sort(key=lambda e: (e[3], e[1].get("created", 0)))  # least recently used first
-        total = sum(size for _, _, size, _ in entries)
         evicted: list[str] = []
         for path, manifest, size, _ in entries:
             if total <= limit:
@@ -216,6 +284,94 @@ class LocalStore(Store):
                 evicted.append(manifest["key"])
                 logger.info("evicted document cache entry %s (%d bytes) over the disk budget", path.stem[:12], size)
         return evicted
+
+    # ----------------------------------------------------------------------------- orphans
+    def _unclaimed_before(self) -> int:
+        """A time (ns): files last changed before it are claimed by no live writer. The oldest held key lock's
+        stamp (``FileKeyLock``), or now, less ``CLAIM_SLACK_NS``. Locks are tried oldest first, up to the first
+        held one."""
+        oldest = time.time_ns()
+        locks = self.directory / "locks"
+        if not locks.is_dir() or locks.is_symlink():
+            return oldest - CLAIM_SLACK_NS
+        stamped = []
+        with contextlib.suppress(OSError):
+            for path in locks.iterdir():
+                if path.suffix == ".lock" and path.name != BUDGET_LOCK and SAFE_NAME.fullmatch(path.stem):
+                    with contextlib.suppress(OSError):
+                        stamped.append((regular_stat(path).st_mtime_ns, path))
+        for mtime, path in sorted(stamped):
+            if mtime >= oldest:
+                break
+            if lock_held(path):
+                oldest = mtime
+                break
+        return oldest - CLAIM_SLACK_NS
+
+    def _orphans(
+        self,
+        scanned: list[tuple[Path, dict[str, Any], int, int]],
+        since: int,
+        bare: list[Orphan] | None = None,
+        listing: dict[str, Any] | None = None,
+    ) -> list[Orphan]:
+        """The orphans among ``scanned`` (``_scan``) and the tensors files with no manifest (``bare``, found now
+        if None) last changed before ``since`` (ns), whose own lock nobody holds; oldest first. ``listing``: a
+        manifest about to be written, whose leaves count as listed."""
+        listed = {leaf for _, manifest, _, _ in scanned for leaf in _leaves(manifest)} | set(_leaves(listing or {}))
+        found: list[Orphan] = []
+        for path, manifest, size, _ in scanned:
+            if manifest.get("kind") != "leaf" or manifest["key"] in listed:
+                continue
+            tensors = path.with_suffix(TENSORS)
+            try:
+                stamped = [(path, regular_stat(path).st_mtime_ns)]
+                if os.path.lexists(tensors):
+                    stamped.append((tensors, regular_stat(tensors).st_mtime_ns))
+            except OSError:
+                continue  # gone since the scan, or a tensors file that is not a regular one (left alone)
+            found.append(Orphan(path.stem, "leaf", tuple(stamped), size))
+        found += self._bare_tensors({path.stem for path, _, _, _ in scanned}) if bare is None else bare
+        locks = self.directory / "locks"
+        return sorted(
+            (
+                orphan
+                for orphan in found
+                if max(mtime for _, mtime in orphan.files) < since and not lock_held(locks / f"{orphan.name}.lock")
+            ),
+            key=lambda orphan: max(mtime for _, mtime in orphan.files),
+        )
+
+    def _bare_tensors(self, manifests: set[str]) -> list[Orphan]:
+        """The cache's tensors files whose name has no manifest (``manifests``: the names that have one) and no
+        other regular file at the manifest's name: the cache's own by their name (a key's) or their header."""
+        found: list[Orphan] = []
+        try:
+            paths = sorted(self.directory.iterdir())
+        except OSError:
+            return found
+        for path in paths:
+            if path.suffix != TENSORS or path.name.startswith(".") or path.stem in manifests:
+                continue
+            if not SAFE_NAME.fullmatch(path.stem) or _is_regular(path.with_suffix(MANIFEST)):
+                continue  # not a name of the cache's, or a manifest that is not the cache's (left alone)
+            try:
+                st = regular_stat(path)
+                ours = KEY_NAME.fullmatch(path.stem) or own_tensors(read_regular(path, MAX_MANIFEST_BYTES, head=True))
+            except OSError:
+                continue
+            if ours:
+                found.append(Orphan(path.stem, "tensors", ((path, st.st_mtime_ns),), st.st_size))
+        return found
+
+    def _remove_orphan(self, orphan: Orphan) -> bool:
+        """Remove ``orphan``'s files (a leaf's manifest first) and its key's lock file unless held; True if any went."""
+        first = orphan.files[0][0]
+        gone = _remove_entry_files(first) if orphan.kind == "leaf" else _unlink_file(first)
+        locks = self.directory / "locks"
+        if gone and locks.is_dir() and not locks.is_symlink():
+            remove_unheld_lock(locks / f"{orphan.name}.lock")
+        return gone
 
     def _scan(self) -> list[tuple[Path, dict[str, Any], int, int]]:
         """(manifest path, manifest, entry bytes, last use in ns) of every homer manifest in the directory.
@@ -246,6 +402,12 @@ class LocalStore(Store):
             size = st.st_size + regular_size(path.with_suffix(TENSORS))
             found.append((path, manifest, size, st.st_mtime_ns))
         return found
+
+
+def _leaves(manifest: dict[str, Any]) -> list[str]:
+    """The leaf content keys a manifest lists (a tier stored by its leaves), none for any other."""
+    leaves = manifest.get("leaves")
+    return [leaf for leaf in leaves if isinstance(leaf, str)] if isinstance(leaves, list) else []
 
 
 def _is_regular(path: Path) -> bool:

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from homer_integrations.cache.entry import CacheSource, E, Entry, Unusable, document_nbytes
 from homer_integrations.cache.flight import SingleFlight
+from homer_integrations.cache.mapped import MAPPED, FileStamp, why_changed
 from homer_integrations.cache.memory import MemoryLRU, Slot
 from homer_integrations.cache.stored import DocumentCacheWarning, StoredEntries
 from homer_integrations.homer.kv.compressed import CacheSpec, CompressedDocument
@@ -67,12 +68,13 @@ class Lookup:
 
         def cached() -> tuple[Entry, CacheSource] | None:
             nonlocal slot
-            slot = self.memory.get(key, verified=spec is not None)
+            slot = self._slot(key, spec)
             return (slot.doc, "memory") if slot is not None else None
 
         def keep(result: tuple[Entry, CacheSource]) -> None:
             doc, source = result
-            kept = self.memory.put(key, doc, label, unverified=source == "disk" and spec is None)
+            unverified = source == "disk" and spec is None
+            kept = self.memory.put(key, doc, label, unverified=unverified, files=self._mapped_files(key, doc))
             if not kept and self.stored is None:
                 self._warn_not_kept(doc)
 
@@ -91,7 +93,7 @@ class Lookup:
 
     def get(self, key: str, spec: CacheSpec | None) -> Entry | None:
         """The entry for ``key`` from memory or the store, or None; never computes (nor discards)."""
-        slot = self.memory.get(key, verified=spec is not None)
+        slot = self._slot(key, spec)
         if slot is not None:
             return slot.doc
         if self.stored is None:
@@ -103,8 +105,28 @@ class Lookup:
         if loaded is None:
             return None
         doc, manifest = loaded
-        self.memory.put(key, doc, manifest.get("label"), unverified=spec is None)
+        self.memory.put(key, doc, manifest.get("label"), unverified=spec is None, files=self._mapped_files(key, doc))
         return doc
+
+    def _slot(self, key: str, spec: CacheSpec | None) -> Slot | None:
+        """``key``'s slot in memory, unless the files it is memory-mapped from changed since they were mapped:
+        truncated in place, a mapped page would raise SIGBUS (the process dies); written in place, it would read
+        damaged K/V; replaced or removed (``cache rm``, another process's trim and rewrite), the mapping is valid
+        but no longer the stored entry. Such a slot is dropped, and the store's verified read (or a computation)
+        takes its place. A few ``lstat`` calls per use of a mapped entry (one per leaf of a content-split tier)."""
+        slot = self.memory.get(key, verified=spec is not None)
+        if slot is None or not slot.files:
+            return slot
+        why = why_changed(slot.files)
+        if why is None:
+            return slot
+        self.memory.pop(key, slot)
+        MAPPED.forget(slot.files)
+        logger.info("document cache entry %s: its memory-mapped file changed (%s); reading it again", key[:12], why)
+        return None
+
+    def _mapped_files(self, key: str, doc: Entry) -> tuple[FileStamp, ...]:
+        return self.stored.mapped_files(key, doc) if self.stored is not None else ()
 
     def relabel(self, key: str, label: str | None) -> bool:
         """Name the entry for ``key`` in memory and in the store; False when there is no such entry."""

@@ -9,6 +9,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from homer_integrations.cache.entry import Entry, document_nbytes, resident_nbytes
+from homer_integrations.cache.mapped import FileStamp
 
 logger = logging.getLogger(__name__)
 
@@ -16,7 +17,8 @@ logger = logging.getLogger(__name__)
 @dataclass
 class Slot:
     """One entry held in memory; ``unverified``: read from a store without a ``CacheSpec``.
-    ``nbytes``: the entry's size; ``resident``: what of it counts against the budget (``resident_nbytes``)."""
+    ``nbytes``: the entry's size; ``resident``: what of it counts against the budget (``resident_nbytes``);
+    ``files``: the files it is memory-mapped from, as they were when mapped (``cache.mapped``)."""
 
     doc: Entry
     nbytes: int
@@ -24,6 +26,7 @@ class Slot:
     label: str | None
     unverified: bool = False
     resident: int = 0
+    files: tuple[FileStamp, ...] = ()
 
 
 class MemoryLRU:
@@ -73,8 +76,11 @@ class MemoryLRU:
             self._slots.move_to_end(key)
             return slot
 
-    def put(self, key: str, doc: Entry, label: str | None, *, unverified: bool = False) -> bool:
-        """Keep ``doc`` as the most recently used, evicting the least recently used over budget."""
+    def put(
+        self, key: str, doc: Entry, label: str | None, *, unverified: bool = False, files: tuple[FileStamp, ...] = ()
+    ) -> bool:
+        """Keep ``doc`` as the most recently used, evicting the least recently used over budget; ``files``: what
+        it is mapped from (``Slot.files``)."""
         nbytes, resident = document_nbytes(doc), resident_nbytes(doc)
         with self._lock:
             old = self._pop(key)
@@ -87,7 +93,7 @@ class MemoryLRU:
                 self._nbytes -= evicted.resident
                 self.evictions += 1
             created = old.created if old else time.time()
-            self._slots[key] = Slot(doc, nbytes, created, label, unverified, resident)
+            self._slots[key] = Slot(doc, nbytes, created, label, unverified, resident, files)
             self._nbytes += resident
             return True
 
@@ -99,9 +105,11 @@ class MemoryLRU:
                 slot.label = label
             return slot is not None
 
-    def pop(self, key: str) -> Slot | None:
-        """Forget ``key``; its slot, if it had one."""
+    def pop(self, key: str, slot: Slot | None = None) -> Slot | None:
+        """Forget ``key`` (only while it holds ``slot``, if given); its slot, if it had one."""
         with self._lock:
+            if slot is not None and self._slots.get(key) is not slot:
+                return None
             return self._pop(key)
 
     def clear(self) -> list[str]:

@@ -34,9 +34,11 @@ from homer_integrations.cache.entry import (
 )
 from homer_integrations.cache.flight import KeyLock, LockTimeout
 from homer_integrations.cache.leaf_stash import LeafStashInStore, stored_by_leaves
+from homer_integrations.cache.mapped import MAPPED, FileStamp
 from homer_integrations.cache.staged import StagedTensors, StagedTiers
 from homer_integrations.cache.store_base import Store
 from homer_integrations.homer.kv.compressed import CacheSpec
+from homer_integrations.homer.leaves.leaf_entry import LeafEntry
 from homer_integrations.homer.leaves.leaf_tier import LeafTier
 from homer_integrations.homer.leaves.tier_file import whole_tensors
 
@@ -152,6 +154,8 @@ class StoredEntries:
                 # a tier built in its staged file already lives in the stored file (renamed, same pages); one
                 # stored by its leaves holds the pieces its build found or kept in the store, mapped
                 kept = in_place is not None or by_leaves
+                if in_place is not None:  # its pages are the stored file's now: noted as a mapping of it
+                    self._note_mapped(key)
                 doc = replace(doc, mapped=True) if kept else self._remapped(key, doc)  # type: ignore[assignment]
             return doc, "computed"
         finally:
@@ -167,6 +171,24 @@ class StoredEntries:
         if label is not None and manifest.get("label") != label:
             self.write_label(key, label, locked=locked)
         return doc
+
+    def mapped_files(self, key: str, doc: Entry) -> tuple[FileStamp, ...]:
+        """The files ``doc`` (``key``'s entry) is memory-mapped from, as they were when mapped: a mapped entry's
+        own file, and the leaves of a tier stored by its leaves (mapped as its build kept or found them); what
+        ``Lookup`` checks before it uses ``doc`` again. Empty for an entry held in process or device memory."""
+        if not isinstance(doc, LeafTier | LeafEntry) or doc.device.type != "cpu":  # a copy on a GPU maps nothing
+            return ()
+        keys = [key] if doc.mapped else []
+        if isinstance(doc, LeafTier):
+            keys += doc.leaf_keys or ()
+        return MAPPED.stamps(self.store.where(k) for k in keys)
+
+    def _note_mapped(self, key: str) -> None:
+        """Note ``key``'s tensors file as this process maps it now (a tier built in its staged file, renamed in)."""
+        path = self.store.tensors_file(key)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                MAPPED.note(FileStamp.of(path))
 
     def _remapped(self, key: str, tier: LeafTier) -> LeafTier:
         """The leaf tier just written (under ``key``'s lock), memory-mapped from its file so the built

@@ -2,7 +2,9 @@
 
 Labels and keys come from manifests anyone who can write the directory may have written: ``ls``
 shows them through ``printable``. An entry the cache cannot use (a manifest over its size limit) is
-listed with the reason, so that ``clear`` is seen to remove it."""
+listed with the reason, so that ``clear`` is seen to remove it. Files no entry needs (leaves no tier lists,
+tensors files with no manifest: ``LocalStore.orphans``) are counted in one line by ``ls`` and removed by
+``rm --orphans``."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from homer_integrations.cli.common import EXIT_OK, CliError, human_bytes, printa
 
 if TYPE_CHECKING:
     from homer_integrations.cache import DocumentCache
+    from homer_integrations.cache.local import Orphan
 
 
 def add_parser(commands: Any) -> None:
@@ -30,16 +33,25 @@ def add_parser(commands: Any) -> None:
         metavar="KEY_OR_NAME",
         help="rm: the cached documents to remove, by their name or the start of their key, as `cache ls` shows them",
     )
+    cache.add_argument(
+        "--orphans",
+        action="store_true",
+        help="rm: instead of documents, remove the files no cached document needs (leaves no tier lists, tensors "
+        "files with no manifest), as `cache ls` counts them; files a running process may still claim stay",
+    )
     options.cache_options(cache, allow_no_disk=False)
     cache.add_argument("--json", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
-    if (args.action == "rm") != bool(args.documents):
+    if args.orphans and (args.action != "rm" or args.documents):
+        raise CliError("--orphans goes with `cache rm` alone: `homer-qa cache rm --orphans`")
+    if args.action != "rm" and args.documents:
+        raise CliError(f"cache {args.action} takes no documents")
+    if args.action == "rm" and not (args.documents or args.orphans):
         raise CliError(
-            "cache rm needs the documents to remove (a name or the start of a key, as `cache ls` shows them)"
-            if args.action == "rm"
-            else f"cache {args.action} takes no documents"
+            "cache rm needs the documents to remove (a name or the start of a key, as `cache ls` shows them), "
+            "or --orphans"
         )
     cache = loading.open_cache(args)
     try:
@@ -47,7 +59,9 @@ def run(args: argparse.Namespace) -> int:
             evicted = cache.trim()
             if evicted:
                 print(f"homer-qa: evicted {evicted} cached document(s) over --max-bytes", file=sys.stderr)
-        if args.action == "rm":
+        if args.action == "rm" and args.orphans:
+            _rm_orphans(cache, args.json, sys.stdout)
+        elif args.action == "rm":
             _rm(cache, args.documents, args.json, sys.stdout)
         else:
             show = {"clear": _clear, "info": _info, "ls": _ls}[args.action]
@@ -98,6 +112,20 @@ def _rm(cache: DocumentCache, names: list[str], as_json: bool, out: TextIO) -> N
         out.write(f"removed {removed} cached document(s){also} from {printable(str(cache.location))}\n")
 
 
+def _rm_orphans(cache: DocumentCache, as_json: bool, out: TextIO) -> None:
+    """Remove the files no entry needs (``DocumentCache.remove_orphans``) and say what that freed."""
+    removed = cache.remove_orphans()
+    where = printable(str(cache.location))
+    if removed is None:
+        raise CliError(f"cache rm --orphans: orphaned files are found in a local cache directory, not in {where}")
+    freed = sum(orphan.nbytes for orphan in removed)
+    if as_json:
+        json.dump({"directory": cache.location, "orphans_removed": len(removed), "bytes_freed": freed}, out)
+        out.write("\n")
+    else:
+        out.write(f"removed {len(removed)} orphaned file(s), {human_bytes(freed)}, from {where}\n")
+
+
 def _info(cache: DocumentCache, as_json: bool, out: TextIO) -> None:
     info = cache.info()
     if as_json:
@@ -118,10 +146,16 @@ def _ls(cache: DocumentCache, as_json: bool, out: TextIO) -> None:
         json.dump([asdict(e) for e in entries], out, indent=2)
         out.write("\n")
         return
-    leaves = [e for e in entries if e.kind == "leaf"]  # shared by the content-split tiers that list them
+    from homer_integrations.cache.store_base import entry_name
+
+    orphans = cache.orphans() or []
+    orphaned = {orphan.name for orphan in orphans}
+    # leaves shared by the content-split tiers that list them (an orphan is one that no tier lists)
+    leaves = [e for e in entries if e.kind == "leaf" and entry_name(e.key) not in orphaned]
     entries = [e for e in entries if e.kind != "leaf"]
     if not entries and not leaves:
         out.write(f"no cached documents in {printable(str(cache.location))}\n")
+        _orphans_line(orphans, out)
         return
     rows = [("KEY", "DOCUMENT", "DOC TOKENS", "CACHE TOKENS", "SIZE", "CREATED")]
     for e in entries:
@@ -136,3 +170,11 @@ def _ls(cache: DocumentCache, as_json: bool, out: TextIO) -> None:
     total = human_bytes(sum(e.disk_bytes for e in entries + leaves))
     shared = f" and {len(leaves)} leaves their tiers share ({human_bytes(sum(e.disk_bytes for e in leaves))})"
     out.write(f"{len(entries)} document(s){shared if leaves else ''}, {total} in {printable(str(cache.location))}\n")
+    _orphans_line(orphans, out)
+
+
+def _orphans_line(orphans: list[Orphan], out: TextIO) -> None:
+    """One line for the orphaned files, if there are any."""
+    if orphans:
+        freed = human_bytes(sum(orphan.nbytes for orphan in orphans))
+        out.write(f"{len(orphans)} orphaned file(s) no document needs, {freed}: `cache rm --orphans` removes them\n")
