@@ -21,8 +21,8 @@ import pytest
 from homer_integrations.cache import DocumentCache
 from homer_integrations.cache.stored import DocumentCacheWarning
 from tests.conftest import REPO, mode_engine
-from tests.homer.test_leaf_reuse import tier_of
-from tests.homer.tier_helpers import assert_same_tier
+from tests.homer.leaves.test_leaf_reuse import tier_of
+from tests.homer.leaves.tier_helpers import assert_same_tier
 
 QUESTION = "Who is Mr. Bingley?"
 

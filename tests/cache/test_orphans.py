@@ -22,9 +22,9 @@ from homer_integrations.cache import DocumentCache
 from homer_integrations.cache.local import LocalStore
 from homer_integrations.cli.common import human_bytes
 from tests.conftest import REPO, mode_engine
-from tests.homer import test_leaf_reuse
-from tests.homer.test_leaf_reuse import counted, store_engine, tier_of
-from tests.homer.tier_helpers import assert_same_tier
+from tests.homer.leaves import test_leaf_reuse
+from tests.homer.leaves.test_leaf_reuse import counted, store_engine, tier_of
+from tests.homer.leaves.tier_helpers import assert_same_tier
 from tests.test_cli import run_cli
 
 HOUR = 3600
