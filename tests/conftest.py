@@ -107,7 +107,7 @@ def no_default_model_load():
 def smol_engine(smol_parts):
     """A ``HomerModel`` over the embedded SmolLM2 with its shipped calibration, answering from the shared
     root unless a call names another mode (pinned: the tests on it were written for that path, and it is
-    the fast one; the package's default is ``query_aware``)."""
+    the fast one; the package's default is ``auto``)."""
     from homer_integrations import HomerConfig, HomerModel
     from homer_integrations.engine.loading import SMOLLM2
     from homer_integrations.homer.config import ModelDefaults

@@ -383,3 +383,24 @@ def test_no_path_steers_the_terminal_in_summaries(
     for action in ("ls", "clear"):
         code, out, err = run_cli(capsys, "cache", action, "--cache-dir", str(empty))
         assert code == 0 and "\x1b" not in out + err and "\r" not in out + err, (action, out, err)
+
+
+def test_sources_are_listed_after_each_answer_and_kept_in_the_json(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, passage: str, tiny_cli: list[str]
+) -> None:
+    book = tmp_path / "chapter1.txt"
+    book.write_text(passage, encoding="utf-8")
+    asked = [str(book), "-q", "Who has taken Netherfield Park?", *tiny_cli, "--max-new-tokens", "2"]
+    (answer,) = ask_json(capsys, *asked)["answers"]
+    assert 1 <= len(answer["sources"]) <= 5
+    assert all(0 <= s["start"] < s["end"] <= len(passage) and 0 < s["score"] <= 1 for s in answer["sources"])
+
+    code, out, err = run_cli(capsys, "ask", *asked, "--sources")
+    assert code == 0, err
+    cited = [line.strip() for line in out.splitlines() if line.strip().startswith("[")]
+    assert len(cited) == len(answer["sources"])
+    first = answer["sources"][0]
+    assert cited[0].startswith(f"[1] chars {first['start']:,}-{first['end']:,} (")
+    assert " ".join(passage[first["start"] : first["end"]].split())[:40] in cited[0]
+    code, out, _ = run_cli(capsys, "ask", *asked)
+    assert "chars " not in out, "listed without --sources"

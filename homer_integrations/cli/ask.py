@@ -70,6 +70,11 @@ def add_parser(commands: Any) -> None:
     gen.add_argument("--seed", type=int, metavar="S")
     gen.add_argument("--stop", action="append", default=[], metavar="STR", help="stop string (repeatable)")
     ask.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    ask.add_argument(
+        "--sources",
+        action="store_true",
+        help="after each answer, the passages of the document it was read from (character offsets and text)",
+    )
     ask.add_argument("--no-progress", action="store_true", help="no progress bar while compressing")
     ask.add_argument(
         "--no-server",
@@ -248,6 +253,8 @@ def _answer(
         record |= {"expected": asked.expected(), "correct": asked.check(record["answer"])}
     if show:
         out.write("\n")
+        if args.sources:
+            _print_sources(record["sources"], text, out)
         if "correct" in record:
             out.write(f"   {'right' if record['correct'] else 'wrong'}: expected {record['expected']}\n")
     return record
@@ -278,7 +285,23 @@ def answer_record(question: str, answer: str, info: AnswerInfo) -> dict[str, Any
         "total_seconds": round(info.total_seconds, 4),
         "output_tokens": info.output_tokens,
         "finish_reason": info.finish_reason,
+        "sources": [s.as_dict() for s in info.sources],
     }
+
+
+SOURCE_EXCERPT_CHARS = 100
+"""Characters of a cited passage that ``--sources`` shows."""
+
+
+def _print_sources(sources: list[dict[str, Any]], text: str, out: TextIO) -> None:
+    """The cited spans of ``text``, one line each: offsets, share of the answer's attention, an excerpt."""
+    if not sources:
+        out.write("   sources: none recorded for this answer\n")
+    for n, s in enumerate(sources, 1):
+        excerpt = " ".join(text[s["start"] : s["end"]].split())
+        if len(excerpt) > SOURCE_EXCERPT_CHARS:
+            excerpt = excerpt[: SOURCE_EXCERPT_CHARS - 1].rstrip() + "…"
+        out.write(f"   [{n}] chars {s['start']:,}-{s['end']:,} ({s['score']:.0%}): {excerpt}\n")
 
 
 def _print_summary(summary: dict[str, Any], out: TextIO) -> None:

@@ -11,10 +11,11 @@ it; ``input_tokens`` is the whole prompt: that span plus the tokens fed after th
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from homer_integrations.cache import CacheSource
@@ -22,6 +23,7 @@ from homer_integrations.engine.modes import kept_form
 from homer_integrations.engine.tiers import DocumentTiers
 from homer_integrations.homer.config import Mode, resolve_mode
 from homer_integrations.homer.decoding.generation import DecodeState, FinishReason, GenerationOptions, decode
+from homer_integrations.homer.decoding.sources import CitedSpan, cite
 from homer_integrations.homer.document.prompt import encode
 from homer_integrations.homer.kv.compressed import CompressedDocument, CompressionStats
 from homer_integrations.homer.kv.headwise import headwise_ready
@@ -68,6 +70,10 @@ class AnswerInfo:
     total_seconds: float = 0.0
     mode: Mode | None = None
     document_seconds: float = 0.0
+    sources: list[CitedSpan] = field(default_factory=list)
+    """The spans of the document the answer was read from (``homer.decoding.sources.cite``), once the stream
+    is exhausted; empty for plain prompts, for a ``CompressedDocument`` passed without its text, and for
+    caches decoded through transformers' own attention (head-wise roots, sliding-window models)."""
 
     def token_usage(self) -> TokenUsage:
         """Token counts of the finished answer (its stream exhausted), cache creation / read included."""
@@ -109,6 +115,7 @@ class AnswerInfo:
             "finish_reason": self.finish_reason,
             "time_to_first_token": None if self.time_to_first_token is None else round(self.time_to_first_token, 4),
             "total_seconds": round(self.total_seconds, 4),
+            "sources": [s.as_dict() for s in self.sources],
         }
         if self.compression is not None:
             data["compression_ratio"] = round(self.compression.compression_ratio, 3)
@@ -129,11 +136,22 @@ class AnswerInfo:
 class AnswerStream(Iterator[str]):
     """Text pieces of an answer; ``info`` is complete once iteration ends."""
 
-    def __init__(self, pieces: Iterator[str], info: AnswerInfo, state: DecodeState, started: float) -> None:
+    def __init__(
+        self,
+        pieces: Iterator[str],
+        info: AnswerInfo,
+        state: DecodeState,
+        started: float,
+        attended: torch.Tensor | None = None,
+    ) -> None:
         self._pieces = pieces
         self.info = info
         self._state = state
         self._started = started
+        self.attended = attended
+        """[K]: the attention each cache token received while the question and answer were fed, or None."""
+        self.on_finish: Callable[[AnswerStream], None] | None = None
+        """Called once the stream is exhausted (``answer_span`` cites the sources there)."""
 
     def __next__(self) -> str:
         try:
@@ -143,6 +161,9 @@ class AnswerStream(Iterator[str]):
             self.info.finish_reason = self._state.finish_reason
             if self._state.first_token_seconds is not None and self.info.time_to_first_token is None:
                 self.info.time_to_first_token = self.info.compress_seconds + self._state.first_token_seconds
+            if self.on_finish is not None:
+                finish, self.on_finish = self.on_finish, None
+                finish(self)
             self.info.total_seconds = time.perf_counter() - self._started
             raise
 
@@ -183,7 +204,15 @@ class Answerer:
         )
         stream.info.mode = form.mode
         stream.info.document_seconds = built
+        if stream.attended is not None:
+            stream.on_finish = lambda done: self._cite(done, doc, document)
         return stream
+
+    def _cite(self, stream: AnswerStream, doc: CompressedDocument, document: str) -> None:
+        """``stream.info.sources``: the spans of ``document`` its answer attended to most."""
+        offsets = self.tiers.prompting.documents.ids(document)[1]
+        if offsets is not None and stream.attended is not None:
+            stream.info.sources = cite(stream.attended, doc.origin, offsets, document)
 
     def continue_from(
         self,
@@ -210,17 +239,19 @@ class Answerer:
         )
         state = DecodeState()
         kept = headwise_ready(self.model) and kept_decoding(self.model.config)
+        dense = kept and document.head_lengths is None
+        attended = torch.zeros(document.num_tokens, device=document.keys[0].device) if dense else None
         pieces = decode(
             self.model,
             self.tokenizer,
-            document.to_cache(tail=ids.numel() + options.max_new_tokens + 1 if kept else None),
+            document.to_cache(tail=ids.numel() + options.max_new_tokens + 1 if kept else None, attended=attended),
             ids,
             document.last_position + 1,
             options,
             state,
             first_logits=document.next_token_logits if ids.numel() == 0 else None,
         )
-        return AnswerStream(pieces, info, state, started)
+        return AnswerStream(pieces, info, state, started, attended)
 
     def generate(self, prompt: str, **generation: Any) -> AnswerStream:
         """Plain generation for a prompt that needs no compression (already chat-formatted text)."""

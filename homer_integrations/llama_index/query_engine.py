@@ -24,7 +24,7 @@ from llama_index.core.base.response.schema import (
 from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType, PromptMixinType
-from llama_index.core.schema import Document, NodeWithScore, QueryBundle, TextNode
+from llama_index.core.schema import Document, NodeRelationship, NodeWithScore, QueryBundle, RelatedNodeInfo, TextNode
 from pydantic import BaseModel
 
 from homer_integrations.engine.aio import iterate_in_thread
@@ -79,10 +79,13 @@ class HomerQueryEngine(BaseQueryEngine):
             JSON schema and the response is a ``PydanticResponse`` holding a validated instance.
             Not with ``streaming``.
 
-    Responses carry one source node per answered document: its id, its text, and under
-    ``metadata["homer"]`` the mode that served, the cache source (``computed``, ``memory``,
-    ``disk``), token counts and compression statistics (complete once a streaming response is consumed).
-    ``response.metadata`` maps each document id to that node metadata.
+    A response's source nodes are the spans of each answered document its answer was read from
+    (``AnswerInfo.sources``: at most five, by the attention the answer paid them; its score is that share):
+    each node's text is the span, ``start_char_idx``/``end_char_idx`` its place and ``ref_doc_id`` the
+    document; where no spans were recorded, the whole document. Under ``metadata["homer"]``: the mode that
+    served, the cache source (``computed``, ``memory``, ``disk``), token counts and compression statistics
+    (for a streaming response, the spans and final statistics once it is consumed). ``response.metadata``
+    maps each document id to that metadata.
     """
 
     def __init__(
@@ -178,16 +181,40 @@ class HomerQueryEngine(BaseQueryEngine):
 
     # ----------------------------------------------------------------------------- answering
     def _source_node(self, doc: Document, score: float | None, stream: AnswerStream) -> NodeWithScore:
-        metadata = {**doc.metadata, STATS_KEY: stream.info.as_dict()}
-        excluded = [*doc.excluded_llm_metadata_keys, STATS_KEY]
-        node = TextNode(
-            id_=doc.doc_id,
-            text=doc.text,
-            metadata=metadata,
-            excluded_llm_metadata_keys=excluded,
+        """The whole document as the answer's source: what stands until the answer cites its spans."""
+        return NodeWithScore(node=self._text_node(doc, doc.doc_id, doc.text, stream.info.as_dict()), score=score)
+
+    @staticmethod
+    def _text_node(doc: Document, node_id: str, text: str, stats: dict[str, Any], **span: Any) -> TextNode:
+        return TextNode(
+            id_=node_id,
+            text=text,
+            metadata={**doc.metadata, STATS_KEY: stats},
+            relationships={NodeRelationship.SOURCE: RelatedNodeInfo(node_id=doc.doc_id)},
+            excluded_llm_metadata_keys=[*doc.excluded_llm_metadata_keys, STATS_KEY],
             excluded_embed_metadata_keys=[*doc.excluded_embed_metadata_keys, STATS_KEY],
+            **span,
         )
-        return NodeWithScore(node=node, score=score)
+
+    def _cited(self, doc: Document, node: NodeWithScore, stream: AnswerStream) -> list[NodeWithScore]:
+        """The spans of ``doc`` the finished answer was read from (``AnswerInfo.sources``), one node each,
+        scored by their share of the answer's attention; the whole document's ``node`` where none were
+        recorded. They share ``node``'s statistics."""
+        stats = node.node.metadata[STATS_KEY]
+        return [
+            NodeWithScore(
+                node=self._text_node(
+                    doc,
+                    f"{doc.doc_id}:{s.start}-{s.end}",
+                    doc.text[s.start : s.end],
+                    stats,
+                    start_char_idx=s.start,
+                    end_char_idx=s.end,
+                ),
+                score=s.score,
+            )
+            for s in stream.info.sources
+        ] or [node]
 
     def _start(self, query: str) -> tuple[Iterator[str], list[NodeWithScore]]:
         """Compress what is needed and start the answer: (text pieces, source nodes).
@@ -201,29 +228,33 @@ class HomerQueryEngine(BaseQueryEngine):
         if len(chosen) == 1:
             doc, score = chosen[0]
             stream = self._llm.answer_stream(asked, doc.text, mode=self._mode, **constrained)
-            node = self._source_node(doc, score, stream)
-            return self._finishing(stream, [(node, stream)]), [node]
-        finished = []
+            nodes = [self._source_node(doc, score, stream)]
+            return self._finishing(stream, doc, nodes), nodes
+        cited: list[NodeWithScore] = []
+        answers = []
         for doc, score in chosen:
             stream = self._llm.answer_stream(asked, doc.text, mode=self._mode, **constrained)
             answer = stream.text().strip()
             node = self._source_node(doc, score, stream)
             node.node.metadata[STATS_KEY]["answer"] = answer
-            finished.append((node, stream))
-        answers = "\n".join(f"- {n.node.node_id}: {n.node.metadata[STATS_KEY]['answer']}" for n, _ in finished)
-        prompt = self._combine_template.format(answers=answers, query_str=asked)
+            answers.append(f"- {doc.doc_id}: {answer}")
+            cited += self._cited(doc, node, stream)
+        prompt = self._combine_template.format(answers="\n".join(answers), query_str=asked)
         pieces = (r.delta or "" for r in self._llm.stream_complete(prompt, **constrained))
-        return pieces, [n for n, _ in finished]
+        return pieces, cited
 
-    @staticmethod
-    def _finishing(pieces: Iterator[str], nodes: list[tuple[NodeWithScore, AnswerStream]]) -> Iterator[str]:
-        yield from pieces
-        for node, stream in nodes:
-            node.node.metadata[STATS_KEY].update(stream.info.as_dict())
+    def _finishing(self, stream: AnswerStream, doc: Document, nodes: list[NodeWithScore]) -> Iterator[str]:
+        """``stream``'s pieces; once they end, the statistics are final and ``nodes`` (the list the response
+        holds) becomes the spans the answer cites."""
+        yield from stream
+        (node,) = nodes
+        node.node.metadata[STATS_KEY].update(stream.info.as_dict())
+        nodes[:] = self._cited(doc, node, stream)
 
     @staticmethod
     def _metadata(nodes: list[NodeWithScore]) -> dict[str, Any]:
-        return {n.node.node_id: n.node.metadata for n in nodes}
+        """Each source document's metadata and statistics, by document id."""
+        return {n.node.ref_doc_id or n.node.node_id: n.node.metadata for n in nodes}
 
     def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
         pieces, nodes = self._start(query_text(query_bundle))

@@ -93,8 +93,9 @@ def test_the_query_engine_answers_and_precompresses_in_its_mode(llm, text):
     assert stats.tree_height == 0 and kinds(llm) == {"leaf_tier", "root"}
     streamed = full.query(QUESTION)
     "".join(streamed.response_gen)
-    (node,) = streamed.source_nodes
+    node = streamed.source_nodes[0]  # the spans the answer cites, once the stream is consumed
     assert node.node.metadata["homer"]["mode"] == "full" and node.node.metadata["homer"]["cache_source"] == "memory"
+    assert all(n.node.ref_doc_id == "ch1" and n.node.node_id != "ch1" for n in streamed.source_nodes)
 
     shared = HomerQueryEngine(documents, llm, mode="shared")
     assert len(shared.precompress()) == 1 and llm.engine.document_cache.stats().computations == 3

@@ -155,12 +155,14 @@ def test_several_documents_bm25_picks_then_combines(llm, smol_engine, events):
     docs = [Document(text=BAKERY, id_="bakery"), Document(text=LIGHTHOUSE, id_="lighthouse")]
 
     picked = HomerQueryEngine(docs, llm=llm, max_documents=1).query("Who keeps the lighthouse on Gull Point?")
-    assert [n.node.node_id for n in picked.source_nodes] == ["lighthouse"]
+    assert {n.node.ref_doc_id for n in picked.source_nodes} == {"lighthouse"}
+    for n in picked.source_nodes:  # the spans of the document the answer was read from
+        assert n.node.text == LIGHTHOUSE[n.node.start_char_idx : n.node.end_char_idx] and n.node.text.strip()
     assert picked.source_nodes[0].score > 0
     assert "QueryEndEvent" in events.names()
 
     combined = HomerQueryEngine(docs, llm=llm, max_documents=None).query("Who works early in the morning?")
-    assert {n.node.node_id for n in combined.source_nodes} == {"bakery", "lighthouse"}
+    assert {n.node.ref_doc_id for n in combined.source_nodes} == {"bakery", "lighthouse"}
     assert all(n.node.metadata["homer"]["answer"] for n in combined.source_nodes)
     assert combined.response
     # the combining call goes through HomerLLM, so LlamaIndex sees an LLM event for it

@@ -31,6 +31,8 @@ class KeptKV:
 
     stored: torch.Tensor
     tail: torch.Tensor
+    attended: torch.Tensor | None = None
+    """[K] float32, or None: where attention adds what every query row paid each stored token (``sources``)."""
 
     def whole(self) -> torch.Tensor:
         """Stored and tail concatenated [1, Hkv, K + t, d] (a copy: for the attention paths that need one)."""
@@ -39,11 +41,15 @@ class KeptKV:
 
 class KeptLayer(DynamicLayer):
     """A layer of a kept cache: ``stored`` K/V [1, Hkv, K, d], never written, and a tail of ``capacity``
-    rows written in place as a question and its answer are fed (grown by doubling past it)."""
+    rows written in place as a question and its answer are fed (grown by doubling past it). ``attended``
+    [K] (shared by the layers of one cache), if given, sums the attention each stored token receives."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
+    def __init__(
+        self, keys: torch.Tensor, values: torch.Tensor, capacity: int, attended: torch.Tensor | None = None
+    ) -> None:
         super().__init__()
         self.stored_keys, self.stored_values = keys, values
+        self.attended = attended
         self.device, self.is_initialized = keys.device, True
         shape = (keys.shape[0], keys.shape[1], max(1, capacity), keys.shape[-1])
         self._tail_keys, self._tail_values = keys.new_empty(shape), values.new_empty(shape)
@@ -60,7 +66,7 @@ class KeptLayer(DynamicLayer):
         self._tail_values[..., self.length : end, :] = value_states
         self.length = end
         self.keys, self.values = self._tail_keys[..., :end, :], self._tail_values[..., :end, :]
-        return KeptKV(self.stored_keys, self.keys), KeptKV(self.stored_values, self.values)
+        return KeptKV(self.stored_keys, self.keys, self.attended), KeptKV(self.stored_values, self.values)
 
     def get_seq_length(self) -> int:
         """Stored tokens plus the tail: what transformers sizes its (unused here) mask by."""
@@ -75,12 +81,18 @@ def _grown(tail: torch.Tensor, used: int, needed: int) -> torch.Tensor:
     return grown
 
 
-def kept_cache(keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], capacity: int) -> DynamicCache:
+def kept_cache(
+    keys: Sequence[torch.Tensor],
+    values: Sequence[torch.Tensor],
+    capacity: int,
+    attended: torch.Tensor | None = None,
+) -> DynamicCache:
     """A cache of ``KeptLayer`` s over ``keys[i]``/``values[i]`` [1, Hkv, K, d], each tail sized for ``capacity``
-    rows (the question and the answer's tokens)."""
+    rows (the question and the answer's tokens); ``attended`` [K] float32 (zeros), if given, sums the
+    attention every query row of every layer and head pays each stored token."""
     cache = DynamicCache()
     for k, v in zip(keys, values, strict=True):
-        cache.layers.append(KeptLayer(k, v, capacity))
+        cache.layers.append(KeptLayer(k, v, capacity, attended))
     return cache
 
 
@@ -120,7 +132,10 @@ def kept_attention(
             seen = torch.arange(start, end, device=query.device) + (tail - rows)
             hidden = torch.arange(tail, device=query.device)[None, :] > seen[:, None]  # [n, t]
             scores[..., stored:].masked_fill_(hidden.repeat(group, 1), float("-inf"))
-        weights = torch.softmax(scores, dim=-1).to(value.stored.dtype)
+        probs = torch.softmax(scores, dim=-1)
+        if key.attended is not None:
+            key.attended.add_(probs[..., :stored].sum(dim=(0, 1, 2)))
+        weights = probs.to(value.stored.dtype)
         mixed = weights[..., :stored] @ value.stored + weights[..., stored:] @ value.tail
         out[:, :, start:end] = mixed.view(1, heads, end - start, dim)
     return out.transpose(1, 2).contiguous(), None

@@ -87,3 +87,22 @@ def test_which_models_decode_over_kept_layers() -> None:
     assert not kept_decoding(tiny_model("mistral", sliding_window=16).config)
     gemma = Gemma3TextConfig(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])
     assert not kept_decoding(gemma)
+
+
+def test_the_attention_each_stored_token_receives_is_summed_as_the_models_own_weights() -> None:
+    """``attended`` against the eager attention's weights (``output_attentions``) over the same cache, summed
+    over layers, heads and the rows fed: the sources' evidence is the model's own attention."""
+    model, keys, values = prefilled("qwen2", num_attention_heads=4, num_key_value_heads=2)
+    follow = torch.arange(5, 11)[None]
+    positions = torch.arange(40, 46)[None]
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        eager = model(
+            input_ids=follow, position_ids=positions, cache=cache_from_tensors(keys, values), output_attentions=True
+        ).attentions
+    expected = sum(a[0, :, :, :40].sum(dim=(0, 1)) for a in eager)
+    register_headwise_attention(model)
+    attended = torch.zeros(40)
+    with torch.no_grad():
+        model(input_ids=follow, position_ids=positions, cache=kept_cache(keys, values, 8, attended))
+    torch.testing.assert_close(attended, expected, atol=1e-4, rtol=1e-4)
