@@ -162,23 +162,34 @@ class Bm25Route:
         self.k = max(1, round(budget / per_chunk))
         self.engine = engine
 
-    def answer(self, question: str, max_new_tokens: int) -> tuple[str, float]:
-        from langchain_core.messages import HumanMessage
-
-        from homer_integrations.langchain import ChatHomer
+    def prompt(self, question: str, instruction: str | None = None) -> str:
+        """The route's prompt: the ``k`` chunks BM25 ranks best for ``question`` (``retrieval_prompt``)."""
         from homer_integrations.routing import retrieval_prompt
 
+        return retrieval_prompt(question, [p.text for p in self.index.search(question, self.k)], instruction)
+
+    def answer(self, question: str, max_new_tokens: int, instruction: str | None = None) -> tuple[str, float]:
         started = time.perf_counter()
-        passages = self.index.search(question, self.k)
-        prompt = retrieval_prompt(question, [p.text for p in passages])
-        # a plain prompt however long: the retrieved text is never taken for a document to compress
-        chat = ChatHomer(engine=self.engine, max_tokens=max_new_tokens, long_prompt_tokens=1 << 30)
-        first = None
-        pieces = []
-        for chunk in chat.stream([HumanMessage(prompt)]):
-            first = first if first is not None else time.perf_counter() - started
-            pieces.append(chunk.text)
-        return "".join(pieces), first if first is not None else time.perf_counter() - started
+        return read_prompt(self.engine, self.prompt(question, instruction), max_new_tokens, started)
+
+
+def read_prompt(
+    engine: HomerModel, prompt: str, max_new_tokens: int, started: float | None = None
+) -> tuple[str, float]:
+    """``prompt`` as one user message, read whole however long (never taken for a document to compress):
+    the answer and the seconds from ``started`` (default: now) to its first piece."""
+    from langchain_core.messages import HumanMessage
+
+    from homer_integrations.langchain import ChatHomer
+
+    started = time.perf_counter() if started is None else started
+    chat = ChatHomer(engine=engine, max_tokens=max_new_tokens, long_prompt_tokens=1 << 30)
+    first = None
+    pieces = []
+    for chunk in chat.stream([HumanMessage(prompt)]):
+        first = first if first is not None else time.perf_counter() - started
+        pieces.append(chunk.text)
+    return "".join(pieces), first if first is not None else time.perf_counter() - started
 
 
 def replays(read_tokens: int, unit: str = "token", candidates: int = 8192) -> dict[str, Replay]:
