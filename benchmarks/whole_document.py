@@ -544,7 +544,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--max-new-tokens", type=int, default=128)
     r.add_argument("--oracle-chars", type=int, default=600, help="oracle: characters either side of each quote")
     r.add_argument("--chunk-tokens", type=int, default=8192, help="map_reduce: most tokens a chunk has")
-    r.add_argument("--note-tokens", type=int, default=96, help="map_reduce: most tokens a chunk's note has")
+    r.add_argument("--note-tokens", type=int, default=64, help="map_reduce: most tokens a chunk's note has")
     r.add_argument("--shared-tokens", type=int, default=30720, help="shared: the root's tokens")
     r.add_argument("--store", default="", help="document store (default: the package's cache directory)")
     r.add_argument("--threads", type=int, default=2)
