@@ -79,8 +79,29 @@ DEFAULT_HOMER_PATTERNS: tuple[str, ...] = (
     r"\bwhat is (this|the) (book|document|text|story|novel|report|paper) about\b",
     r"\b(list|name) (all|every)\b",
     r"\bhow many times\b",
+    # chosen on the tuning split of the bundled whole-document and lookup question sets (issue 81):
+    # order, a course from one point to another, the end of the book, comparisons, multi-part questions
+    r"\bin (the |what |their |its )?(order|sequence)\b",
+    r"\bput .*\bin (order|sequence)\b",
+    r"\bfirst\b.*\bsecond\b.*\b(last|third)\b",
+    r"\b(over|throughout|across|during|in) the (course of the |whole |entire )?"
+    r"(novel|book|story|document|text|report|contract|manual)\b",
+    r"\bin the course of\b",
+    r"\bfrom (the |his |her |their |its )?(time|evening|day|moment|start|beginning|first|opening|arrival|outset)\b"
+    r".*\b(to|until|till)\b",
+    r"\b(until|to|by|at|up to|near) the (very )?(end|close|last chapter|final chapter|closing|finish)\b",
+    r"\bthe (book|novel|story|document)'s (end|close|closing)\b",
+    r"\bby the (end|last|final)\b",
+    r"\b(last|final|early|earlier|later|opening|closing) chapters?\b",
+    r"\bhow does .+ (change|develop|evolve|grow|unfold|end|turn out|progress)\b",
+    r"\bwhat (becomes of|happens to)\b",
+    r"\b(trace|describe|add up|altogether|counting)\b",
+    r"\b(compar(e|ed|es|ing|ison)|contrast)\b",
+    r"\b(who|whom|what|which|how|where|when|why)\b[^?]*,\s*(and\s+)?(who|whom|what|which|how|where|when|why)"
+    r"(\s+\w+){0,2}\s+(is|was|are|were|does|did|do|has|had|happens|happened)\b",
 )
-"""Whole-document questions: these go to HOMER by default."""
+"""Whole-document questions: these go to HOMER by default. On the bundled question sets' held-out split the
+rules catch 37 of 43 whole-document questions and 2 of 126 lookups (tuning: 42 of 45 and none of 63)."""
 
 
 class RulesStrategy(RoutingStrategy):

@@ -120,3 +120,19 @@ def test_retrieval_prompt_layout():
     prompt = retrieval_prompt("Who?", ["  one  ", "two"])
     assert prompt == f"Text:\none\n\ntwo\n\nQuestion: Who?\n{DEFAULT_RETRIEVAL_INSTRUCTION}"
     assert retrieval_prompt("Who?", [], "Say unanswerable.").endswith("Question: Who?\nSay unanswerable.")
+
+
+def test_the_default_rules_tell_whole_document_questions_from_lookups_on_held_out_questions() -> None:
+    """The rules were chosen on the tuning split of the bundled sets; on the held-out split they still send
+    most whole-document questions (lists, counts, order, a course, comparisons) to HOMER and few lookups."""
+    from homer_integrations.question_sets import question_set, whole_question_set
+
+    rules = RulesStrategy()
+    books = ("northangerabbey", "prideprejudice")
+    whole = [q for b in books for q in whole_question_set(b).questions if q.split == "heldout"]
+    lookups = [q for b in books for q in question_set(f"{b}_book").questions if q.split == "heldout"]
+    to_homer = [rules.decide(q.question).route == "homer" for q in whole]
+    misrouted = [rules.decide(q.question).route == "homer" for q in lookups]
+    assert len(whole) >= 40 and len(lookups) >= 100
+    assert sum(to_homer) / len(whole) >= 0.8
+    assert sum(misrouted) / len(lookups) <= 0.05
