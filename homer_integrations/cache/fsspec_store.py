@@ -34,6 +34,7 @@ from homer_integrations.cache.entry import MAX_MANIFEST_BYTES, own_manifest, unu
 from homer_integrations.cache.files import OverLimit, read_regular
 from homer_integrations.cache.flight import KeyLock, LeaseLock, LockTimeout
 from homer_integrations.cache.store_base import (
+    HEAD_BYTES,
     INDEX,
     INDEX_NAME,
     MANIFEST,
@@ -49,8 +50,6 @@ OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl
 """Protocols whose single PUT is atomic: files are written under their final names."""
 TMP_DIR = ".tmp"
 LOCK_DIR = "locks"
-HEAD_BYTES = 1 << 16
-"""Bytes read of a manifest too large to read whole, to tell whether it is the cache's."""
 
 
 class StoreError(OSError):
@@ -143,6 +142,9 @@ class FsspecStore(Store):
             return self._read(self.paths(key)[1], MAX_MANIFEST_BYTES)
         except FileNotFoundError:
             return None
+
+    def manifest_head(self, key: str) -> bytes:
+        return self._read(self.paths(key)[1], HEAD_BYTES, head=True)
 
     def read_tensors(self, key: str) -> bytes:
         return self._read(self.paths(key)[0])

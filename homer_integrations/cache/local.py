@@ -44,6 +44,7 @@ from homer_integrations.cache.entry import MAX_MANIFEST_BYTES, own_manifest, own
 from homer_integrations.cache.files import OverLimit, own_directory, read_regular, regular_size, regular_stat
 from homer_integrations.cache.flight import FileKeyLock, KeyLock, lock_held, remove_unheld_lock
 from homer_integrations.cache.store_base import (
+    HEAD_BYTES,
     INDEX,
     INDEX_NAME,
     KEY_NAME,
@@ -113,6 +114,9 @@ class LocalStore(Store):
             return read_regular(self.paths(key)[1], MAX_MANIFEST_BYTES)
         except FileNotFoundError:
             return None  # a safetensors file alone is an unfinished write: the writer adds the manifest
+
+    def manifest_head(self, key: str) -> bytes:
+        return read_regular(self.paths(key)[1], HEAD_BYTES, head=True)
 
     def read_tensors(self, key: str) -> bytes:
         return read_regular(self.paths(key)[0])
@@ -391,7 +395,7 @@ class LocalStore(Store):
                 try:
                     manifest = own_manifest(read_regular(path, MAX_MANIFEST_BYTES))
                 except OverLimit as exc:
-                    head = read_regular(path, 1 << 16, head=True)
+                    head = read_regular(path, HEAD_BYTES, head=True)
                     why = f"the manifest has {exc.size:,} bytes, over the {exc.limit:,}-byte limit"
                     ours = oversized_is_ours(path.stem, head)
                     manifest = unusable_manifest(path.stem, why, st.st_mtime) if ours else None

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from homer_integrations.cache.entry import MANIFEST_FORMAT, CacheEntry, listed_entry, own_manifest
+from homer_integrations.cache.files import OverLimit
 from homer_integrations.cache.flight import KeyLock
 
 SAFE_NAME = re.compile(r"[0-9A-Za-z_-][0-9A-Za-z_.-]{0,127}")
@@ -34,6 +35,10 @@ INDEX = ".index"
 INDEX_NAME = re.compile(r"[a-z]+-[0-9a-f]{32}")
 """The name of an index file earlier versions kept beside the entries (``leaves-<32 hex>.index``, a record
 of the leaves of stored leaf tiers, now found as entries of their own): ``clear`` still removes them."""
+
+
+HEAD_BYTES = 1 << 16
+"""Bytes read of a manifest too large to read whole, to tell whether it is the cache's."""
 
 
 def entry_name(key: str) -> str:
@@ -80,6 +85,10 @@ class Store(ABC):
         """``key``'s manifest bytes, None when there is none."""
 
     @abstractmethod
+    def manifest_head(self, key: str) -> bytes:
+        """The first ``HEAD_BYTES`` of ``key``'s manifest, whatever its size: enough to tell whose it is."""
+
+    @abstractmethod
     def read_tensors(self, key: str) -> bytes:
         """``key``'s safetensors bytes (``FileNotFoundError`` when missing)."""
 
@@ -113,9 +122,16 @@ class Store(ABC):
         """A cross-process lock on ``key`` (not yet acquired)."""
 
     def discard(self, key: str) -> bool:
-        """Delete ``key``'s entry if it is one this cache wrote (a homer manifest); True if it went."""
+        """Delete ``key``'s entry if it is one this cache wrote (a homer manifest, or one too large to read that
+        ``oversized_is_ours``, as the listing shows it); True if it went."""
         try:
             raw = self.read_manifest(key)
+        except OverLimit:
+            try:
+                ours = oversized_is_ours(entry_name(key), self.manifest_head(key))
+            except OSError:
+                return False
+            return ours and self.remove(key)
         except OSError:
             return False
         if raw is None or own_manifest(raw) is None:

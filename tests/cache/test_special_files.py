@@ -191,6 +191,32 @@ def test_an_oversized_manifest_is_never_served_and_is_listed_and_cleared(
     assert not manifest.exists() and not tensors.exists() and foreign.exists()
 
 
+@pytest.mark.parametrize("where", ["end", "start"])
+def test_cache_rm_removes_an_oversized_manifest_it_lists(
+    directory: Path, doc: CompressedDocument, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    """``cache ls`` lists a manifest too large to read as unusable; ``cache rm`` by its key removed nothing
+    (issue 82, item 10): the removal read the manifest whole to learn whose it was."""
+    tensors, manifest = stored(directory, doc)
+    pad_manifest(manifest, where)
+    foreign = directory / "data.json"  # someone else's large JSON file stays
+    foreign.write_text(json.dumps(list(range(300_000))))
+    argv = ["--cache-dir", str(directory)]
+    assert main(["cache", "rm", doc.key[:12], *argv]) == 0
+    assert capsys.readouterr().out.startswith("removed 1 cached document(s)")
+    assert not manifest.exists() and not tensors.exists() and foreign.exists()
+    assert not LocalStore(directory).discard("data"), "a foreign oversized file is not the cache's to remove"
+
+
+def test_a_url_store_discards_an_oversized_manifest_of_its_own(tmp_path: Path, doc: CompressedDocument) -> None:
+    root = tmp_path / "store"
+    cache = DocumentCache(root.as_uri())
+    cache.get_or_compute(doc.key, Counter(doc))
+    manifest = next(root.glob("*.json"))
+    pad_manifest(manifest, "start")
+    assert cache.discard(doc.key) and not list(root.glob("*.json")) and not list(root.glob("*.safetensors"))
+
+
 # ----------------------------------------------------------------------------- file:// store (defect 9)
 def test_a_file_where_a_file_store_keeps_its_temporary_folder(tmp_path: Path, doc: CompressedDocument) -> None:
     root = tmp_path / "store"
