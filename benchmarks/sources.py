@@ -34,6 +34,10 @@ from homer_integrations.question_sets import question_set, whole_question_set
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 ROWS = RESULTS / "sources_rows.jsonl"
+METHOD = "upper_half_baseline"
+"""How the package cites (``homer.decoding.sources``): the upper half of the layers, less a question-less
+read's attention. Rows without a method were cited by every layer's attention, with no baseline
+(``all_layers``, the first version)."""
 EVIDENCE_SLACK = 200
 """Characters after an evidence offset where the evidence still lies (a lookup's offset starts its sentence)."""
 
@@ -64,7 +68,7 @@ def done_keys(path: Path = ROWS) -> set[tuple]:
     if not path.exists():
         return set()
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return {(r["model"], r["book"], r["set"], r["chars"], r["id"]) for r in rows}
+    return {(r["model"], r["book"], r["set"], r["chars"], r.get("method", "all_layers"), r["id"]) for r in rows}
 
 
 def run(args: argparse.Namespace) -> None:
@@ -77,7 +81,7 @@ def run(args: argparse.Namespace) -> None:
     chars = args.chars or 0
     print(f"{args.book}: {len(text):,} characters; {len(asked)} questions", file=sys.stderr)
     for q in asked:
-        if (args.model, args.book, args.set, chars, q.id) in done:
+        if (args.model, args.book, args.set, chars, METHOD, q.id) in done:
             continue
         started = time.perf_counter()
         stream = engine.run(text, q.question, max_new_tokens=args.max_new_tokens)
@@ -89,6 +93,7 @@ def run(args: argparse.Namespace) -> None:
             "book": args.book,
             "set": args.set,
             "chars": chars,
+            "method": METHOD,
             "id": q.id,
             "kind": q.kind,
             "split": q.split,
@@ -116,9 +121,10 @@ def summarize(rows: list[dict]) -> list[dict]:
     offsets in the cited spans, the mean spans cited and the most."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
-        groups[(r["book"], r["set"], r["chars"] or "whole book", r["mode"], r["split"])].append(r)
+        method = r.get("method", "all_layers")
+        groups[(r["book"], r["set"], r["chars"] or "whole book", r["mode"], method, r["split"])].append(r)
     out = []
-    for (book, kind, chars, mode, split), rs in sorted(groups.items(), key=lambda kv: str(kv[0])):
+    for (book, kind, chars, mode, method, split), rs in sorted(groups.items(), key=lambda kv: str(kv[0])):
         right = [r for r in rs if r["correct"]]
         offsets = [c for r in right for c in r["covered"]]
         out.append(
@@ -127,6 +133,7 @@ def summarize(rows: list[dict]) -> list[dict]:
                 "set": kind,
                 "chars": chars,
                 "mode": mode,
+                "method": method,
                 "split": split,
                 "answers": len(rs),
                 "right": len(right),
@@ -144,15 +151,16 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 def markdown(summary: list[dict]) -> str:
     lines = [
-        "| book | questions | document | mode | split | right | evidence in cited spans (right answers) "
+        "| book | questions | document | mode | cited by | split | right | evidence in cited spans (right answers) "
         "| (all answers) | spans cited, mean / most |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summary:
         chars = s["chars"] if isinstance(s["chars"], str) else f"first {s['chars']:,} chars"
         cited = "-" if s["evidence_cited"] is None else f"{s['evidence_cited']:.2f} ({s['evidence_offsets']} offsets)"
         lines.append(
-            f"| {s['book']} | {s['set']} | {chars} | {s['mode']} | {s['split']} | {s['right']}/{s['answers']} "
+            f"| {s['book']} | {s['set']} | {chars} | {s['mode']} | {s['method']} | {s['split']} "
+            f"| {s['right']}/{s['answers']} "
             f"| {cited} | {s['all_answers_evidence_cited']:.2f} | {s['mean_spans']} / {s['most_spans']} |"
         )
     return "\n".join(lines) + "\n"
@@ -164,7 +172,7 @@ def plot(summary: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{s['book'][:10]} {s['set']}\n{s['chars']} {s['split']}" for s in summary]
+    labels = [f"{s['book'][:10]} {s['set']} {s['chars']}\n{s['method']} {s['split']}" for s in summary]
     fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(summary)), 3.5))
     ax.bar(range(len(summary)), [s["evidence_cited"] or 0 for s in summary], color="tab:blue")
     ax.axhline(0.9, color="gray", linestyle="--", linewidth=1, label="target 0.9")

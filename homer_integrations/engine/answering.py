@@ -23,7 +23,7 @@ from homer_integrations.engine.modes import kept_form
 from homer_integrations.engine.tiers import DocumentTiers
 from homer_integrations.homer.config import Mode, resolve_mode
 from homer_integrations.homer.decoding.generation import DecodeState, FinishReason, GenerationOptions, decode
-from homer_integrations.homer.decoding.sources import CitedSpan, cite
+from homer_integrations.homer.decoding.sources import FROM_DEPTH, CitedSpan, cite
 from homer_integrations.homer.document.prompt import encode
 from homer_integrations.homer.kv.compressed import CompressedDocument, CompressionStats
 from homer_integrations.homer.kv.headwise import headwise_ready
@@ -172,6 +172,10 @@ class AnswerStream(Iterator[str]):
         return "".join(self)
 
 
+BASELINES_KEPT = 8
+"""Documents whose question-less attention (``Answerer._baseline``) is kept for their next answers."""
+
+
 class Answerer:
     """Streams answers with ``model`` after caches that ``tiers`` computes or looks up.
 
@@ -181,6 +185,7 @@ class Answerer:
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tiers: DocumentTiers) -> None:
         self.model, self.tokenizer, self.tiers = model, tokenizer, tiers
+        self._baselines: dict[str, torch.Tensor] = {}
 
     def answer_span(
         self,
@@ -209,10 +214,42 @@ class Answerer:
         return stream
 
     def _cite(self, stream: AnswerStream, doc: CompressedDocument, document: str) -> None:
-        """``stream.info.sources``: the spans of ``document`` its answer attended to most."""
+        """``stream.info.sources``: the spans of ``document`` its answer attended to most, beyond what a read
+        without the question attends to (``_baseline``)."""
         offsets = self.tiers.prompting.documents.ids(document)[1]
         if offsets is not None and stream.attended is not None:
-            stream.info.sources = cite(stream.attended, doc.origin, offsets, document)
+            baseline = self._baseline(doc)
+            stream.info.sources = cite(stream.attended, doc.origin, offsets, document, baseline=baseline)
+
+    def _baseline(self, doc: CompressedDocument) -> torch.Tensor:
+        """[K]: the attention ``doc``'s kept tokens receive, in the layers sources count, when the engine's
+        layout is read after it with no question (and one token answered): the document's start and the text
+        just before the question draw attention whatever is asked. Kept for the last documents cited."""
+        found = self._baselines.get(doc.key) if doc.key else None
+        if found is not None:
+            return found
+        ids = encode(self.tokenizer, self.tiers.prompting.layout("", "full").continuation, formatted=True)
+        attended = torch.zeros(doc.num_tokens, device=doc.keys[0].device)
+        cache = doc.to_cache(tail=ids.numel() + 2, attended=attended, attended_from=self._attended_from())
+        for _ in decode(
+            self.model,
+            self.tokenizer,
+            cache,
+            ids,
+            doc.last_position + 1,
+            GenerationOptions(max_new_tokens=1),
+            DecodeState(),
+        ):
+            pass
+        if doc.key:
+            self._baselines[doc.key] = attended
+            while len(self._baselines) > BASELINES_KEPT:
+                self._baselines.pop(next(iter(self._baselines)))
+        return attended
+
+    def _attended_from(self) -> int:
+        """The first layer whose attention sources count (``sources.FROM_DEPTH`` of the model's depth)."""
+        return int(self.model.config.num_hidden_layers * FROM_DEPTH)
 
     def continue_from(
         self,
@@ -244,7 +281,11 @@ class Answerer:
         pieces = decode(
             self.model,
             self.tokenizer,
-            document.to_cache(tail=ids.numel() + options.max_new_tokens + 1 if kept else None, attended=attended),
+            document.to_cache(
+                tail=ids.numel() + options.max_new_tokens + 1 if kept else None,
+                attended=attended,
+                attended_from=self._attended_from(),
+            ),
             ids,
             document.last_position + 1,
             options,

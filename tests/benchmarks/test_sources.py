@@ -27,7 +27,7 @@ def test_questions_and_their_evidence_come_from_the_bundled_sets() -> None:
 
 
 def test_the_summary_counts_evidence_cited_for_right_answers() -> None:
-    row = {"book": "b", "set": "book", "chars": 0, "mode": "full", "split": "heldout"}
+    row = {"book": "b", "set": "book", "chars": 0, "mode": "full", "method": "m", "split": "heldout"}
     rows = [
         {**row, "correct": True, "covered": [True, False], "sources": [{}, {}]},
         {**row, "correct": True, "covered": [True], "sources": [{}]},
@@ -36,4 +36,4 @@ def test_the_summary_counts_evidence_cited_for_right_answers() -> None:
     (s,) = summarize(rows)
     assert (s["answers"], s["right"], s["evidence_cited"], s["evidence_offsets"]) == (3, 2, round(2 / 3, 3), 3)
     assert s["all_answers_evidence_cited"] == 0.5 and s["mean_spans"] == 2.0 and s["most_spans"] == 3
-    assert "| b | book | whole book | full | heldout | 2/3 | 0.67 (3 offsets) | 0.50 | 2.0 / 3 |" in markdown([s])
+    assert "| b | book | whole book | full | m | heldout | 2/3 | 0.67 (3 offsets) | 0.50 | 2.0 / 3 |" in markdown([s])

@@ -1,9 +1,11 @@
 """Sources: the spans of a document an answer was read from, by the attention its tokens paid the cache.
 
-While a question and its answer are decoded over a kept cache, every layer's attention to each stored
-token is summed (``kv.kept.KeptLayer``'s ``attended``). The document is cut into units a reader can
-check (paragraphs, a long one at sentence ends), each unit scores the attention its kept tokens
-received, and the best few units are cited as character spans; neighbouring cited units join. The cache
+While a question and its answer are decoded over a kept cache, the attention each stored token receives
+in the upper half of the layers is summed (``kv.kept.KeptLayer``'s ``attended``), less what a read without
+the question attends to (the document's start and the text just before the question draw attention
+whatever is asked: ``research/sources_bias.py``). The document is cut into units a reader can check
+(paragraphs, a long one at sentence ends), each unit scores the attention its kept tokens received, and
+the best few units are cited as character spans; neighbouring cited units join. The cache
 keeps only some of a long document's tokens (the passages a question re-reads, a root's survivors), so
 only the units it kept can be cited.
 """
@@ -19,6 +21,9 @@ MOST_SOURCES = 5
 """Most spans an answer cites."""
 SHARE_OF_BEST = 0.25
 """A unit is cited when its attention is at least this share of the best unit's."""
+FROM_DEPTH = 0.5
+"""Sources count the attention of the layers from this share of the model's depth up: the lower layers attend
+mostly to the text just before the question, whatever it asks (``research/sources_bias.py``)."""
 UNIT_CHARS = 1200
 """A paragraph longer than this is cut at sentence ends into units of about this many characters."""
 
@@ -65,13 +70,18 @@ def cite(
     text: str,
     most: int = MOST_SOURCES,
     share: float = SHARE_OF_BEST,
+    baseline: torch.Tensor | None = None,
 ) -> list[CitedSpan]:
     """The spans of ``text`` an answer was read from, in document order.
 
     ``attended`` [K]: attention each cache token received; ``origin`` [K]: its document token (-1 for the
     prompt around the document); ``offsets`` [N, 2]: each document token's character span. The units
     (``units``) holding the most attention are cited, at most ``most``, each at least ``share`` of the best;
-    touching cited units become one span. Empty when the document received no attention."""
+    touching cited units become one span. ``baseline`` [K]: what a read without the question attends to (the
+    start of the document, the text just before the question); each is taken as shares of its total and
+    only what the question adds counts. Empty when the document received no attention."""
+    if baseline is not None:
+        attended = (attended / attended.sum().clamp(min=1e-9) - baseline / baseline.sum().clamp(min=1e-9)).clamp(min=0)
     doc = (origin >= 0) & (origin < offsets.shape[0])
     if not bool(doc.any()):
         return []

@@ -86,13 +86,14 @@ def kept_cache(
     values: Sequence[torch.Tensor],
     capacity: int,
     attended: torch.Tensor | None = None,
+    attended_from: int = 0,
 ) -> DynamicCache:
     """A cache of ``KeptLayer`` s over ``keys[i]``/``values[i]`` [1, Hkv, K, d], each tail sized for ``capacity``
     rows (the question and the answer's tokens); ``attended`` [K] float32 (zeros), if given, sums the
-    attention every query row of every layer and head pays each stored token."""
+    attention every query row and head of layers ``attended_from`` and up pays each stored token."""
     cache = DynamicCache()
-    for k, v in zip(keys, values, strict=True):
-        cache.layers.append(KeptLayer(k, v, capacity, attended))
+    for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+        cache.layers.append(KeptLayer(k, v, capacity, attended if i >= attended_from else None))
     return cache
 
 

@@ -62,3 +62,19 @@ def test_neighbouring_cited_units_join_and_an_unattended_document_cites_nothing(
     assert TEXT[joined.start : joined.end] == "Third.\n\nFourth and last." and abs(joined.score - 1.0) < 1e-6
     assert cite(torch.zeros(12), origin, offsets, TEXT) == []
     assert cite(attended, torch.full((12,), -1), offsets, TEXT) == []
+
+
+def test_what_a_read_without_the_question_attends_to_is_not_cited() -> None:
+    offsets = word_offsets(TEXT)
+    origin = torch.arange(12)
+    baseline = torch.zeros(12)
+    baseline[0] = 6.0  # the document's first word draws attention whatever is asked
+    baseline[11] = 2.0  # and the last, just before the question
+    attended = baseline * 3  # the same pull, three times the rows
+    attended[8] = 6.0  # "Third.": what the question adds
+    assert [TEXT[s.start : s.end] for s in cite(attended, origin, offsets, TEXT)] == [
+        "First paragraph here.",
+        "Third.\n\nFourth and last.",  # neighbours joined
+    ]
+    (cited,) = cite(attended, origin, offsets, TEXT, baseline=baseline)
+    assert TEXT[cited.start : cited.end] == "Third."

@@ -106,3 +106,18 @@ def test_the_attention_each_stored_token_receives_is_summed_as_the_models_own_we
     with torch.no_grad():
         model(input_ids=follow, position_ids=positions, cache=kept_cache(keys, values, 8, attended))
     torch.testing.assert_close(attended, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_only_the_layers_from_attended_from_add_their_attention() -> None:
+    model, keys, values = prefilled("qwen2", num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4)
+    register_headwise_attention(model)
+    follow, positions = torch.arange(5, 8)[None], torch.arange(40, 43)[None]
+    sums = {}
+    for first in (0, 2, 4):
+        attended = torch.zeros(40)
+        with torch.no_grad():
+            model(input_ids=follow, position_ids=positions, cache=kept_cache(keys, values, 4, attended, first))
+        sums[first] = float(attended.sum())
+    rows_heads = 3 * 4  # each counted layer's rows and heads spread a whole share over stored and tail tokens
+    assert 2 * rows_heads * 0.5 < sums[2] < 2 * rows_heads and sums[4] == 0.0
+    assert sums[0] > sums[2] * 1.5
