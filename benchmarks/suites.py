@@ -55,6 +55,7 @@ NOVEL_QA = "benchmarks/novel_qa.py"
 RULER = "benchmarks/ruler.py"
 WHOLE_BOOK = "benchmarks/whole_book.py"
 CORPUS_QA = "benchmarks/corpus_qa.py"
+WHOLE_DOCUMENT = "benchmarks/whole_document.py"
 CORPUS_METHODS = ("corpus", "bm25", "per_document")
 BUDGET = ("--read-tokens", "2048")  # every method reads the same tokens, whatever the machine
 CURVE_QUESTIONS = ("--book", "northangerabbey", "--split", "tuning", "--limit", "16")
@@ -133,6 +134,22 @@ SUITES: dict[str, Suite] = {
                     for n in ("1024", "2048", "4096", "8192")
                 ),
                 _report(WHOLE_BOOK),
+            ),
+        ),
+        Suite(
+            "whole-document",
+            "questions only the whole novel answers (lists, counts, order, a thread's course, comparisons, "
+            "multi-hop, summaries) and multi-part inserted facts, held out: the default against BM25 retrieval "
+            "and the evidence given directly; map-reduce over 8k-token chunks on Northanger Abbey's first questions",
+            "~4 h",
+            (
+                Step(WHOLE_DOCUMENT, ("run", "--book", "northangerabbey", "--methods", "default", "bm25", "oracle")),
+                Step(
+                    WHOLE_DOCUMENT,
+                    ("run", "--book", "prideprejudice", "--methods", "default", "bm25", "oracle", "--limit", "7"),
+                ),
+                Step(WHOLE_DOCUMENT, ("run", "--book", "northangerabbey", "--methods", "map_reduce", "--limit", "3")),
+                _report(WHOLE_DOCUMENT),
             ),
         ),
         Suite(
