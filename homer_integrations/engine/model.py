@@ -25,7 +25,7 @@ from homer_integrations.engine.answering import Answerer, AnswerInfo, AnswerStre
 from homer_integrations.engine.calls import ModeCalls
 from homer_integrations.engine.loading import DEFAULT_MODEL, embedded_defaults, load_model
 from homer_integrations.engine.modes import Prepared, decide, kept_form
-from homer_integrations.engine.prompting import DEFAULT_MAX_DOCUMENT_TOKENS, Prompting
+from homer_integrations.engine.prompting import DEFAULT_MAX_DOCUMENT_TOKENS, Prompting, check_text
 from homer_integrations.engine.quantization import Quantization
 from homer_integrations.engine.tiers import ALGORITHM_VERSION, Compressed, DocumentTiers
 from homer_integrations.homer.config import HomerConfig, Mode, ModelDefaults, resolve_mode
@@ -327,6 +327,8 @@ class HomerModel:
         """
         options = GenerationOptions(**generation)
         self.prompting.check_question(question)  # text (not bytes, no lone surrogate), not empty, not too long
+        if not isinstance(document, CompressedDocument):
+            check_text(document, "document")  # before ``auto`` is decided from its length
         text = document if isinstance(document, str) else None
         return self._modes.run(document, question, self.mode_for(mode, document=text), options)
 
