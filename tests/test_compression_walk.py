@@ -32,12 +32,15 @@ TWICE = {
     "shared": {
         # the engine's call lays the prompt out; tiers checks the document on every call, a cache hit
         # included, and encodes it on a miss only: a stored root needs no tokens
-        "prompting": 3,
+        "engine.prompting": 3,
+        # the engine asks which kept form serves the mode, then the call has the form compress
+        "engine.modes": 2,
         # AutoRoot asks whether the head-wise root is possible, then builds it
         "homer.tree.headwise": 2,
     },
     "query_aware": {
-        "prompting": 3,  # the engine's call lays the prompt out and checks the question; tiers encodes it
+        "engine.prompting": 3,  # the engine's call lays the prompt out and checks the question; tiers encodes it
+        "engine.modes": 2,  # the engine asks which kept form serves the mode, then the call has it compress
         # the leaf tier's passes (no bias, no budget: stored for every question) and the question's
         "homer.tree.compressor": 2,
     },
@@ -87,12 +90,12 @@ def test_one_compression_enters_each_module_once_and_tokenizes_the_document_once
     assert {name for name, n in visits.items() if n > 1} == set(TWICE[mode]), walk.edges
     for name, bound in TWICE[mode].items():
         assert visits[name] <= bound, (name, walk.edges)
-    assert visits["tiers"] == visits["builder"] == visits["homer.reading.strategies"] == 1
+    assert visits["engine.tiers"] == visits["engine.builder"] == visits["homer.reading.strategies"] == 1
     assert sum(document in text for text in texts if isinstance(text, str)) == 1, "tokenized once"
 
     if mode == "query_aware":  # the next question replays from the stored tier: one compressor, no tokenization
         texts.clear()
         with ModuleWalk() as walk:
             engine.compress(document, question="Where does Mr. Bingley live?", mode="query_aware")
-        assert walk.visits[f"{PACKAGE}.homer.compressor"] == 1
+        assert walk.visits[f"{PACKAGE}.homer.tree.compressor"] == 1
         assert not any(document in text for text in texts if isinstance(text, str))

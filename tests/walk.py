@@ -16,12 +16,14 @@ PACKAGE = "homer_integrations"
 
 
 def orchestrates(module: str) -> bool:
-    """Whether ``module`` sequences a compression: the package's top-level modules (``engine``, ``tiers``,
-    ``prompting``, ``builder``, and whichever the engine's calls are split into) and ``homer.reading.strategies``.
+    """Whether ``module`` sequences a compression: the package's top-level modules and ``engine``'s
+    (``engine.model``, ``engine.tiers``, ``engine.prompting``, ``engine.builder``, and whichever the engine's
+    calls are split into) and ``homer.reading.strategies``.
     ``homer.tree.compressor`` is not one: it only wires the passes over one ``Nodes`` (its frames are their
     constructors), and is counted as a module the builder enters."""
     inner = module.removeprefix(f"{PACKAGE}.")
-    return inner != module and ("." not in inner or inner == "homer.reading.strategies")
+    top = "." not in inner or inner.startswith("engine.")
+    return inner != module and (top or inner == "homer.reading.strategies")
 
 
 def _module(frame: FrameType) -> str:
