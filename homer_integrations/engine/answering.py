@@ -185,7 +185,7 @@ class Answerer:
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tiers: DocumentTiers) -> None:
         self.model, self.tokenizer, self.tiers = model, tokenizer, tiers
-        self._baselines: dict[str, torch.Tensor] = {}
+        self._baselines: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # key: (origin [K], attended [K])
 
     def answer_span(
         self,
@@ -226,8 +226,8 @@ class Answerer:
         layout is read after it with no question (and one token answered): the document's start and the text
         just before the question draw attention whatever is asked. Kept for the last documents cited."""
         found = self._baselines.get(doc.key) if doc.key else None
-        if found is not None:
-            return found
+        if found is not None and torch.equal(found[0], doc.origin):  # a question's own read keeps its own tokens
+            return found[1]
         ids = encode(self.tokenizer, self.tiers.prompting.layout("", "full").continuation, formatted=True)
         attended = torch.zeros(doc.num_tokens, device=doc.keys[0].device)
         cache = doc.to_cache(tail=ids.numel() + 2, attended=attended, attended_from=self._attended_from())
@@ -242,7 +242,7 @@ class Answerer:
         ):
             pass
         if doc.key:
-            self._baselines[doc.key] = attended
+            self._baselines[doc.key] = (doc.origin, attended)
             while len(self._baselines) > BASELINES_KEPT:
                 self._baselines.pop(next(iter(self._baselines)))
         return attended
