@@ -22,10 +22,10 @@ name every part), greedy, ``--max-new-tokens`` (128). Methods, the same model:
 - ``oracle``: the question's evidence given directly: ``--oracle-chars`` either side of every part's
   evidence quote, overlaps merged, in document order, as the text of the same prompt as ``bm25``'s.
   What any selection can reach with this reader.
-- ``map_reduce``: the expensive anchor (LangChain's map-reduce, LlamaIndex's tree_summarize): the book
-  cut at paragraph breaks into chunks of at most ``--chunk-tokens``; each read with the question
-  (``MapReduce``: notes that help answer it, or NONE), the notes in document order read by the same
-  prompt as ``bm25``'s (folded in groups first where they overflow the window).
+- ``map_reduce``: the expensive anchor (LangChain's map-reduce, LlamaIndex's tree_summarize), the
+  package's ``MapReduce``: the book cut at paragraph ends into pieces of at most ``--chunk-tokens``, each
+  kept as a ``full`` entry (prefilled once) and read with the question for notes (or NONE), the notes
+  in document order read once more for the answer (combined in halves first where they overflow).
 - ``shared``: the book's one question-agnostic root, ``--shared-tokens`` long (the largest the window
   allows; its own engine over the same weights). ``tree``: HOMER's per-question merge tree over the whole
   book (``TreeReplay``: every leaf pruned with the question in its suffix, merged level by level), the
@@ -52,7 +52,6 @@ import re
 import statistics
 import sys
 import time
-from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -62,6 +61,7 @@ import torch
 
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.reading.strategies import TreeReplay
+from homer_integrations.map_reduce import MapReduce
 from homer_integrations.question_sets import WholeQuestion, whole_question_set
 from homer_integrations.routing import retrieval_prompt
 
@@ -82,12 +82,6 @@ COMPLETE = (
 """Follows every question, for every method."""
 CLOSING = "Answer using only the text."
 """Closes the plain prompts (``retrieval_prompt``'s instruction): the route's own asks for a few words."""
-NOTE = (
-    "Write down, in a few short lines, what this part of the text says that helps answer the question "
-    "(names, events, numbers). If it says nothing that helps, write only NONE."
-)
-FOLD = "Combine these notes into one set of notes that keeps every name, event and number that helps answer."
-NONE = re.compile(r"\W*none\b", re.IGNORECASE)
 
 
 def asked(question: WholeQuestion) -> str:
@@ -177,30 +171,6 @@ def oracle_prompt(text: str, question: WholeQuestion, around: int) -> str:
     return retrieval_prompt(asked(question), passages, CLOSING)
 
 
-def paragraph_chunks(engine: HomerModel, text: str, tokens: int) -> list[str]:
-    """``text`` cut into pieces of at most ``tokens`` tokens, each at the last paragraph break before its
-    limit (else the last line break, else the limit's token); the pieces join to ``text``."""
-    offsets = engine.token_offsets(text)
-    if offsets is not None:
-        starts = offsets[:, 0].tolist()
-    else:  # a slow tokenizer gives no offsets: tokens taken as evenly spread
-        count = engine.count_tokens(text)
-        starts = [i * len(text) // count for i in range(count)]
-    pieces, at = [], 0
-    while at < len(text):
-        first = bisect_left(starts, at)
-        if first + tokens >= len(starts):
-            pieces.append(text[at:])
-            break
-        limit = starts[first + tokens]
-        cut = text.rfind("\n\n", at + 1, limit)
-        cut = cut if cut > at else text.rfind("\n", at + 1, limit)
-        cut = cut if cut > at else limit
-        pieces.append(text[at:cut])
-        at = cut
-    return pieces
-
-
 @dataclass
 class Answer:
     """One method's answer: text, seconds to its first piece, tokens it was read from, the one-time
@@ -215,60 +185,6 @@ class Answer:
     notes: int | None = None
 
 
-class MapReduce:
-    """Map-reduce over ``engine``'s chunks of ``text`` (``paragraph_chunks``): each chunk answered with the
-    question and ``NOTE`` (``HomerModel.run`` in ``full`` mode: the chunk's prefill is kept in the store,
-    so a later question reads it back and prefills only its own words), the notes that are not NONE
-    combined by ``read_prompt`` in ``retrieval_prompt``'s layout; where they overflow the window they are
-    folded in groups first (``FOLD``), again until they fit. ``reduce_tokens``: the most tokens a read of
-    notes may have (default: the window less the answer's room)."""
-
-    def __init__(
-        self, engine: HomerModel, text: str, chunk_tokens: int, note_tokens: int, reduce_tokens: int | None = None
-    ) -> None:
-        self.engine, self.note_tokens, self.reduce_tokens = engine, note_tokens, reduce_tokens
-        self.chunks = paragraph_chunks(engine, text, chunk_tokens)
-
-    def answer(self, question: str, max_new_tokens: int) -> Answer:
-        started = time.perf_counter()
-        notes: list[str] = []
-        read, built, sources = 0, 0.0, set()
-        for chunk in self.chunks:
-            stream = self.engine.run(chunk, f"{question}\n{NOTE}", mode="full", max_new_tokens=self.note_tokens)
-            note = stream.text().strip()
-            read += stream.info.cache_tokens + stream.info.input_tokens
-            built += stream.info.document_seconds
-            sources.add(stream.info.cache_source)
-            if note and not NONE.match(note):
-                notes.append(note)
-        kept = len(notes)
-        # the chat template's markup and a margin
-        room = self.reduce_tokens or self.engine.context_window - max_new_tokens - 256
-        reads = len(self.chunks) + 1
-        while len(notes) > 1 and self.engine.count_tokens(retrieval_prompt(question, notes, CLOSING)) > room:
-            groups = self.groups(question, notes, room)
-            folded = []
-            for group in groups:
-                prompt = retrieval_prompt(question, group, FOLD)
-                read += self.engine.count_tokens(prompt)
-                folded.append(read_prompt(self.engine, prompt, self.note_tokens)[0].strip())
-            notes, reads = folded, reads + len(groups)
-        prompt = retrieval_prompt(question, notes, CLOSING)
-        text, ttft = read_prompt(self.engine, prompt, max_new_tokens, started)
-        source = ",".join(sorted(s for s in sources if s)) or None  # computed, then memory or disk
-        return Answer(text, ttft, read + self.engine.count_tokens(prompt), built, source, reads, kept)
-
-    def groups(self, question: str, notes: list[str], room: int) -> list[list[str]]:
-        """``notes`` in runs whose fold prompt fits ``room`` (two at least, so every round shrinks them)."""
-        out: list[list[str]] = [[]]
-        for note in notes:
-            fits = self.engine.count_tokens(retrieval_prompt(question, [*out[-1], note], FOLD)) <= room
-            if out[-1] and not fits and len(out[-1]) > 1:
-                out.append([])
-            out[-1].append(note)
-        return out
-
-
 class Methods:
     """The ways to answer (``METHODS``) a question about ``text`` with one engine at one token budget."""
 
@@ -277,7 +193,9 @@ class Methods:
         self.budget = args.read_tokens
         self.route = Bm25Route(engine, text, self.budget) if "bm25" in args.methods else None
         self.map_reduce = (
-            MapReduce(engine, text, args.chunk_tokens, args.note_tokens) if "map_reduce" in args.methods else None
+            MapReduce(engine, args.chunk_tokens, args.note_tokens, progress=False)
+            if "map_reduce" in args.methods
+            else None
         )
         self.shared = self.shared_engine() if "shared" in args.methods else None
 
@@ -309,7 +227,10 @@ class Methods:
             return Answer(text, ttft, self.engine.count_tokens(prompt))
         if method == "map_reduce":
             assert self.map_reduce is not None
-            return self.map_reduce.answer(words, new)
+            m = self.map_reduce.answer(self.text, words, max_new_tokens=new)
+            ttft = m.first_token_seconds or time.perf_counter() - started
+            source = ",".join(m.cache_sources) or None  # computed, then memory or disk
+            return Answer(m.text, ttft, m.tokens_read, m.built_seconds, source, m.reads, len(m.notes))
         engine, mode = self.engine, None  # default: auto
         if method == "tree":
             mode, replay = "query_aware", TreeReplay()

@@ -23,6 +23,7 @@ from homer_integrations.engine.prompting import WHOLE_PROMPT_ROOM
 from homer_integrations.homer.decoding.sources import CitedSpan, units
 
 if TYPE_CHECKING:
+    from homer_integrations.engine.answering import AnswerStream
     from homer_integrations.engine.model import HomerModel
 
 PIECE_TOKENS = 8192
@@ -65,6 +66,38 @@ class MapReduceAnswer:
     pieces: int = 0
     empty: int = field(default=0)
     """Pieces that held nothing for the question."""
+    reads: int = 0
+    """Reads of the model: one per piece, one per combining of notes, the final one."""
+    tokens_read: int = 0
+    """Tokens every read was read from (kept pieces, questions, notes)."""
+    built_seconds: float = 0.0
+    """The part of ``map_seconds`` spent computing pieces not yet kept (0 once all are)."""
+    first_token_seconds: float | None = None
+    """From the call to the final answer's first token."""
+    cache_sources: tuple[str, ...] = ()
+    """Where the pieces' caches came from (``computed``, ``memory``, ``disk``)."""
+
+
+@dataclass
+class Read:
+    """What the reads of one answer cost, added up as their streams finish."""
+
+    reads: int = 0
+    tokens: int = 0
+    built_seconds: float = 0.0
+    first_token: float | None = None
+    sources: set[str] = field(default_factory=set)
+
+    def add(self, stream: AnswerStream, final: bool = False) -> None:
+        """Count one exhausted ``stream``; ``final``: the answer's own read (its first token is the answer's)."""
+        info = stream.info
+        self.reads += 1
+        self.tokens += info.cache_tokens + info.input_tokens
+        self.built_seconds += info.document_seconds
+        if info.cache_source:
+            self.sources.add(info.cache_source)
+        if final:
+            self.first_token = info.time_to_first_token
 
 
 class MapReduce:
@@ -76,6 +109,7 @@ class MapReduce:
         piece_tokens: int = PIECE_TOKENS,
         note_tokens: int = NOTE_TOKENS,
         progress: bool | None = None,
+        reduce_tokens: int | None = None,
     ) -> None:
         room = engine.context_window - WHOLE_PROMPT_ROOM - AFFIX_TOKENS  # a piece kept whole leaves the question room
         if room < 256:
@@ -84,6 +118,8 @@ class MapReduce:
         self.piece_tokens = min(piece_tokens, room)
         self.note_tokens = note_tokens
         self.progress = progress
+        self.reduce_tokens = reduce_tokens
+        """The most tokens a read of notes may have (default: the window less the answer's room)."""
 
     def pieces(self, text: str) -> list[tuple[int, int]]:
         """Character spans cutting ``text`` into pieces of at most ``piece_tokens`` tokens, at paragraph ends
@@ -115,19 +151,21 @@ class MapReduce:
         started = time.perf_counter()
         spans = self.pieces(text)
         notes, empty = [], 0
+        read = Read()
         for a, b in self._bar(spans, "reading pieces"):
             piece = text[a:b]
             stream = self.engine.run(
                 piece, MAP_QUESTION.format(question=question), mode="full", max_new_tokens=self.note_tokens
             )
             said = stream.text().strip()
+            read.add(stream)
             if not said or said.upper().startswith(NOTHING):
                 empty += 1
                 continue
             cited = tuple(CitedSpan(a + s.start, a + s.end, s.score) for s in stream.info.sources)
             notes.append(Note(a, b, said, cited))
         mapped = time.perf_counter()
-        final = self._reduce(question, notes, generation)
+        final = self._reduce(question, notes, generation, read)
         best = sorted((s for n in notes for s in n.sources), key=lambda s: -s.score)[:5]
         return MapReduceAnswer(
             text=final,
@@ -137,22 +175,35 @@ class MapReduce:
             reduce_seconds=time.perf_counter() - mapped,
             pieces=len(spans),
             empty=empty,
+            reads=read.reads,
+            tokens_read=read.tokens,
+            built_seconds=read.built_seconds,
+            first_token_seconds=None if read.first_token is None else mapped - started + read.first_token,
+            cache_sources=tuple(sorted(read.sources)),
         )
 
-    def _reduce(self, question: str, notes: list[Note], generation: dict) -> str:
+    def _reduce(self, question: str, notes: list[Note], generation: dict, read: Read) -> str:
         """One read of the notes (grouped and combined first while they overflow the window)."""
         texts = [f"[part {i + 1}] {n.text}" for i, n in enumerate(notes)] or ["(no part held anything relevant)"]
-        limit = self.engine.context_window - int(generation.get("max_new_tokens", 256)) - 256
+        room = int(generation.get("max_new_tokens", 256)) + 256  # the answer and the chat template's markup
+        limit = self.reduce_tokens or self.engine.context_window - room
         while True:
             prompt = self._prompt(question, texts)
             if self.engine.count_tokens(prompt) <= limit or len(texts) == 1:
-                return self.engine.generate(prompt, **generation).text().strip()
-            half = (len(texts) + 1) // 2  # too long: combine each half into one note, then read again
-            groups = [texts[:half], texts[half:]]
-            texts = [
-                self.engine.generate(self._prompt(question, g), max_new_tokens=self.note_tokens * 2).text().strip()
-                for g in groups
-            ]
+                stream = self.engine.generate(prompt, **generation)
+                answer = stream.text().strip()
+                read.add(stream, final=True)
+                return answer
+            # too long: combine each half into one note (two notes into one: every round has fewer), read again
+            half = (len(texts) + 1) // 2
+            groups = [texts[:half], texts[half:]] if len(texts) > 2 else [texts]
+            texts = [self._combine(question, group, read) for group in groups]
+
+    def _combine(self, question: str, notes: list[str], read: Read) -> str:
+        stream = self.engine.generate(self._prompt(question, notes), max_new_tokens=self.note_tokens * 2)
+        combined = stream.text().strip()
+        read.add(stream)
+        return combined
 
     def _prompt(self, question: str, notes: list[str]) -> str:
         content = REDUCE_PROMPT.format(notes="\n\n".join(notes), question=question)

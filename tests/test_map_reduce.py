@@ -65,3 +65,27 @@ def test_every_piece_is_kept_once_and_read_for_each_question(engine: HomerModel,
     assert len(answer.notes) + answer.empty == pieces
     assert all(0 <= s.start < s.end <= len(text) for s in answer.sources) and len(answer.sources) <= 5
     assert all(n.start <= s.start and s.end <= n.end for n in answer.notes for s in n.sources)
+    assert answer.reads == pieces + 1 and answer.built_seconds == 0 and answer.cache_sources == ("memory",)
+    assert answer.tokens_read >= engine.count_tokens(text) and answer.first_token_seconds is not None
+    assert 0 < answer.first_token_seconds <= answer.map_seconds + answer.reduce_seconds
+
+
+def test_notes_that_overflow_are_combined_in_halves_until_they_fit(engine: HomerModel, text: str) -> None:
+    reader = MapReduce(engine, piece_tokens=600, note_tokens=24, progress=False, reduce_tokens=150)
+    plain = []
+    real = engine.generate
+
+    def counted(prompt, **kwargs):
+        plain.append(prompt)
+        return real(prompt, **kwargs)
+
+    engine.generate = counted  # type: ignore[method-assign]
+    try:
+        answer = reader.answer(text, "Who visits whom?", max_new_tokens=4)
+    finally:
+        del engine.generate
+    assert len(answer.notes) == answer.pieces >= 4, "random weights never write NONE"
+    assert len(plain) >= 3, "two halves combined (then the two into one where they still overflow), the final read"
+    assert answer.reads == answer.pieces + len(plain)
+    last = f"[part {len(answer.notes)}]"
+    assert "[part 1]" in plain[0] and last not in plain[0] and last in plain[1], "the first round: the two halves"
