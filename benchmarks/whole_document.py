@@ -26,8 +26,9 @@ name every part), greedy, ``--max-new-tokens`` (128). Methods, the same model:
   package's ``MapReduce``: the book cut at paragraph ends into pieces of at most ``--chunk-tokens``, each
   kept as a ``full`` entry (prefilled once) and read with the question for notes (or NONE), the notes
   in document order read once more for the answer (combined in halves first where they overflow).
-- ``shared``: the book's one question-agnostic root, ``--shared-tokens`` long (the largest the window
-  allows; its own engine over the same weights). ``tree``: HOMER's per-question merge tree over the whole
+- ``shared``: the book's one question-agnostic root kept once, a ``WindowRoot`` of ``--shared-tokens``
+  (16,384: half the demo model's window; its own engine over the same weights), every question read
+  after it. ``tree``: HOMER's per-question merge tree over the whole
   book (``TreeReplay``: every leaf pruned with the question in its suffix, merged level by level), the
   leaf tier built by the first question. Both are wired but cost tens of minutes a question on 2 cores.
 
@@ -59,8 +60,8 @@ from pathlib import Path
 
 import torch
 
-from homer_integrations import HomerConfig, HomerModel
-from homer_integrations.homer.reading.strategies import TreeReplay
+from homer_integrations import HomerModel
+from homer_integrations.homer.reading.strategies import TreeReplay, WindowRoot
 from homer_integrations.map_reduce import MapReduce
 from homer_integrations.question_sets import WholeQuestion, whole_question_set
 from homer_integrations.routing import retrieval_prompt
@@ -200,17 +201,18 @@ class Methods:
         self.shared = self.shared_engine() if "shared" in args.methods else None
 
     def shared_engine(self) -> HomerModel:
-        """An engine over the same weights and store whose shared root keeps ``--shared-tokens``."""
-        e, n = self.engine, self.args.shared_tokens
+        """An engine over the same weights, settings and store whose shared root is a ``WindowRoot`` of
+        ``--shared-tokens``."""
+        e = self.engine
         return HomerModel(
             e.model,
             e.tokenizer,
-            HomerConfig(max_chunk_len=n, final_cache_len=n),
+            e.config,
             model_name=e.model_name,
             document_cache=e.document_cache,
             calibration_dir=e.tiers.calibration.store.user_dir,
-            recipe=e.recipe,
-            progress=False,
+            recipe=replace(e.recipe, shared_root=WindowRoot(self.args.shared_tokens)),
+            progress=True,
         )
 
     def ask(self, method: str, question: WholeQuestion) -> Answer:
@@ -466,7 +468,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--oracle-chars", type=int, default=600, help="oracle: characters either side of each quote")
     r.add_argument("--chunk-tokens", type=int, default=8192, help="map_reduce: most tokens a chunk has")
     r.add_argument("--note-tokens", type=int, default=64, help="map_reduce: most tokens a chunk's note has")
-    r.add_argument("--shared-tokens", type=int, default=30720, help="shared: the root's tokens")
+    r.add_argument("--shared-tokens", type=int, default=16384, help="shared: the window root's tokens")
     r.add_argument("--store", default="", help="document store (default: the package's cache directory)")
     r.add_argument("--threads", type=int, default=2)
     r.add_argument("--rows", type=Path, default=ROWS, help="rows file (another: a timing run apart)")

@@ -28,7 +28,7 @@ from homer_integrations.homer.scoring.calibration import SEGMENTS
 from homer_integrations.homer.scoring.chain import Scoring
 from homer_integrations.homer.tree import recompute
 from homer_integrations.homer.tree.compressor import HomerCompressor
-from homer_integrations.homer.tree.headwise import compress_headwise, headwise_refusal
+from homer_integrations.homer.tree.headwise import compress_headwise, headwise_refusal, select_candidates
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +141,37 @@ class HeadwiseRoot:
 
 
 @dataclass(frozen=True)
+class WindowRoot:
+    """A root of about ``tokens`` tokens, not bounded by the chunk length: ``FlatRoot``'s selection of that
+    many document tokens (every word it touches whole, where that stays in the window), re-read by one plain
+    prefill (``homer.tree.recompute``), kept dense. For a book past the window: a root as large as the window
+    allows (16k-24k of a 100k-170k-token book for a 32k-window model) instead of one chunk's. A document
+    that short is prefilled whole."""
+
+    tokens: int = 16384
+    rereads: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if type(self.tokens) is not int or self.tokens < 16:
+            raise ValueError(f"WindowRoot.tokens must be a whole number of at least 16, not {self.tokens!r}")
+
+    def build(self, compressor: HomerCompressor, span: RootSpan) -> CompressionResult:
+        fixed = span.prefix_ids.numel() + span.suffix_ids.numel()
+        no_probe = span.prefix_ids.new_zeros(0)  # nothing is read after the kept tokens while building
+        return select_candidates(
+            compressor,
+            span.prefix_ids,
+            span.document_ids,
+            span.suffix_ids,
+            no_probe,
+            span.progress,
+            span.word_ids,
+            whole=span.whole_words(),
+            tokens=max(self.tokens - fixed, 1),
+        )
+
+
+@dataclass(frozen=True)
 class AutoRoot:
     """The default: ``HeadwiseRoot`` where the model allows it, else ``FlatRoot`` (RULER 8k held out, 24
     paired samples each: head-wise kept +0.06 more than flat at 4x and at 8x)."""
@@ -168,6 +199,7 @@ SHARED_ROOTS: dict[str, SharedRoot] = {
     "flat": FlatRoot(),
     "recompute": RecomputeRoot(),
     "tree": TreeRoot(),
+    "window": WindowRoot(),
 }
 """Each shared root by the name the removed ``HomerConfig.shared_root`` gave it (benchmarks' flags)."""
 

@@ -116,8 +116,10 @@ def select_candidates(
     factor: float = CANDIDATES,
     recompute: bool = True,
     whole: torch.Tensor | None = None,
+    tokens: int | None = None,
 ) -> CompressionResult:
-    """Step 1: HOMER's flat selection of ``factor`` x the budget's document tokens, re-read by a plain
+    """Step 1: HOMER's flat selection of ``factor`` x the budget's document tokens (``tokens``: that many
+    instead, ``strategies.WindowRoot``), re-read by a plain
     prefill (``recompute``; else the shared flat root's cache of them); a document that short (and
     inside the probe's room) is prefilled whole, without the selection. ``whole`` [N] (each document
     token's unit): the re-read takes every unit the selection touched whole. A dense result
@@ -126,7 +128,7 @@ def select_candidates(
     stack, settings = nodes.stack, nodes.settings
     fixed, length = prefix_ids.numel() + suffix_ids.numel(), document_ids.numel()
     room = _widest(stack.model.config.max_position_embeddings, prompt_ids.numel(), fixed) - fixed
-    wanted = math.ceil(factor * (settings.final_cache_len - fixed))
+    wanted = tokens if tokens is not None else math.ceil(factor * (settings.final_cache_len - fixed))
     if recompute and length <= min(wanted, room):
         start = time.perf_counter()
         everything = prefill_kept(stack, settings, prefix_ids, document_ids, torch.arange(length), suffix_ids)

@@ -17,6 +17,7 @@ from homer_integrations.homer.reading.strategies import (
     PassageReplay,
     Recipe,
     TreeRoot,
+    WindowRoot,
 )
 from homer_integrations.homer.scoring.chain import Scoring
 from tests.conftest import tiny_model
@@ -82,6 +83,7 @@ def test_every_shared_root_and_scoring_has_its_own_root_key_and_the_replay_none(
     assert len({root for root, _ in roots.values()}) == len(SHARED_ROOTS), "each builder its own root key"
     assert {tier for _, tier in roots.values()} == {default_tier}, "a leaf tier does not depend on the root's builder"
     assert keys(model, tokenizer, Recipe(scoring=Scoring.default()))[0] != default_root, "the last-token scorer"
+    assert keys(model, tokenizer, Recipe(shared_root=WindowRoot(4096)))[0] != roots["window"][0], "its size"
     # a leaf tier serves every replay and a replayed root is never stored: no key names the replay
     for unit in REPLAYS.values():
         assert keys(model, tokenizer, Recipe(replay=unit)) == (default_root, default_tier)
@@ -95,6 +97,7 @@ def test_units_are_named_by_their_repr_and_the_recipe_checks_its_parts():
         "FlatRoot()",
         "RecomputeRoot()",
         "TreeRoot()",
+        "WindowRoot(tokens=16384)",
     ]
     selection = (
         r"PassageSelection(tokens=128, overlap=48, fusion=60, attention=0.0, heading='Document: [^\\n]+', "
@@ -129,3 +132,22 @@ def test_only_the_replays_that_read_the_tier_ask_for_it():
     assert AutoReplay().reads_tier(900, window, final), "within the window the token selection reads the tier"
     assert AutoReplay(fused).reads_tier(4096, window, final) and fused.reads_tier(4096, window, final)
     assert PassageReplay().reads_tier(100, window, final), "a document within the budget replays from its tier"
+
+
+def test_a_window_root_keeps_more_than_a_chunk_read_by_one_prefill(tokenizer, calibration, novel) -> None:
+    from tests.conftest import mode_engine
+
+    book = novel[20_000:32_000]  # about 2,700 tokens: past the tiny model's 2,048-token window
+    engine = mode_engine(tokenizer, calibration)  # max_chunk_len 128
+    engine.tiers.recipe = Recipe(shared_root=WindowRoot(600), calibration_segments=2)
+    root = engine.compress(book, mode="shared")
+    kept = root.origin[root.origin >= 0]
+    assert root.num_tokens > 128 and 400 <= kept.numel() <= 1.5 * 600, "about 600 tokens, not one chunk's 128"
+    assert bool((kept[1:] > kept[:-1]).all()), "document order"
+    assert root.position_ids.tolist() == list(range(root.num_tokens)), "one plain prefill: contiguous positions"
+    assert engine.answer(book, "Who walked to Meryton?", mode="shared", max_new_tokens=3) is not None
+    assert engine.stats().computations == 1, "the root is kept: the question read it"
+    short = engine.compress(book[:1500], mode="shared")
+    assert short.origin[short.origin >= 0].tolist() == list(range(engine.count_tokens(book[:1500]))), "kept whole"
+    with pytest.raises(ValueError, match=r"WindowRoot\.tokens"):
+        WindowRoot(8)
