@@ -23,6 +23,8 @@ and is reported by split, kind and depth. Methods, the same model and token budg
 - ``hybrid``: ``tokens`` whose selection also keeps the statements BM25 ranks best for the
   question (``homer.scoring.lexical.LexicalEvidence``: at most a quarter of the same budget), from the same tier.
 - ``shared``: the book's one question-agnostic root (``mode="shared"``), built once.
+- ``window``: the same, a ``WindowRoot`` of ``--window-tokens`` (16,384: half the demo model's window)
+  instead of one chunk's.
 - ``bm25``: the retrieval route the package ships (``HomerRouter``'s: ``RecursiveCharacterTextSplitter``
   chunks of 800 characters, BM25, ``retrieval_prompt``), with as many chunks as fill the budget.
 - ``query_aware_unstemmed``, ``bm25_unstemmed``: the two above with BM25 over words as written, as
@@ -59,7 +61,14 @@ import torch
 from homer_integrations import HomerConfig, HomerModel
 from homer_integrations.homer.reading.budget import ReadBudget
 from homer_integrations.homer.reading.passages import PassageSelection
-from homer_integrations.homer.reading.strategies import AutoReplay, PassageReplay, RecomputeReplay, Replay
+from homer_integrations.homer.reading.strategies import (
+    AutoReplay,
+    AutoRoot,
+    PassageReplay,
+    RecomputeReplay,
+    Replay,
+    WindowRoot,
+)
 from homer_integrations.homer.scoring.lexical import LexicalEvidence
 from homer_integrations.paths import bundled_text
 from homer_integrations.question_sets import question_set
@@ -80,6 +89,7 @@ METHODS = (
     "tokens",
     "hybrid",
     "shared",
+    "window",
     "bm25",
     "sep",
     "rank",
@@ -249,8 +259,9 @@ def run(args: argparse.Namespace) -> None:
                 lexical = LexicalEvidence() if method == "hybrid" else None
                 engine.tiers.question_scoring = replace(engine.tiers.question_scoring, lexical=lexical)
                 replay = by_method.get(method, AutoReplay())
-                engine.tiers.recipe = replace(engine.tiers.recipe, replay=replay)
-                mode = "query_aware" if method in by_method else method
+                root = WindowRoot(args.window_tokens) if method == "window" else AutoRoot()
+                engine.tiers.recipe = replace(engine.tiers.recipe, replay=replay, shared_root=root)
+                mode = "query_aware" if method in by_method else "shared" if method == "window" else method
                 stream = engine.run(text, item.question, mode=mode, max_new_tokens=args.max_new_tokens)
                 answer = stream.text()
                 info = stream.info
@@ -441,7 +452,12 @@ def paired_command(args: argparse.Namespace) -> None:
 
 # (method, against), held out on the questions both answered: the default against the route and the shared
 # root; the fused ranking against the default as it was when fused ran (BM25 over words as written)
-HEADLINE = (("query_aware", "bm25"), ("query_aware", "shared"), ("query_aware_unstemmed", "fused"))
+HEADLINE = (
+    ("query_aware", "bm25"),
+    ("query_aware", "shared"),
+    ("query_aware", "window"),
+    ("query_aware_unstemmed", "fused"),
+)
 CURVE = ("query_aware", "bm25")  # the default and the route at every read budget both ran
 
 
@@ -503,7 +519,7 @@ def plot(rows: list[dict], curve: list[dict], path: Path) -> None:
     fig, (depth_ax, budget_ax) = plt.subplots(1, 2, figsize=(11, 4))
     held = held_out(rows)
     default_ids = {(r["book"], r["id"]) for r in held if r["method"] == "query_aware"}
-    for method in ("query_aware", "bm25", "shared"):
+    for method in ("query_aware", "bm25", "shared", "window"):
         bins: dict[int, list[bool]] = defaultdict(list)
         for r in held:
             if r["method"] == method and (r["book"], r["id"]) in default_ids:
@@ -588,6 +604,7 @@ def main() -> None:
         "--read-tokens", type=int, default=0, help="past the window: passages' and BM25's kept tokens (0: ReadBudget)"
     )
     r.add_argument("--candidates", type=int, default=8192, help="merge: BM25 tokens narrowed to the budget")
+    r.add_argument("--window-tokens", type=int, default=16384, help="window: the kept root's tokens (WindowRoot)")
     r.add_argument("--max-new-tokens", type=int, default=32)
     r.add_argument("--store", default="", help="document store (default: the package's cache directory)")
     r.add_argument("--threads", type=int, default=2)
