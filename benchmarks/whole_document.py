@@ -348,6 +348,7 @@ def summarize(rows: list[dict]) -> list[dict]:
                 "story": right_asked(r for r in rs if r["source"] == "story"),
                 "facts": right_asked(r for r in rs if r["source"] == "facts"),
                 "all": right_asked(rs),
+                "parts_named": round(statistics.mean(min(len(r["matched"]) / r["need"], 1.0) for r in rs), 2),
                 "median_seconds": _median([r["seconds"] for r in later]),
                 "median_ttft_seconds": _median([r["ttft_seconds"] for r in later]),
                 "one_time_seconds": max(r["document_seconds"] for r in rs),
@@ -369,15 +370,17 @@ def markdown(summary: list[dict]) -> str:
         return f"{pair[0]}/{pair[1]}" if pair[1] else "-"
 
     lines = [
-        "| book | method | split | " + " | ".join(KINDS) + " | story | facts | all | s / question (median) "
+        "| book | method | split | "
+        + " | ".join(KINDS)
+        + " | story | facts | all | parts named | s / question (median) "
         "| first token s | one-time s | tokens read (median) | peak RSS MB | load (median) |",
-        "|---|---|---|" + "---|" * (len(KINDS) + 10),
+        "|---|---|---|" + "---|" * (len(KINDS) + 11),
     ]
     for s in summary:
         kinds = " | ".join(ratio(s["kinds"][k]) for k in KINDS)
         lines.append(
             f"| {s['book']} | {s['method']} | {s['split']} | {kinds} | {ratio(s['story'])} | {ratio(s['facts'])} "
-            f"| **{ratio(s['all'])}** | {s['median_seconds']} | {s['median_ttft_seconds']} "
+            f"| **{ratio(s['all'])}** | {s['parts_named']:.2f} | {s['median_seconds']} | {s['median_ttft_seconds']} "
             f"| {s['one_time_seconds']:.0f} | {s['median_tokens_read']:,} | {s['peak_rss_mb']:,} "
             f"| {s['median_load_1m']} |"
         )
@@ -442,7 +445,9 @@ def report(args: argparse.Namespace) -> None:
         "answered (difference: the method's accuracy minus `bm25`'s, 90% bootstrap interval).\n\n"
         + paired_markdown(held)
         + "\n## Every run\n\nRight/asked per kind, each method over the questions it answered (counts differ "
-        "where a method ran on fewer). Seconds: the median per question past the one-time cost (the "
+        "where a method ran on fewer). `parts named`: the mean share of the parts a question needs that the "
+        "answer named (partial credit; 1 when it names `need` of them). Seconds: the median per question past "
+        "the one-time cost (the "
         "largest `document_seconds`: map-reduce's chunk prefills, kept for later questions), on a 2-core "
         "machine shared with other work (`load` is its 1-minute load average).\n\n" + table,
         encoding="utf-8",

@@ -163,13 +163,14 @@ def test_the_summary_counts_each_method_over_its_own_questions_and_keeps_the_one
         return dict(
             model="m", book="b", dtype="bfloat16", budget=2048, split="heldout", method=method, id=id, kind=kind,
             source="story", correct=correct, seconds=seconds, ttft_seconds=seconds, document_seconds=built,
-            tokens_read=100, peak_rss_mb=1, load_1m=1.0,
+            tokens_read=100, peak_rss_mb=1, load_1m=1.0, matched=["a"] if correct else [], need=2,
         )  # fmt: skip
 
     rows = [row("bm25", "q1", "list", True, 10), row("bm25", "q2", "count", False, 20)]
     rows += [row("map_reduce", "q1", "list", True, 900, built=800), row("map_reduce", "q3", "list", False, 100)]
     summary = {s["method"]: s for s in wd.summarize(rows)}
     assert summary["bm25"]["kinds"]["list"] == [1, 1] and summary["bm25"]["all"] == [1, 2]
+    assert summary["bm25"]["parts_named"] == 0.25, "one of two needed parts named, then none"
     assert summary["map_reduce"]["kinds"]["list"] == [1, 2] and summary["map_reduce"]["kinds"]["count"] == [0, 0]
     assert summary["map_reduce"]["one_time_seconds"] == 800 and summary["map_reduce"]["median_seconds"] == 100
     (pair,) = [c for c in wd.against_bm25(rows) if c["method"] == "map_reduce" and c["kind"] == "list"]
