@@ -36,7 +36,7 @@ from homer_integrations.homer.leaves.leaf_reuse import LeafIndex, LeafReuse
 from homer_integrations.homer.leaves.leaf_tier import LeafTier
 from homer_integrations.homer.model.decoder import DecoderStack
 from homer_integrations.homer.model.fingerprint import tokenizer_fingerprint, weights_fingerprint
-from homer_integrations.homer.reading.strategies import Recipe, SharedRoot
+from homer_integrations.homer.reading.strategies import Recipe, SharedRoot, WindowRoot
 from homer_integrations.homer.scoring.calibration import Calibration, CalibrationStore
 from homer_integrations.homer.scoring.chain import REPEAT_PROMPT, Scoring
 from homer_integrations.paths import PACKAGE_DATA, bundled_text, cache_root
@@ -262,6 +262,8 @@ def entry_specs(
         vocab_size=vocab_size,
     )
     root = replace(tier, max_positions=window) if shared_root.rereads else tier
+    if isinstance(shared_root, WindowRoot):  # its size is its own, up to the window: not the chunk's
+        root = replace(root, max_tokens=window)
     return EntrySpecs(tier, root, replace(tier, max_positions=window, max_tokens=window))
 
 

@@ -151,3 +151,23 @@ def test_a_window_root_keeps_more_than_a_chunk_read_by_one_prefill(tokenizer, ca
     assert short.origin[short.origin >= 0].tolist() == list(range(engine.count_tokens(book[:1500]))), "kept whole"
     with pytest.raises(ValueError, match=r"WindowRoot\.tokens"):
         WindowRoot(8)
+
+
+def test_a_stored_window_root_is_read_back_by_a_new_engine(tokenizer, calibration, novel, tmp_path) -> None:
+    book = novel[20_000:32_000]
+
+    def engine() -> HomerModel:
+        recipe = Recipe(shared_root=WindowRoot(600), calibration_segments=2)
+        config = HomerConfig(max_chunk_len=128, warmup_layers=3)
+        model = tiny_model()
+        return HomerModel(
+            model, tokenizer, config, model_name="tiny", calibration_dir=calibration, progress=False, recipe=recipe,
+            store=tmp_path,
+        )  # fmt: skip
+
+    first = engine().run(book, "Who walked to Meryton?", mode="shared", max_new_tokens=2)
+    first.text()
+    later = engine().run(book, "Who walked to Meryton?", mode="shared", max_new_tokens=2)
+    later.text()
+    assert first.info.cache_tokens > 128 and (first.info.cache_source, later.info.cache_source) == ("computed", "disk")
+    assert later.info.cache_tokens == first.info.cache_tokens, "read back whole, not refused for its size"
