@@ -180,6 +180,15 @@ class Part:
         return missing
 
 
+_LIST_MARKER = re.compile(r"(?m)^([ \t]*)(\d+[.)]|[-*\u2022])(?=\s)")
+
+
+def unlisted(answer: str) -> str:
+    """``answer`` with its list markers ("2.", "3)", "-") at line starts blanked (same length): a list's
+    numbering is not a count ("three times: 1. ... 2. ..." does not say "2")."""
+    return _LIST_MARKER.sub(lambda m: m.group(1) + " " * len(m.group(2)), answer)
+
+
 @dataclass(frozen=True)
 class WholeQuestion:
     """A question only the whole document answers: right when at least ``need`` of its ``parts`` match
@@ -209,10 +218,12 @@ class WholeQuestion:
 
     def matched(self, answer: str) -> list[str]:
         """The names of the parts ``answer`` matches, in the listed order."""
+        answer = unlisted(answer)
         return [p.name for p in self.parts if p.check(answer)]
 
     def check(self, answer: str) -> bool:
         """True when ``answer`` matches at least ``need`` parts (in the listed order when ``ordered``)."""
+        answer = unlisted(answer)
         found = [at for at in (p.position(answer) for p in self.parts) if at is not None]
         if len(found) < self.need:
             return False

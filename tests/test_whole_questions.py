@@ -19,6 +19,7 @@ from homer_integrations.question_sets import (
     WHOLE_KINDS,
     Part,
     WholeQuestion,
+    unlisted,
     whole_question_set,
 )
 
@@ -142,6 +143,17 @@ def test_a_part_with_several_groups_is_placed_where_its_last_group_first_appears
     q = WholeQuestion("t2", "In what order?", "order", "heldout", 2, (lydia, jane), ordered=True)
     assert q.check("Lydia and Wickham first, then Jane and Bingley")
     assert not q.check("Jane and Bingley, then Lydia and Wickham")
+
+
+def test_a_lists_numbering_is_not_a_count() -> None:
+    drives = Part("two drives", (("two", "2", "twice"),), (0,))
+    q = WholeQuestion("t3", "How many drives?", "count", "heldout", 1, (drives,))
+    assert not q.check("Three times:\n1. to the church\n2. to the church again\n 3) once more")
+    assert q.check("- twice") and not q.check("- once\n- again"), "a bullet is blanked, the words stay"
+    assert (
+        q.check("Twice.") and q.check("She drives 2 times:\n1. up the Down") and q.matched("1. twice") == ["two drives"]
+    )
+    assert unlisted("a\n2. b") == "a\n   b", "same length: an ordered check keeps its positions"
 
 
 def test_unsupported_reports_offsets_without_their_evidence_or_keywords() -> None:

@@ -175,3 +175,13 @@ def test_the_summary_counts_each_method_over_its_own_questions_and_keeps_the_one
     assert summary["map_reduce"]["one_time_seconds"] == 800 and summary["map_reduce"]["median_seconds"] == 100
     (pair,) = [c for c in wd.against_bm25(rows) if c["method"] == "map_reduce" and c["kind"] == "list"]
     assert pair["pairs"] == 1 and pair["right"] == pair["reference_right"] == 1
+
+
+def test_the_report_scores_answers_again_by_the_rules_as_they_are_now() -> None:
+    _, items = wd.book_questions("northangerabbey")
+    count = next(i.question for i in items if i.question.id == "naw08")  # two drives ("two", "2", "twice")
+    row = {"book": "northangerabbey", "id": count.id, "answer": "Three times:\n1. up\n2. down", "correct": True}
+    gone = {"book": "northangerabbey", "id": "no-such-question", "answer": "2", "correct": True, "matched": ["x"]}
+    fixed, kept = wd.rescored([{**row, "matched": ["two drives"]}, gone])
+    assert fixed["correct"] is False and fixed["matched"] == [], "a list's '2.' is no longer a count of two"
+    assert kept == gone
