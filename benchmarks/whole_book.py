@@ -24,7 +24,8 @@ and is reported by split, kind and depth. Methods, the same model and token budg
   question (``homer.scoring.lexical.LexicalEvidence``: at most a quarter of the same budget), from the same tier.
 - ``shared``: the book's one question-agnostic root (``mode="shared"``), built once.
 - ``window``: the same, a ``WindowRoot`` of ``--window-tokens`` (16,384: half the demo model's window)
-  instead of one chunk's.
+  instead of one chunk's. ``window_passages``: that root kept, then the ``--passage-tokens`` (512) of
+  BM25 chunks best for the question read after it with the question (``after_root``).
 - ``bm25``: the retrieval route the package ships (``HomerRouter``'s: ``RecursiveCharacterTextSplitter``
   chunks of 800 characters, BM25, ``retrieval_prompt``), with as many chunks as fill the budget.
 - ``query_aware_unstemmed``, ``bm25_unstemmed``: the two above with BM25 over words as written, as
@@ -90,6 +91,7 @@ METHODS = (
     "hybrid",
     "shared",
     "window",
+    "window_passages",
     "bm25",
     "sep",
     "rank",
@@ -183,6 +185,19 @@ class Bm25Route:
         return read_prompt(self.engine, self.prompt(question, instruction), max_new_tokens, started)
 
 
+AFTER_ROOT = "Passages of the document that may help:\n\n{passages}\n\nQuestion: {question}"
+
+
+def after_root(engine: HomerModel, text: str, route: Bm25Route | None, question: str, max_new_tokens: int):
+    """The engine's kept shared root of ``text`` (built once), then, as this question's own read, the
+    passages ``route`` ranks best for ``question`` and the question (``AFTER_ROOT``): a kept root followed by a
+    short per-question read (issue 79, item 1). Returns the answer's stream."""
+    assert route is not None
+    root = engine.compress(text, mode="shared")
+    passages = "\n\n".join(p.text for p in route.index.search(question, route.k))
+    return engine.run(root, AFTER_ROOT.format(passages=passages, question=question), max_new_tokens=max_new_tokens)
+
+
 def read_prompt(
     engine: HomerModel, prompt: str, max_new_tokens: int, started: float | None = None
 ) -> tuple[str, float]:
@@ -245,6 +260,7 @@ def run(args: argparse.Namespace) -> None:
         for method in ("bm25", "bm25_unstemmed")
         if method in args.methods
     }
+    hybrid = Bm25Route(engine, text, args.passage_tokens) if "window_passages" in args.methods else None
     # question by question, every method in turn: a busy machine slows the methods alike
     for item in items:
         for method in args.methods:
@@ -259,13 +275,20 @@ def run(args: argparse.Namespace) -> None:
                 lexical = LexicalEvidence() if method == "hybrid" else None
                 engine.tiers.question_scoring = replace(engine.tiers.question_scoring, lexical=lexical)
                 replay = by_method.get(method, AutoReplay())
-                root = WindowRoot(args.window_tokens) if method == "window" else AutoRoot()
+                kept = method in ("window", "window_passages")
+                root = WindowRoot(args.window_tokens) if kept else AutoRoot()
                 engine.tiers.recipe = replace(engine.tiers.recipe, replay=replay, shared_root=root)
-                mode = "query_aware" if method in by_method else "shared" if method == "window" else method
-                stream = engine.run(text, item.question, mode=mode, max_new_tokens=args.max_new_tokens)
-                answer = stream.text()
+                if method == "window_passages":
+                    stream = after_root(engine, text, hybrid, item.question, args.max_new_tokens)
+                    pieces = [next(stream, "")]
+                    ttft = time.perf_counter() - started  # the root's lookup included
+                    answer = "".join([*pieces, *stream])
+                else:
+                    mode = "query_aware" if method in by_method else "shared" if kept else method
+                    stream = engine.run(text, item.question, mode=mode, max_new_tokens=args.max_new_tokens)
+                    answer = stream.text()
+                    ttft = stream.info.time_to_first_token
                 info = stream.info
-                ttft = info.time_to_first_token
             row = {
                 "model": args.model,
                 "book": args.book,
@@ -605,6 +628,7 @@ def main() -> None:
     )
     r.add_argument("--candidates", type=int, default=8192, help="merge: BM25 tokens narrowed to the budget")
     r.add_argument("--window-tokens", type=int, default=16384, help="window: the kept root's tokens (WindowRoot)")
+    r.add_argument("--passage-tokens", type=int, default=512, help="window_passages: BM25 tokens read after the root")
     r.add_argument("--max-new-tokens", type=int, default=32)
     r.add_argument("--store", default="", help="document store (default: the package's cache directory)")
     r.add_argument("--threads", type=int, default=2)

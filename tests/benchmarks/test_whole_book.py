@@ -92,7 +92,7 @@ def test_each_per_question_method_asks_its_own_replay_at_the_budget_given() -> N
     assert fixed["query_aware"].passages.selection.stemmer == "english"
     assert fixed["query_aware_unstemmed"].passages.selection.stemmer is None, "the ablation: words as written"
     assert fixed["query_aware_unstemmed"].passages.budget == fixed["query_aware"].passages.budget
-    assert set(fixed) == set(whole_book.METHODS) - {"shared", "window", "bm25", "bm25_unstemmed"}
+    assert set(fixed) == set(whole_book.METHODS) - {"shared", "window", "window_passages", "bm25", "bm25_unstemmed"}
 
 
 def test_paired_compares_only_the_questions_both_methods_answered() -> None:
@@ -152,3 +152,27 @@ def test_the_budget_curve_counts_every_budget_on_the_questions_all_of_them_answe
     assert plot.read_bytes().startswith(b"\x89PNG")
     (story,) = [c for c in whole_book.headline(held) if c["reference"] == "bm25"]
     assert (story["pairs"], story["right"], story["reference_right"]) == (2, 2, 2), "q3: the route's alone"
+
+
+def test_a_question_after_the_kept_root_reads_its_own_passages_and_builds_the_root_once(
+    tokenizer, calibration, novel
+) -> None:
+    from homer_integrations import HomerConfig, HomerModel
+    from homer_integrations.homer.reading.strategies import Recipe, WindowRoot
+    from tests.conftest import tiny_model
+
+    book = novel[20_000:32_000]  # past the tiny model's 2,048-token window
+    config = HomerConfig(max_chunk_len=1024, warmup_layers=3)  # a question of passages: up to 256 tokens
+    recipe = Recipe(shared_root=WindowRoot(600), calibration_segments=2)
+    engine = HomerModel(tiny_model(), tokenizer, config, calibration_dir=calibration, progress=False, recipe=recipe)
+    route = whole_book.Bm25Route(engine, book, 64)
+    first = whole_book.after_root(engine, book, route, "Who walked to Meryton?", 2)
+    first.text()
+    built = engine.stats().computations
+    again = whole_book.after_root(engine, book, route, "Where is Netherfield?", 2)
+    again.text()
+    passages = [p.text for p in route.index.search("Where is Netherfield?", route.k)]
+    root = engine.compress(book, mode="shared")
+    assert built == 1 and engine.stats().computations == 1, "the root is built once, then read"
+    assert again.info.cache_tokens == root.num_tokens >= 400, "the question is read after the kept root"
+    assert again.info.input_tokens >= engine.count_tokens("\n\n".join(passages)), "with its own passages"
