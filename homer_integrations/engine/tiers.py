@@ -83,8 +83,8 @@ class DocumentTiers:
     ) -> None:
         c = self.config = prompting.config
         self.stack, self.prompting, self.document_cache, self.progress = stack, prompting, document_cache, progress
-        self.recipe = recipe = recipe or Recipe()
-        """The shared root's builder, the replay, the scoring and the calibration's size."""
+        self._model, self._tokenizer = model, tokenizer
+        self._recipe = recipe = recipe or Recipe()
         self.repeat_ids = encode(tokenizer, REPEAT_PROMPT)
         """The reconstruction prompt [R] (a head-wise root's probe reads it before the repeated text)."""
         given = recipe.scoring
@@ -106,10 +106,7 @@ class DocumentTiers:
             text=lambda: bundled_text("northangerabbey"),
         )
         """The pruning bias table for this model and settings (``bias()``: computed once, then cached on disk)."""
-        self.keys = entry_keys(
-            model, tokenizer, stack, c, recipe, self.scoring, self.question_scoring.unit, self.calibration.id
-        )
-        """Document-cache keys of these entries (``root``, ``full``, ``tier``)."""
+        self._key_entries()
         # A document's BM25 statements and passages, asked for by every question on it; keyed by the text.
         self._indexes = RecentIndexes()
         # Where each leaf of the tiers built or read was seen, so an edited document's tier copies the
@@ -117,14 +114,40 @@ class DocumentTiers:
         self.leaf_index = LeafIndex(self.keys.tier("", "")) if c.split == "content" else None
         self.prune_observer: PruneObserver | None = None
         """Diagnostics: called with every node's ``PruneEvent`` during compressions computed from now on."""
-        self.cache_spec, self.root_spec, self.full_cache_spec = entry_specs(
-            stack,
+
+    @property
+    def recipe(self) -> Recipe:
+        """The shared root's builder, the replay, the scoring and the calibration's size. Set again (as
+        benchmarks do), the keys and entry specs follow it: a root built another way is another entry."""
+        return self._recipe
+
+    @recipe.setter
+    def recipe(self, recipe: Recipe) -> None:
+        self._recipe = recipe
+        self._key_entries()
+
+    def _key_entries(self) -> None:
+        """``keys`` (document-cache keys of the ``root``, ``full`` and ``tier`` entries) and the specs
+        (``cache_spec``, ``root_spec``, ``full_cache_spec``: what each kind of entry looks like, which a
+        disk entry is checked against) for the recipe as it is now."""
+        model, c = self._model, self.config
+        self.keys = entry_keys(
+            model,
+            self._tokenizer,
+            self.stack,
             c,
-            recipe.shared_root,
-            prompting.context_window,
+            self._recipe,
+            self.scoring,
+            self.question_scoring.unit,
+            self.calibration.id,
+        )
+        self.cache_spec, self.root_spec, self.full_cache_spec = entry_specs(
+            self.stack,
+            c,
+            self._recipe.shared_root,
+            self.prompting.context_window,
             getattr(model.get_output_embeddings(), "out_features", None),
         )
-        """What each kind of entry looks like (``entry_specs``); disk cache entries are checked against it."""
 
     def with_cache(self, document_cache: DocumentCache) -> DocumentTiers:
         """These tiers (same keys and settings) over another document cache."""

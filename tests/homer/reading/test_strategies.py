@@ -156,8 +156,9 @@ def test_a_window_root_keeps_more_than_a_chunk_read_by_one_prefill(tokenizer, ca
 def test_a_stored_window_root_is_read_back_by_a_new_engine(tokenizer, calibration, novel, tmp_path) -> None:
     book = novel[20_000:32_000]
 
-    def engine() -> HomerModel:
-        recipe = Recipe(shared_root=WindowRoot(600), calibration_segments=2)
+    recipe = Recipe(shared_root=WindowRoot(600), calibration_segments=2)
+
+    def engine(recipe: Recipe | None) -> HomerModel:
         config = HomerConfig(max_chunk_len=128, warmup_layers=3)
         model = tiny_model()
         return HomerModel(
@@ -165,9 +166,13 @@ def test_a_stored_window_root_is_read_back_by_a_new_engine(tokenizer, calibratio
             store=tmp_path,
         )  # fmt: skip
 
-    first = engine().run(book, "Who walked to Meryton?", mode="shared", max_new_tokens=2)
+    first = engine(recipe).run(book, "Who walked to Meryton?", mode="shared", max_new_tokens=2)
     first.text()
-    later = engine().run(book, "Who walked to Meryton?", mode="shared", max_new_tokens=2)
+    reader = engine(None)  # the default root, then the window root set as benchmarks set it
+    default_key = reader.tiers.keys.root("p", "d", "s")
+    reader.tiers.recipe = recipe
+    assert reader.tiers.keys.root("p", "d", "s") != default_key, "a root built another way is another entry"
+    later = reader.run(book, "Who walked to Meryton?", mode="shared", max_new_tokens=2)
     later.text()
     assert first.info.cache_tokens > 128 and (first.info.cache_source, later.info.cache_source) == ("computed", "disk")
     assert later.info.cache_tokens == first.info.cache_tokens, "read back whole, not refused for its size"
