@@ -479,6 +479,7 @@ HEADLINE = (
     ("query_aware", "bm25"),
     ("query_aware", "shared"),
     ("query_aware", "window"),
+    ("query_aware", "window_passages"),
     ("query_aware_unstemmed", "fused"),
 )
 CURVE = ("query_aware", "bm25")  # the default and the route at every read budget both ran
