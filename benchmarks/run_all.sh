@@ -73,5 +73,6 @@ $py benchmarks/ruler.py report
 # questions only the whole novel answers (issue 81): held out, then map-reduce on Northanger Abbey's first questions
 $py benchmarks/whole_document.py run --book northangerabbey --methods default bm25 oracle
 $py benchmarks/whole_document.py run --book northangerabbey --methods shared
+$py benchmarks/whole_document.py run --book prideprejudice --methods default bm25 oracle --limit 7
 $py benchmarks/whole_document.py run --book northangerabbey --methods map_reduce --limit 3  # pieces ~5 min, then 2-5 a question
 $py benchmarks/whole_document.py report

@@ -149,6 +149,10 @@ SUITES: dict[str, Suite] = {
             (
                 Step(WHOLE_DOCUMENT, ("run", "--book", "northangerabbey", "--methods", "default", "bm25", "oracle")),
                 Step(WHOLE_DOCUMENT, ("run", "--book", "northangerabbey", "--methods", "shared")),
+                Step(
+                    WHOLE_DOCUMENT,
+                    ("run", "--book", "prideprejudice", "--methods", "default", "bm25", "oracle", "--limit", "7"),
+                ),
                 Step(WHOLE_DOCUMENT, ("run", "--book", "northangerabbey", "--methods", "map_reduce", "--limit", "3")),
                 _report(WHOLE_DOCUMENT),
             ),
