@@ -32,7 +32,7 @@ def continue_after(model, cache, start: int, rows: int, steps: int = 3) -> torch
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
-@pytest.mark.parametrize("rows", [1, 6])
+@pytest.mark.parametrize("rows", [1, 6, 20])
 def test_a_kept_cache_answers_as_the_dynamic_cache_over_the_same_tensors(kind: str, rows: int) -> None:
     model, keys, values = prefilled(kind)
     register_headwise_attention(model)
@@ -55,6 +55,22 @@ def test_grouped_query_attention_is_computed_without_repeating_heads() -> None:
     got = continue_after(model, kept_cache(keys, values, 16), 40, 4).float()
     torch.testing.assert_close(got, expected, atol=0.05, rtol=0.02)
     assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.85
+
+
+def test_a_long_read_goes_to_the_fused_kernel_with_the_grouped_products_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read of ``FUSED_ROWS`` rows or more (a question's passages after a kept root) through PyTorch's fused
+    attention answers as the grouped product does over the same K/V, with a tail longer than the read."""
+    from homer_integrations.homer.kv import kept
+
+    model, keys, values = prefilled("qwen2", num_attention_heads=4, num_key_value_heads=2)
+    register_headwise_attention(model)
+    calls = []
+    fused = kept.F.scaled_dot_product_attention
+    monkeypatch.setattr(kept.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    fast = continue_after(model, kept_cache(keys, values, 8), 40, 24)
+    assert len(calls) == len(keys), "the 24-row read did not take the fused kernel"
+    monkeypatch.setattr(kept, "FUSED_ROWS", 10**6)
+    torch.testing.assert_close(fast, continue_after(model, kept_cache(keys, values, 8), 40, 24), atol=1e-5, rtol=1e-5)
 
 
 def test_long_continuations_run_in_blocks_with_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -101,6 +117,28 @@ def test_the_attention_each_stored_token_receives_is_summed_as_the_models_own_we
             input_ids=follow, position_ids=positions, cache=cache_from_tensors(keys, values), output_attentions=True
         ).attentions
     expected = sum(a[0, :, :, :40].sum(dim=(0, 1)) for a in eager)
+    register_headwise_attention(model)
+    attended = torch.zeros(40)
+    with torch.no_grad():
+        model(input_ids=follow, position_ids=positions, cache=kept_cache(keys, values, 8, attended))
+    torch.testing.assert_close(attended, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_a_fused_read_sums_the_attention_of_its_last_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read past ``FUSED_ROWS``: ``attended`` holds what its last ``ATTENDED_ROWS`` rows paid, as the
+    eager weights say; the rows before them (passages read after the root) are not counted."""
+    from homer_integrations.homer.kv import kept
+
+    monkeypatch.setattr(kept, "FUSED_ROWS", 4)
+    monkeypatch.setattr(kept, "ATTENDED_ROWS", 3)
+    model, keys, values = prefilled("qwen2", num_attention_heads=4, num_key_value_heads=2)
+    follow, positions = torch.arange(5, 15)[None], torch.arange(40, 50)[None]
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        eager = model(
+            input_ids=follow, position_ids=positions, cache=cache_from_tensors(keys, values), output_attentions=True
+        ).attentions
+    expected = sum(a[0, :, -3:, :40].sum(dim=(0, 1)) for a in eager)
     register_headwise_attention(model)
     attended = torch.zeros(40)
     with torch.no_grad():
