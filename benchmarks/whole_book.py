@@ -26,8 +26,6 @@ and is reported by split, kind and depth. Methods, the same model and token budg
 - ``window``: the same, a ``WindowRoot`` of ``--window-tokens`` (16,384: half the demo model's window)
   instead of one chunk's. ``window_passages``: that root kept, then the ``--passage-tokens`` (512) of
   BM25 chunks best for the question read after it with the question (``after_root``).
-- ``kept``: the package's ``mode="kept"``: the same root (half the window), then the 512 tokens of the
-  default's passages (``PassageSelection``, about 128 tokens each) BM25 ranks best, read after it.
 - ``bm25``: the retrieval route the package ships (``HomerRouter``'s: ``RecursiveCharacterTextSplitter``
   chunks of 800 characters, BM25, ``retrieval_prompt``), with as many chunks as fill the budget.
 - ``query_aware_unstemmed``, ``bm25_unstemmed``: the two above with BM25 over words as written, as
@@ -94,7 +92,6 @@ METHODS = (
     "shared",
     "window",
     "window_passages",
-    "kept",
     "bm25",
     "sep",
     "rank",
@@ -483,7 +480,6 @@ HEADLINE = (
     ("query_aware", "shared"),
     ("query_aware", "window"),
     ("query_aware", "window_passages"),
-    ("query_aware", "kept"),
     ("query_aware_unstemmed", "fused"),
 )
 CURVE = ("query_aware", "bm25")  # the default and the route at every read budget both ran

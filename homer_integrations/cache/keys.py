@@ -28,11 +28,9 @@ class DocumentKeys:
         self._identity, self._root, self._tier = identity, root, tier
         self._digests = TextDigests()
 
-    def root(self, prefix: str, document: str, suffix: str, shared_root: str | None = None) -> str:
-        """Key of the compressed root of ``document`` between ``prefix`` and ``suffix``; ``shared_root``:
-        the repr of a root builder other than the recipe's (a window-sized root)."""
-        parts = self._root if shared_root is None else {**self._root, "shared_root": shared_root}
-        return self._key(parts, prefix, document, suffix)
+    def root(self, prefix: str, document: str, suffix: str) -> str:
+        """Key of the compressed root of ``document`` between ``prefix`` and ``suffix``."""
+        return self._key(self._root, prefix, document, suffix)
 
     def full(self, prefix: str, document: str, suffix: str) -> str:
         """Key of a ``full`` (uncompressed) entry: no HOMER setting changes it."""

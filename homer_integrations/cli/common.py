@@ -17,7 +17,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-MODES = ("auto", "shared", "query_aware", "full", "kept")
+MODES = ("auto", "shared", "query_aware", "full")
 """``--mode`` choices: ``homer_integrations.homer.config.Mode`` (not imported here: it loads pydantic)."""
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"

@@ -24,7 +24,7 @@ from homer_integrations.engine.tiers import DocumentTiers
 from homer_integrations.homer.config import Mode, resolve_mode
 from homer_integrations.homer.decoding.generation import DecodeState, FinishReason, GenerationOptions, decode
 from homer_integrations.homer.decoding.sources import FROM_DEPTH, CitedSpan, cite
-from homer_integrations.homer.document.prompt import PromptText, concat, encode, plain
+from homer_integrations.homer.document.prompt import encode
 from homer_integrations.homer.kv.compressed import CompressedDocument, CompressionStats
 from homer_integrations.homer.kv.headwise import headwise_ready
 from homer_integrations.homer.kv.kept import kept_decoding
@@ -200,15 +200,10 @@ class Answerer:
     ) -> AnswerStream:
         """Compress (or fetch) prefix + document + suffix in ``mode`` (default: ``query_aware``
         with a ``question``, else ``shared``; ``engine.modes``) and
-        stream the answer to ``continuation`` (after what the mode reads first, ``KeptForm.read_before``: the
-        question's passages in ``kept`` mode past the window); ``info`` says which mode served and what the
-        cached entry cost."""
+        stream the answer to ``continuation``; ``info`` says which mode served and what the cached entry cost."""
         started = time.perf_counter()
         form = kept_form(resolve_mode(mode, question=question), self.tiers.prompting, document, question)
         doc, source, built = form.compress(self.tiers, prefix, document, suffix, question)
-        read = form.read_before(self.tiers, prefix, document, question or _words(continuation))
-        if read:
-            continuation = concat(plain(read), continuation)
         stream = self.continue_from(
             doc, continuation, options, cache_source=source, compress_seconds=time.perf_counter() - started
         )
@@ -316,11 +311,3 @@ class Answerer:
         info = AnswerInfo(input_tokens=ids.numel())
         pieces = decode(self.model, self.tokenizer, DynamicCache(), ids, 0, options, state)
         return AnswerStream(pieces, info, state, started)
-
-
-def _words(continuation: str) -> str:
-    """The text a reader wrote in ``continuation``: a ``PromptText``'s plain segments (its chat-template
-    markup left out), else all of it."""
-    if isinstance(continuation, PromptText):
-        return "".join(text for text, is_markup in continuation.segments if not is_markup)
-    return continuation

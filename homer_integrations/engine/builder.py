@@ -29,7 +29,7 @@ from homer_integrations.homer.leaves.tier_file import Allocate
 from homer_integrations.homer.model.decoder import DecoderStack
 from homer_integrations.homer.reading.budget import read_rate
 from homer_integrations.homer.reading.passages import Passages, PassageSelection
-from homer_integrations.homer.reading.strategies import Recipe, Reread, RootSpan, SharedRoot, TreeRoot, WindowRoot
+from homer_integrations.homer.reading.strategies import Recipe, Reread, RootSpan, SharedRoot, TreeRoot
 from homer_integrations.homer.scoring.calibration import Calibration
 from homer_integrations.homer.scoring.chain import Scoring
 from homer_integrations.homer.scoring.lexical import Statements
@@ -96,23 +96,20 @@ class EntryBuilder:
         )
         return HomerCompressor(self.stack, settings, bias, self.observer)
 
-    def shared(
-        self, key: str, encoded: EncodedDocument, full: bool = False, root: SharedRoot | None = None
-    ) -> CompressedDocument:
-        """The shared root of ``encoded`` (``full``: its uncompressed prefill), stored under ``key``, built by
-        ``root`` (default: the recipe's)."""
+    def shared(self, key: str, encoded: EncodedDocument, full: bool = False) -> CompressedDocument:
+        """The shared root of ``encoded`` (``full``: its uncompressed prefill), stored under ``key``."""
         budget = self.prompting.config.final_cache_len
         prunes = not full and encoded.prompt_len > budget
         if prunes:
             check_room(encoded.fixed_len, budget)
         compressor = self.compressor(prunes, query_aware=False, full=full, encoded=encoded)
-        root = TreeRoot() if full else root or self.recipe.shared_root  # a full prefill prunes nothing
+        root: SharedRoot = TreeRoot() if full else self.recipe.shared_root  # a full prefill prunes nothing
         with self._progress(encoded.document_ids.numel(), "HOMER compress") as bar:
             word_ids = encoded.units(self.scoring.unit) if prunes else None
             span = RootSpan(encoded, word_ids, self.repeat_ids, prunes, progress=bar.update)
             result = root.build(compressor, span)
         doc = compressed_document(key, result, encoded.prompt_len, None)
-        if prunes and encoded.document_ids.numel() > self.prompting.context_window and not isinstance(root, WindowRoot):
+        if prunes and encoded.document_ids.numel() > self.prompting.context_window:
             # Northanger Abbey whole (102k tokens, 50x), Qwen2.5-Coder-1.5B: its shared root answered 1 of 8
             # inserted facts and 4 of 23 story questions, the per-question path 8 and 14 (docs/benchmarks/whole_book.md)
             logger.warning(
@@ -195,24 +192,6 @@ class EntryBuilder:
     def _statements(self, encoded: EncodedDocument) -> Statements | None:
         """The document's BM25 statements (None where offsets do not line up), kept for its next questions."""
         return self.indexes.get(("statements", encoded.text), lambda: _of_statements(encoded, Statements.of))
-
-    def passage_text(
-        self, encoded: EncodedDocument, query: str, tokens: int, selection: PassageSelection | None = None
-    ) -> str:
-        """The passages of ``encoded`` that ``selection`` (default: ``PassageSelection()``, BM25 alone) ranks
-        best for ``query``, at most ``tokens`` tokens, as text in the document's order, runs apart joined by
-        a blank line; "" where the document's statements do not line up."""
-        selection = selection or PassageSelection()
-        passages = self._passages(encoded, selection)
-        if passages is None:
-            return ""
-        kept = torch.cat(selection.taken(query, None, passages, tokens) or [torch.zeros(0, dtype=torch.long)])
-        if kept.numel() == 0:
-            return ""
-        kept = kept.sort().values
-        runs = torch.tensor_split(kept, (torch.diff(kept) != 1).nonzero().flatten() + 1)
-        ids = encoded.document_ids
-        return "\n\n".join(encoded.tokenizer.decode(ids[run].tolist()).strip() for run in runs)
 
     def _passages(self, encoded: EncodedDocument, selection: PassageSelection) -> Passages | None:
         """The document's passages as ``selection`` groups them, kept for its next questions."""

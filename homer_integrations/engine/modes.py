@@ -4,8 +4,6 @@
 - ``WholePrefill`` (``full``): the whole prompt prefilled and kept uncompressed, cached.
 - ``PerQuestion`` (``query_aware``): the document's leaf tier, cached; each question's own root is replayed
   from it (or, past the window, its BM25 passages re-read) with the question in the suffix.
-- ``KeptWindow`` (``kept``): as much of the document as the window holds, kept once (the whole prompt, or
-  past the window a window-sized root); each question read after it with its own BM25 passages.
 
 ``auto`` is no unit: ``decide`` picks ``full`` or ``query_aware`` for each document. A new way to keep a
 document is one more unit in ``KEPT_FORMS`` (and its name in ``homer.config.Mode``).
@@ -52,10 +50,6 @@ class KeptForm:
         """The entry every later question starts from, looked up or computed."""
         doc, source, _ = self.compress(tiers, prefix, document, suffix, None)
         return Prepared(doc.stats.document_tokens, source, doc.stats)
-
-    def read_before(self, tiers: DocumentTiers, prefix: str, document: str, question: str) -> str:
-        """Text of ``document`` read after the kept cache, before the question (none here)."""
-        return ""
 
 
 class SharedRoot(KeptForm):
@@ -111,45 +105,7 @@ class PerQuestion(KeptForm):
         return Prepared(tier.document_tokens, source)
 
 
-class KeptWindow(KeptForm):
-    """``kept``: as much of the document as the model's window holds, kept once: the whole prompt prefilled
-    (``full``'s entry) where it fits, else a root of half the window (``DocumentTiers.window_root``).
-    Past the window each question is read after that root with the ``PASSAGE_TOKENS`` of passages BM25
-    ranks best for it: a root chosen without the question keeps a sixth of a book and drops half the
-    evidence story questions need (*Northanger Abbey* held out: 4/16 from the root alone, 9/16 with the
-    passages, 8/16 the default's re-read, ``docs/benchmarks/whole_book.md``)."""
-
-    mode = "kept"
-    PASSAGE_TOKENS: ClassVar[int] = 512
-    HEADER: ClassVar[str] = "Passages of the document that may help:\n\n"
-    FOOTER: ClassVar[str] = "\n\n(End of the passages.)\n\n"
-
-    def whole(self, tiers: DocumentTiers, document: str) -> bool:
-        """Whether ``document`` is kept whole (it fits the window with room for a question and answer)."""
-        return tiers.prompting.whole_mode(document) == "full"
-
-    def key(self, tiers: DocumentTiers, prefix: str, document: str, suffix: str) -> str:
-        whole = self.whole(tiers, document)
-        return tiers.root_key(prefix, document, suffix, full=whole, window=not whole)
-
-    def compress(
-        self, tiers: DocumentTiers, prefix: str, document: str, suffix: str, question: str | None
-    ) -> Compressed:
-        whole = self.whole(tiers, document)
-        return tiers.root(prefix, document, suffix, full=whole, window=not whole)
-
-    def read_before(self, tiers: DocumentTiers, prefix: str, document: str, question: str) -> str:
-        """Past the window: the question's passages (``DocumentTiers.passages``) between a header and a
-        footer; nothing where the document is kept whole or no passage fits."""
-        if self.whole(tiers, document) or not question.strip():
-            return ""
-        passages = tiers.passages(prefix, document, question, self.PASSAGE_TOKENS)
-        return f"{self.HEADER}{passages}{self.FOOTER}" if passages else ""
-
-
-KEPT_FORMS: dict[str, KeptForm] = {
-    form.mode: form for form in (SharedRoot(), WholePrefill(), PerQuestion(), KeptWindow())
-}
+KEPT_FORMS: dict[str, KeptForm] = {form.mode: form for form in (SharedRoot(), WholePrefill(), PerQuestion())}
 
 
 def decide(mode: Mode, prompting: Prompting, document: str | None) -> Mode:

@@ -155,39 +155,19 @@ class DocumentTiers:
         other.document_cache = document_cache
         return other
 
-    def root(self, prefix: str, document: str, suffix: str, *, full: bool = False, window: bool = False) -> Compressed:
-        """The cached root of prefix + document + suffix: the compressed ``shared`` root, (``full``) the
-        whole prompt prefilled uncompressed (it must fit the model's window) or (``window``) the
-        ``window_root``'s; looked up or computed."""
+    def root(self, prefix: str, document: str, suffix: str, *, full: bool = False) -> Compressed:
+        """The cached root of prefix + document + suffix: the compressed ``shared`` root, or (``full``) the
+        whole prompt prefilled uncompressed (it must fit the model's window); looked up or computed."""
         self.prompting.check_document(document)  # a cached entry is served without tokenizing the document
-        built = self.window_root if window else None
-        key = self.root_key(prefix, document, suffix, full=full, window=window)
+        key = self.keys.full(prefix, document, suffix) if full else self.keys.root(prefix, document, suffix)
         doc, source = self.document_cache.get_or_compute(
             key,
             lambda: self.builder().shared(
-                key, self.prompting.encode_document(prefix, document, suffix, full=full), full, built
+                key, self.prompting.encode_document(prefix, document, suffix, full=full), full
             ),
-            spec=self.full_cache_spec if full or window else self.root_spec,  # a window root is sized as a full one
+            spec=self.full_cache_spec if full else self.root_spec,
         )
         return Compressed(doc, source, doc.stats.seconds if source == "computed" else 0.0)
-
-    def root_key(self, prefix: str, document: str, suffix: str, *, full: bool = False, window: bool = False) -> str:
-        """The key ``root`` stores that entry under."""
-        if full:
-            return self.keys.full(prefix, document, suffix)
-        return self.keys.root(prefix, document, suffix, repr(self.window_root) if window else None)
-
-    @property
-    def window_root(self) -> WindowRoot:
-        """The largest root a question can be read after: half the model's window (the question, its
-        passages and the answer fit the other half; 16,384 tokens for a 32k-window model)."""
-        return WindowRoot(max(16, self.prompting.context_window // 2))
-
-    def passages(self, prefix: str, document: str, query: str, tokens: int) -> str:
-        """The passages of ``document`` BM25 ranks best for ``query``, at most ``tokens`` of them, as text in
-        the document's order (runs apart joined by a blank line); "" where its statements do not line up."""
-        encoded = self.prompting.encode_document(prefix, document, "")
-        return self.builder().passage_text(encoded, query, tokens)
 
     def replay(self, prefix: str, document: str, suffix: str, question: str) -> Compressed:
         """``question``'s own root (``suffix`` holds it), replayed by the recipe from the document's leaf tier,

@@ -9,11 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 if TYPE_CHECKING:
     from homer_integrations.homer.kv.compressed import CompressedDocument
 
-Mode = Literal["auto", "shared", "query_aware", "full", "kept"]
+Mode = Literal["auto", "shared", "query_aware", "full"]
 MODES: tuple[Mode, ...] = get_args(Mode)
 """The modes a call can pick: ``auto`` (the default: ``full`` for a document that fits the model's window,
-else ``query_aware``; ``HomerModel.mode_for`` decides per document), ``shared``, ``query_aware``, ``full``,
-``kept``."""
+else ``query_aware``; ``HomerModel.mode_for`` decides per document), ``shared``, ``query_aware``, ``full``."""
 
 
 def check_mode(mode: Any) -> Mode | None:
@@ -128,10 +127,7 @@ class HomerConfig(BaseModel):
             preparation (``cache_document``, ``homer-qa compress``) builds that leaf tier; ``shared``
             compresses the document once with a question-independent suffix, so one short cache serves
             every question (fast, loses facts as documents grow); ``full`` keeps the whole prompt
-            uncompressed (a plain prefill, exact; the document must fit the model's window); ``kept``
-            keeps as much of the document as the window holds, once (``full`` where it fits, else a
-            window-sized root, ``WindowRoot``), and reads each question after it with, past the window,
-            the passages BM25 ranks best for it (``engine.modes.KeptWindow``).
+            uncompressed (a plain prefill, exact; the document must fit the model's window).
         document_suffix: the fixed text after the document in ``shared`` mode.
         system_prompt: system message placed in the prefix (chat models).
         split: how a document is cut into leaves: ``even`` (the paper: ``2**h`` pieces of equal length)
