@@ -92,7 +92,7 @@ def test_each_per_question_method_asks_its_own_replay_at_the_budget_given() -> N
     assert fixed["query_aware"].passages.selection.stemmer == "english"
     assert fixed["query_aware_unstemmed"].passages.selection.stemmer is None, "the ablation: words as written"
     assert fixed["query_aware_unstemmed"].passages.budget == fixed["query_aware"].passages.budget
-    assert set(fixed) == set(whole_book.METHODS) - {"shared", "window", "window_passages", "bm25", "bm25_unstemmed"}
+    assert set(fixed) == set(whole_book.METHODS) - {"shared", "window", "window_passages", "kept", "bm25", "bm25_unstemmed"}
 
 
 def test_paired_compares_only_the_questions_both_methods_answered() -> None:
@@ -176,3 +176,23 @@ def test_a_question_after_the_kept_root_reads_its_own_passages_and_builds_the_ro
     assert built == 1 and engine.stats().computations == 1, "the root is built once, then read"
     assert again.info.cache_tokens == root.num_tokens >= 400, "the question is read after the kept root"
     assert again.info.input_tokens >= engine.count_tokens("\n\n".join(passages)), "with its own passages"
+
+
+def test_the_kept_ablation_reads_the_defaults_passages_that_bm25_ranks_best_in_document_order(
+    tokenizer, calibration, novel
+) -> None:
+    from homer_integrations import HomerConfig, HomerModel
+    from homer_integrations.homer.reading.strategies import Recipe
+    from tests.conftest import tiny_model
+
+    book = novel[20_000:32_000]
+    config = HomerConfig(max_chunk_len=1024, warmup_layers=3)  # a question of passages: up to 256 tokens
+    recipe = Recipe(calibration_segments=2)
+    engine = HomerModel(tiny_model(), tokenizer, config, calibration_dir=calibration, progress=False, recipe=recipe)
+    runs = whole_book.passage_runs(engine, book, "Meryton", 200)
+    assert any("Meryton" in r for r in runs) and engine.count_tokens("\n\n".join(runs)) <= 200 + 4 * len(runs)
+    starts = [book.index(r[:40]) for r in runs]
+    assert starts == sorted(starts), "document order"
+    stream = whole_book.after_root_passages(engine, book, "Who walked to Meryton?", 2, tokens=200)
+    stream.text()
+    assert stream.info.input_tokens >= engine.count_tokens("\n\n".join(runs)), "the passages are read after the root"
