@@ -120,8 +120,9 @@ SUITES: dict[str, Suite] = {
         Suite(
             "whole-book",
             "both novels whole with inserted facts, held out: the per-question path against BM25 retrieval; "
-            "then both at 1k-8k tokens read on Northanger Abbey's tuning split (the budget curve); a kept 16k-token "
-            "root, alone and followed by the question's passages, on Northanger Abbey held out",
+            "then both at 512-8k tokens read on Northanger Abbey's tuning split (the budget curve); the default's 512 "
+            "tokens on every held-out question; a kept 16k-token root, alone and followed by the question's "
+            "passages, on Northanger Abbey held out",
             "~3 h",
             (
                 *(
@@ -133,9 +134,26 @@ SUITES: dict[str, Suite] = {
                 ),
                 *(
                     Step(WHOLE_BOOK, ("run", "--methods", "query_aware", "bm25", *CURVE_QUESTIONS, "--read-tokens", n))
-                    for n in ("1024", "2048", "4096", "8192")
+                    for n in ("512", "1024", "2048", "4096", "8192")
                 ),
-                Step(WHOLE_BOOK, ("run", "--methods", "window", "window_passages", *KEPT_QUESTIONS, *BUDGET)),
+                *(  # the default's budget on 2 cores: every held-out question of both books
+                    Step(
+                        WHOLE_BOOK,
+                        (
+                            "run",
+                            "--book",
+                            book,
+                            "--methods",
+                            "query_aware",
+                            "--split",
+                            "heldout",
+                            "--read-tokens",
+                            "512",
+                        ),
+                    )
+                    for book in ("northangerabbey", "prideprejudice")
+                ),
+                Step(WHOLE_BOOK, ("run", "--methods", "window", "window_passages", "kept", *KEPT_QUESTIONS, *BUDGET)),
                 _report(WHOLE_BOOK),
             ),
         ),

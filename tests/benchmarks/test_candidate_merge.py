@@ -22,7 +22,7 @@ QUESTION = "Who walked to Meryton with the sisters?"
 def test_merge_keeps_the_budget_from_the_candidates_only(tokenizer, calibration, novel) -> None:
     book = novel[20_000:32_000]
     selection = PassageSelection(tokens=24, overlap=8)
-    replay = PassageReplay(selection, ReadBudget(seconds=0))
+    replay = PassageReplay(selection, ReadBudget(seconds=0, least=None))
     engine = mode_engine(tokenizer, calibration)
     engine.tiers.recipe = Recipe(replay=CandidateMerge(candidates=600, passages=replay), calibration_segments=2)
     doc = engine.compress(book, question=QUESTION, mode="query_aware")

@@ -45,7 +45,7 @@ def test_runs_hold_the_selected_tokens_in_either_order(tokenizer, novel) -> None
 )
 def test_a_layout_rereads_the_same_book_tokens_plus_its_own(tokenizer, calibration, novel, layout) -> None:
     book = novel[20_000:32_000]
-    replay = PassageReplay(PassageSelection(tokens=24, overlap=8), ReadBudget(seconds=0))
+    replay = PassageReplay(PassageSelection(tokens=24, overlap=8), ReadBudget(seconds=0, least=None))
     plain = mode_engine(tokenizer, calibration)
     plain.tiers.recipe = Recipe(replay=AutoReplay(replay), calibration_segments=2)
     laid = mode_engine(tokenizer, calibration)

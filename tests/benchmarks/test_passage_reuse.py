@@ -62,7 +62,7 @@ def test_the_engine_reads_the_default_passages_through_it(tokenizer, calibration
     from tests.conftest import mode_engine
 
     book, question = novel[20_000:32_000], "Who walked to Meryton with the sisters?"
-    replay = PassageReplay(PassageSelection(tokens=24, overlap=8), ReadBudget(seconds=0))
+    replay = PassageReplay(PassageSelection(tokens=24, overlap=8), ReadBudget(seconds=0, least=None))
     roots = []
     for read in (replay, ReusedPassages(replay.selection, replay.budget, ratio=1.0)):
         engine = mode_engine(tokenizer, calibration)

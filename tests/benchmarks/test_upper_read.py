@@ -69,7 +69,7 @@ def test_kept_tokens_of_several_leaves_sit_at_consecutive_positions():
 
 def test_the_engine_reads_the_same_passages_from_its_leaf_tier(tokenizer, calibration, novel) -> None:
     book = novel[20_000:32_000]
-    replay = PassageReplay(PassageSelection(tokens=24, overlap=8), ReadBudget(seconds=0))
+    replay = PassageReplay(PassageSelection(tokens=24, overlap=8), ReadBudget(seconds=0, least=None))
     plain = mode_engine(tokenizer, calibration)
     plain.tiers.recipe = Recipe(replay=AutoReplay(replay), calibration_segments=2)
     upper = mode_engine(tokenizer, calibration)

@@ -3,12 +3,14 @@
 Past the window a question keeps the whole passages BM25 ranks best and re-reads them in one plain
 prefill (``strategies.PassageReplay``). The more it keeps, the more often the answer is among them
 (``research/book_budget.py``, Northanger Abbey's tuning split, answer kept at 1k / 2k / 4k / 8k / 16k
-tokens: 25 / 28 / 28 / 32 / 35 of 36) while the re-read's seconds grow with the kept tokens. So the
-budget is what this machine re-reads with this model within ``seconds``: at least the configured
-``final_cache_len``, at most ``share`` of the model's window (the question, the answer and the text
-around the document need the rest), never more than the document. For
-Qwen2.5-Coder-1.5B in bfloat16 that is the configured 2k on a 2-core CPU without AMX (340-420
-GFLOP/s), about 4k at the 1.3 TFLOP/s of two AMX cores, and the cap (16k) on a GPU.
+tokens: 25 / 28 / 28 / 32 / 35 of 36), but the 1.5B demo model does not turn more text into more
+answers: 8-9 of 16 tuning questions at every budget from 512 to 8,192 tokens, and held out on both
+novels 512 tokens answer as 2,048 do (``docs/benchmarks/whole_book.md``) while the first token comes
+4-25x sooner. So the budget is what this machine re-reads with this model in about ``seconds`` (the
+first token's target), at least ``least`` tokens, at most ``share`` of the model's window (the question,
+the answer and the text around the document need the rest), never more than the document: 512 tokens
+(about 1.5 s to the first token) for Qwen2.5-Coder-1.5B in bfloat16 on 2 CPU cores, several thousand
+on a GPU, where a larger model turns them into answers.
 """
 
 from __future__ import annotations
@@ -23,27 +25,29 @@ import torch
 @dataclass(frozen=True)
 class ReadBudget:
     """Kept document tokens for one question's re-read: ``tokens`` when set, else as many as this machine
-    re-reads in ``seconds`` (``read_rate``), rounded down to a multiple of ``step``, between the
-    configured ``final_cache_len`` and ``share`` of the model's window."""
+    re-reads in ``seconds`` (``read_rate``), rounded down to a multiple of ``step``, between ``least``
+    (None: the configured ``final_cache_len``) and ``share`` of the model's window."""
 
     tokens: int | None = None
-    seconds: float = 10.0
+    seconds: float = 1.0
+    least: int | None = 512
     share: float = 0.5
-    step: int = 1024
+    step: int = 512
 
     def __post_init__(self) -> None:
         if self.tokens is not None and self.tokens < 16:
             raise ValueError(f"ReadBudget.tokens must be at least 16, not {self.tokens}")
-        if self.seconds < 0 or not 0 < self.share <= 1 or self.step < 1:
-            raise ValueError(f"ReadBudget needs seconds >= 0, 0 < share <= 1 and step >= 1, not {self}")
+        if self.seconds < 0 or (self.least or 16) < 16 or not 0 < self.share <= 1 or self.step < 1:
+            raise ValueError(f"ReadBudget needs seconds >= 0, least >= 16, 0 < share <= 1 and step >= 1, not {self}")
 
     def kept(self, floor: int, window: int, document_tokens: int, rate: float) -> int:
-        """Document tokens to keep: ``floor`` (the configured ``final_cache_len``) or more, given the
-        model's ``window``, the document's length and ``rate``, tokens re-read per second here."""
+        """Document tokens to keep, given the configured ``floor`` (``final_cache_len``, where ``least`` is
+        None), the model's ``window``, the document's length and ``rate``, tokens re-read per second here."""
         if self.tokens is not None:
             return min(self.tokens, document_tokens)
         affordable = int(self.seconds * rate) // self.step * self.step
-        return min(max(floor, min(affordable, int(window * self.share))), document_tokens)
+        least = floor if self.least is None else self.least
+        return min(max(least, min(affordable, int(window * self.share))), document_tokens)
 
 
 def linear_seconds(x: torch.Tensor, w: torch.Tensor, repeats: int = 3) -> float:

@@ -332,7 +332,7 @@ class PassageRoom(NamedTuple):
 class PassageReplay:
     """Whole passages ranked by BM25 (fused with question attention when the selection weighs it:
     ``passages.PassageSelection``), as many as fill the ``budget`` (``budget.ReadBudget``: what this
-    machine re-reads in ten seconds, at least ``final_cache_len``), re-read by one plain prefill. BM25
+    machine re-reads in about a second, at least 512 tokens), re-read by one plain prefill. BM25
     alone reads the document's text only: no leaf tier is built. A document within ``final_cache_len``,
     or a tokenizer whose offsets give no statements, replays as ``RecomputeReplay``."""
 

@@ -9,17 +9,21 @@ from homer_integrations.homer.reading.budget import ReadBudget, matmul_flops, re
 from tests.conftest import tiny_model
 
 
-def test_the_budget_is_what_the_machine_rereads_in_its_seconds_within_the_floor_and_the_window() -> None:
-    budget = ReadBudget(seconds=10.0, share=0.5, step=1024)
-    assert budget.kept(2048, 32768, 100_000, rate=130.0) == 2048, "a slow machine keeps the configured floor"
-    assert budget.kept(2048, 32768, 100_000, rate=430.0) == 4096, "rounded down to whole steps"
-    assert budget.kept(2048, 32768, 100_000, rate=10_000.0) == 16384, "at most half the window"
-    assert budget.kept(2048, 32768, 9_000, rate=10_000.0) == 9_000, "never more than the document"
+def test_the_budget_is_what_the_machine_rereads_in_its_seconds_within_its_least_and_the_window() -> None:
+    budget = ReadBudget(seconds=1.0, least=512, share=0.5, step=512)
+    assert budget.kept(2048, 32768, 100_000, rate=130.0) == 512, "a slow machine keeps the least"
+    assert budget.kept(2048, 32768, 100_000, rate=1_300.0) == 1024, "rounded down to whole steps"
+    assert budget.kept(2048, 32768, 100_000, rate=100_000.0) == 16384, "at most half the window"
+    assert budget.kept(2048, 32768, 9_000, rate=100_000.0) == 9_000, "never more than the document"
     assert ReadBudget(tokens=3000).kept(2048, 32768, 100_000, rate=0.0) == 3000, "a fixed budget is kept as set"
-    assert ReadBudget(seconds=0).kept(2048, 32768, 100_000, rate=1e9) == 2048
+    assert ReadBudget(seconds=0).kept(2048, 32768, 100_000, rate=1e9) == 512
+    assert ReadBudget(seconds=0, least=64).kept(2048, 32768, 100_000, rate=1e9) == 64
+    assert ReadBudget(seconds=0, least=None).kept(2048, 32768, 100_000, rate=1e9) == 2048, "the configured floor"
 
 
-@pytest.mark.parametrize("bad", [{"tokens": 8}, {"seconds": -1.0}, {"share": 0.0}, {"share": 1.5}, {"step": 0}])
+@pytest.mark.parametrize(
+    "bad", [{"tokens": 8}, {"seconds": -1.0}, {"least": 8}, {"share": 0.0}, {"share": 1.5}, {"step": 0}]
+)
 def test_invalid_budgets_are_refused(bad: dict) -> None:
     with pytest.raises(ValueError, match="ReadBudget"):
         ReadBudget(**bad)

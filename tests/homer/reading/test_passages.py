@@ -112,7 +112,7 @@ def test_past_the_window_the_default_replay_rereads_whole_passages(tokenizer, ca
 
     engine = mode_engine(tokenizer, calibration)
     # the tiny engine keeps 128 tokens (a budget of no seconds stays at final_cache_len)
-    small = PassageReplay(PassageSelection(tokens=24, overlap=8), ReadBudget(seconds=0))
+    small = PassageReplay(PassageSelection(tokens=24, overlap=8), ReadBudget(seconds=0, least=None))
     engine.tiers.recipe = Recipe(replay=AutoReplay(small), calibration_segments=2)
     book = novel[20_000:32_000]
     question = "Who walked to Meryton with the sisters?"

@@ -104,7 +104,8 @@ def test_units_are_named_by_their_repr_and_the_recipe_checks_its_parts():
         "stemmer='english')"
     )
     passages = (
-        f"PassageReplay(selection={selection}, budget=ReadBudget(tokens=None, seconds=10.0, share=0.5, step=1024))"
+        f"PassageReplay(selection={selection}, "
+        "budget=ReadBudget(tokens=None, seconds=1.0, least=512, share=0.5, step=512))"
     )
     assert [repr(u) for u in REPLAYS.values()] == [
         f"AutoReplay(passages={passages})",
