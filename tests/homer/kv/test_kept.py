@@ -67,10 +67,15 @@ def test_a_long_read_goes_to_the_fused_kernel_with_the_grouped_products_result(m
     calls = []
     fused = kept.F.scaled_dot_product_attention
     monkeypatch.setattr(kept.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or fused(*a, **k))
-    fast = continue_after(model, kept_cache(keys, values, 8), 40, 24)
-    assert len(calls) == len(keys), "the 24-row read did not take the fused kernel"
+
+    def two_reads(cache) -> torch.Tensor:  # 24 rows and 3 steps, then 20 more rows after them (a tail of 47)
+        first = continue_after(model, cache, 40, 24)
+        return torch.cat([first, continue_after(model, cache, 40 + 27, 20, steps=0)])
+
+    fast = two_reads(kept_cache(keys, values, 8))
+    assert len(calls) == 2 * len(keys), "the 24- and 20-row reads did not take the fused kernel"
     monkeypatch.setattr(kept, "FUSED_ROWS", 10**6)
-    torch.testing.assert_close(fast, continue_after(model, kept_cache(keys, values, 8), 40, 24), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fast, two_reads(kept_cache(keys, values, 8)), atol=1e-5, rtol=1e-5)
 
 
 def test_long_continuations_run_in_blocks_with_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:
