@@ -25,7 +25,7 @@ QUESTION = "Where was the quillwort zephyrine marmalade treaty signed?"
 
 def corpus_engine(tokenizer, calibration) -> HomerModel:
     """A tiny Llama (window 2048) keeping 128 tokens: 24-token BM25 passages past the window, no re-read budget."""
-    passages = PassageReplay(PassageSelection(tokens=24, overlap=8), ReadBudget(seconds=0, least=None))
+    passages = PassageReplay(PassageSelection(tokens=24, overlap=8), ReadBudget(seconds=0, least=None, across=16))
     recipe = Recipe(replay=AutoReplay(passages), calibration_segments=2)
     config = HomerConfig(max_chunk_len=128, warmup_layers=3)
     return HomerModel(

@@ -83,6 +83,12 @@ class Passages:
         headings = heading_spans(counts, torch.tensor(is_heading, dtype=torch.bool), starts)
         return cls(starts, stops, tokenizer.batch_decode(pieces), headings, stemmer)
 
+    @property
+    def documents(self) -> int:
+        """How many documents the text joins: the distinct headings its passages fall under (at least one)."""
+        spans = self.headings[self.headings[:, 1] > self.headings[:, 0]]
+        return max(1, len({tuple(span) for span in spans.tolist()}))
+
     def tokens(self, passage: int) -> torch.Tensor:
         """Document token indices of ``passage``."""
         return torch.arange(int(self.starts[passage]), int(self.stops[passage]))

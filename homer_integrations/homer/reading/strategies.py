@@ -392,7 +392,7 @@ class PassageReplay:
         passages = inputs.passages(self.selection) if document > floor else None
         if passages is None:
             return None
-        budget = self.budget.kept(floor, inputs.window, document, inputs.rate())
+        budget = self.budget.kept(floor, inputs.window, document, inputs.rate(), passages.documents)
         plan = ChunkPlan.build(prefix, document, 0, settings.max_chunk_len, settings.suffix_reserve)
         return passages, budget, plan.with_suffix(suffix)
 

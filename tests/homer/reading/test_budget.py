@@ -19,10 +19,12 @@ def test_the_budget_is_what_the_machine_rereads_in_its_seconds_within_its_least_
     assert ReadBudget(seconds=0).kept(2048, 32768, 100_000, rate=1e9) == 512
     assert ReadBudget(seconds=0, least=64).kept(2048, 32768, 100_000, rate=1e9) == 64
     assert ReadBudget(seconds=0, least=None).kept(2048, 32768, 100_000, rate=1e9) == 2048, "the configured floor"
+    assert budget.kept(2048, 32768, 100_000, rate=130.0, documents=2) == 2048, "across documents: at least 2,048"
+    assert budget.kept(2048, 32768, 100_000, rate=100_000.0, documents=9) == 16384
 
 
 @pytest.mark.parametrize(
-    "bad", [{"tokens": 8}, {"seconds": -1.0}, {"least": 8}, {"share": 0.0}, {"share": 1.5}, {"step": 0}]
+    "bad", [{"tokens": 8}, {"seconds": -1.0}, {"least": 8}, {"across": 8}, {"share": 0.0}, {"share": 1.5}, {"step": 0}]
 )
 def test_invalid_budgets_are_refused(bad: dict) -> None:
     with pytest.raises(ValueError, match="ReadBudget"):

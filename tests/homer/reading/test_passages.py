@@ -279,3 +279,13 @@ def test_a_document_of_no_word_bm25_knows_is_read_in_document_order(tokenizer, c
     kept = doc.origin[doc.origin >= 0]
     assert kept.numel() > 0 and int(kept.min()) == 0, "the first passages, in document order"
     assert isinstance(engine.answer(document, "What is the code?", max_new_tokens=2), str)
+
+
+def test_the_passages_count_the_documents_a_text_joins(corpus_passages, passages, tokenizer) -> None:
+    """A corpus of three ``Document:`` sections joins three documents (``ReadBudget.across`` then applies);
+    a text without headings is one."""
+    text, found, document_ids = corpus_passages
+    assert found.documents == 3
+    assert passages[0].documents == 1
+    off = PassageSelection(tokens=24, overlap=4, heading=None)
+    assert off.passages(tokenizer, document_ids, unit_ids(tokenizer, text, "statement")).documents == 1

@@ -105,7 +105,7 @@ def test_units_are_named_by_their_repr_and_the_recipe_checks_its_parts():
     )
     passages = (
         f"PassageReplay(selection={selection}, "
-        "budget=ReadBudget(tokens=None, seconds=1.0, least=512, share=0.5, step=512))"
+        "budget=ReadBudget(tokens=None, seconds=1.0, least=512, across=2048, share=0.5, step=512))"
     )
     assert [repr(u) for u in REPLAYS.values()] == [
         f"AutoReplay(passages={passages})",
