@@ -7,10 +7,10 @@ tokens: 25 / 28 / 28 / 32 / 35 of 36), but the 1.5B demo model does not turn mor
 answers: 8-9 of 16 tuning questions at every budget from 512 to 8,192 tokens, and held out on both
 novels 512 tokens answer as 2,048 do (``docs/benchmarks/whole_book.md``) while the first token comes
 4-25x sooner. So the budget is what this machine re-reads with this model in about ``seconds`` (the
-first token's target), at least ``least`` tokens, at most ``share`` of the model's window (the question,
-the answer and the text around the document need the rest), never more than the document: 512 tokens
-(about 1.5 s to the first token) for Qwen2.5-Coder-1.5B in bfloat16 on 2 CPU cores, several thousand
-on a GPU, where a larger model turns them into answers.
+first token's target), at least ``least`` tokens (``across`` for a corpus), at most ``share`` of the
+model's window (the question, the answer and the text around the document need the rest), never more
+than the document: 512 tokens (about 1.5 s to the first token) for Qwen2.5-Coder-1.5B in bfloat16 on 2
+CPU cores, several thousand on a GPU, where a larger model turns them into answers.
 """
 
 from __future__ import annotations
