@@ -10,7 +10,7 @@ query heads of a group become rows of one product with their K/V head, so the st
 values are each read once per step, nothing is copied, and only the small tail is masked causally.
 A read of many rows at once (a question's passages after a kept root) goes to PyTorch's fused
 attention instead: there the products, not the reading of K/V, are the cost, and its kernel never
-holds the float32 scores (7x faster at 600 rows over 17.7k kept tokens, ``benchmarks/kept_decode.py``).
+holds the float32 scores (600 rows over 17.7k kept tokens: 0.1 s a layer against 0.7 s, bfloat16, 2 cores).
 """
 
 from __future__ import annotations

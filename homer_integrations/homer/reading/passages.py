@@ -17,6 +17,7 @@ model knows which document it read.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -83,7 +84,7 @@ class Passages:
         headings = heading_spans(counts, torch.tensor(is_heading, dtype=torch.bool), starts)
         return cls(starts, stops, tokenizer.batch_decode(pieces), headings, stemmer)
 
-    @property
+    @functools.cached_property
     def documents(self) -> int:
         """How many documents the text joins: the distinct headings its passages fall under (at least one)."""
         spans = self.headings[self.headings[:, 1] > self.headings[:, 0]]
