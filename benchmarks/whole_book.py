@@ -221,13 +221,12 @@ _PASSAGES: dict[str, Any] = {}
 def passage_runs(engine: HomerModel, text: str, question: str, tokens: int) -> list[str]:
     """The texts of the runs of ``text``'s passages (``PassageSelection()``) BM25 ranks best for ``question``,
     at most ``tokens`` tokens, in the document's order."""
-    from homer_integrations.homer.document.prompt import unit_ids
+    from homer_integrations.homer.document.prompt import encode_offsets, units_at
 
     selection = PassageSelection()
-    if text not in _PASSAGES:  # the book's ids and passages, once
-        ids = torch.tensor(engine.token_ids(text))
-        statements = unit_ids(engine.tokenizer, text, "statement")
-        _PASSAGES[text] = ids, selection.passages(engine.tokenizer, ids, statements)
+    if text not in _PASSAGES:  # the book's ids and passages, from one tokenizer call, once
+        ids, offsets = encode_offsets(engine.tokenizer, text)
+        _PASSAGES[text] = ids, selection.passages(engine.tokenizer, ids, units_at(text, offsets, "statement"))
     ids, passages = _PASSAGES[text]
     kept = torch.cat(selection.taken(question, None, passages, tokens)).sort().values
     runs = torch.tensor_split(kept, (torch.diff(kept) != 1).nonzero().flatten() + 1)
@@ -315,10 +314,11 @@ def run(args: argparse.Namespace) -> None:
                 root = WindowRoot(args.window_tokens) if kept else AutoRoot()
                 engine.tiers.recipe = replace(engine.tiers.recipe, replay=replay, shared_root=root)
                 if method in ("window_passages", "kept"):
-                    if method == "kept":
-                        stream = after_root_passages(engine, text, item.question, args.max_new_tokens)
-                    else:
-                        stream = after_root(engine, text, hybrid, item.question, args.max_new_tokens)
+                    stream = (
+                        after_root_passages(engine, text, item.question, args.max_new_tokens)
+                        if method == "kept"
+                        else after_root(engine, text, hybrid, item.question, args.max_new_tokens)
+                    )
                     pieces = [next(stream, "")]
                     ttft = time.perf_counter() - started  # the root's lookup included
                     answer = "".join([*pieces, *stream])
