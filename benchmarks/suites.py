@@ -118,6 +118,14 @@ SUITES: dict[str, Suite] = {
             (Step(RULER, ("run", *RULER_GRID, "--share-prefill")), _report(RULER)),
         ),
         Suite(
+            "kept-forms",
+            "every way to keep a document within the window (the whole prefill, the per-question path, shared "
+            "roots of 2k-16k, a root and the question's passages) on 4k-32k-token excerpts of a novel, held out: "
+            "one-time cost, a later question's first token, decoding against the bandwidth limit, disk, accuracy",
+            "~1 h",
+            (Step("benchmarks/kept_forms.py", ("run",)), _report("benchmarks/kept_forms.py")),
+        ),
+        Suite(
             "whole-book",
             "both novels whole with inserted facts, held out: the per-question path against BM25 retrieval; "
             "then both at 512-8k tokens read on Northanger Abbey's tuning split (the budget curve); the default's 512 "
