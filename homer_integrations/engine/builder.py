@@ -187,7 +187,7 @@ class EntryBuilder:
 
     def _read_rate(self) -> float:
         """Tokens per second this machine re-reads with the model (``homer.reading.budget.read_rate``)."""
-        return read_rate(self.stack.layers, self.stack.dtype, self.stack.device)
+        return read_rate(self.stack)
 
     def _statements(self, encoded: EncodedDocument) -> Statements | None:
         """The document's BM25 statements (None where offsets do not line up), kept for its next questions."""
