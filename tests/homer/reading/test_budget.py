@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from homer_integrations.homer.reading.budget import ReadBudget, read_rate
 from tests.conftest import tiny_model
