@@ -16,7 +16,11 @@ either end. Each question is asked of the excerpt that holds its evidence. Metho
 - ``shared``: the question-agnostic root (``mode="shared"``, the model's default root size);
 - ``root8k`` / ``root16k``: a ``WindowRoot`` of 8,192 / 16,384 tokens (only where the excerpt is longer);
 - ``shared_passages``: the ``shared`` root, then the 512 tokens of the default's passages BM25 ranks best
-  for the question, read after it with the question (``whole_book.after_root_passages``).
+  for the question, read after it with the question (``whole_book.after_root_passages``);
+  ``full_passages``: the same after the ``full`` prefill (the question's passages again, next to it);
+  ``full_reused``: the same passages without reading them again: their K/V copied from the ``full`` prefill
+  (computed there with everything before them), turned by RoPE to the positions after it (``reused``), then
+  a line that points at them and the question (``REUSED``).
 
 Per excerpt and method a ``build`` row (one-time seconds, kept tokens, bytes in memory and on disk); per
 question and method an ``answer`` row: right or not, the first token's seconds (the entry already built:
@@ -38,21 +42,28 @@ import time
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from homer_integrations import HomerModel
+from homer_integrations.homer.kv.compressed import CompressedDocument
+from homer_integrations.homer.model.decoder import DecoderStack
 from homer_integrations.homer.reading.strategies import AutoRoot, WindowRoot
 
 sys.path.insert(0, str(Path(__file__).parent))
 from kept_decode import read_bandwidth
-from whole_book import Item, after_root_passages, book_with_facts, paired, paired_markdown, peak_rss_mb
+from upper_read import rerotated
+from whole_book import Item, after_root_passages, book_with_facts, paired, paired_markdown, passage_tokens, peak_rss_mb
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 ROWS = RESULTS / "kept_forms_rows.jsonl"
 BOOK = "northangerabbey"
-METHODS = ("full", "query_aware", "shared", "root8k", "root16k", "shared_passages")
+METHODS = ("full", "query_aware", "shared", "root8k", "root16k", "shared_passages", "full_passages", "full_reused")
+PASSAGES = {"shared_passages": "shared", "full_passages": "full", "full_reused": "full"}
+"""The methods that read the question's passages after a kept form, and that form."""
+REUSED = "(The passages of the document just before this line may help.)\n\n{question}"
 ROOTS = {"root8k": 8192, "root16k": 16384}
 MARGIN = 1000  # characters between an evidence offset and an excerpt's end
 
@@ -106,6 +117,7 @@ def mode_of(engine: HomerModel, method: str) -> str:
     """The engine's mode for ``method``, its shared root builder set to the method's."""
     root = WindowRoot(ROOTS[method]) if method in ROOTS else AutoRoot()
     engine.tiers.recipe = replace(engine.tiers.recipe, shared_root=root)
+    method = PASSAGES.get(method, method)
     return method if method in ("full", "query_aware") else "shared"
 
 
@@ -127,12 +139,50 @@ def build_row(engine: HomerModel, document: str, method: str) -> dict:
     }
 
 
-def answer_row(engine: HomerModel, document: str, item: Item, method: str, max_new_tokens: int) -> dict:
-    """Ask ``item`` of ``document``'s built entry through ``method``: the answer and its costs."""
+def reused(engine: HomerModel, document: str, question: str, tokens: int = 512) -> CompressedDocument:
+    """``document``'s kept ``full`` prefill with the K/V of the ``tokens`` of its passages BM25 ranks best for
+    ``question`` appended once more, each key turned by RoPE from its position in the document to its place
+    after the prefill (``upper_read.rerotated``), the values as they are: the question's evidence next to
+    it, with nothing read again. A copy of the prefill's K/V [1, Hkv, K + M, d] per layer."""
+    full = engine.compress(document, mode="full")
+    _, kept = passage_tokens(engine, document, question, tokens)
+    row = torch.full((int(full.origin.max()) + 1,), -1, dtype=torch.long)
+    row[full.origin[full.origin >= 0]] = torch.nonzero(full.origin >= 0).flatten()
+    at = row[kept[kept < row.numel()]]
+    at = at[at >= 0]
+    start = full.last_position + 1
+    moved = torch.arange(start, start + at.numel())
+    delta = moved - full.position_ids[at]
+    nodes = SimpleNamespace(stack=DecoderStack(engine.model))
+    keys = tuple(torch.cat([k, rerotated(nodes, k[:, :, at], i, delta)], dim=2) for i, k in enumerate(full.keys))
+    values = tuple(torch.cat([v, v[:, :, at]], dim=2) for v in full.values)
+    return replace(
+        full,
+        key=f"{full.key}+reused",
+        keys=keys,
+        values=values,
+        position_ids=torch.cat([full.position_ids, moved]),
+        origin=torch.cat([full.origin, full.origin[at]]),
+        last_position=start + at.numel() - 1,
+        next_token_logits=None,
+    )
+
+
+def answer_row(
+    engine: HomerModel, document: str, item: Item, method: str, max_new_tokens: int, passage_tokens: int = 512
+) -> dict:
+    """Ask ``item`` of ``document``'s built entry through ``method`` (``passage_tokens``: the passages read after
+    a kept form): the answer and its costs."""
     mode = mode_of(engine, method)
     started = time.perf_counter()
-    if method == "shared_passages":
-        stream = after_root_passages(engine, document, item.question, max_new_tokens)
+    if method == "full_reused":
+        document_cache = reused(engine, document, item.question, passage_tokens)
+        stream = engine.run(document_cache, REUSED.format(question=item.question), max_new_tokens=max_new_tokens)
+        pieces = [next(stream, "")]
+        ttft = time.perf_counter() - started  # the copy of the cache included
+        answer = "".join([*pieces, *stream])
+    elif method in PASSAGES:
+        stream = after_root_passages(engine, document, item.question, max_new_tokens, passage_tokens, mode)
         pieces = [next(stream, "")]
         ttft = time.perf_counter() - started  # the root's lookup included
         answer = "".join([*pieces, *stream])
@@ -184,8 +234,11 @@ def run(args: argparse.Namespace) -> None:
             where = {"budget": length, "excerpt": excerpt}
             print(f"{length:,} tokens: excerpt {excerpt}, {len(held)} questions", file=sys.stderr)
             for method in methods:
-                if method != "shared_passages" and ("build", args.model, length, method, excerpt) not in done:
+                if method not in PASSAGES and ("build", args.model, length, method, excerpt) not in done:
                     write({"row": "build", **where, "method": method, **build_row(engine, document, method)})
+            for form in {PASSAGES[m] for m in methods if m in PASSAGES}:  # built above or before: looked up
+                mode_of(engine, form)
+                engine.compress(document, mode=form)
             for item in held:
                 for method in methods:
                     if ("answer", args.model, length, method, item.id) in done:
@@ -205,23 +258,31 @@ def load_rows(path: Path = ROWS) -> list[dict]:
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """Per (length, method): story questions and facts right, the one-time build (median over excerpts), a
-    later question's first token and decoding step (medians), the step over its bandwidth limit, kept
-    tokens and bytes, peak RSS."""
+    """Per (split, length, method): story questions and facts right, the one-time build (median over excerpts), a
+    later question's first token and decoding step (medians; a step: the seconds after the first token over
+    the tokens after it, the stop token's step and the sources included), the step over its bandwidth limit
+    at the best read bandwidth measured in any run, kept tokens and bytes, peak RSS."""
     builds: dict[tuple, list[dict]] = defaultdict(list)
     answers: dict[tuple, list[dict]] = defaultdict(list)
+    best: dict[str, float] = defaultdict(float)  # a run that measured its bandwidth on a busy machine is
+    for r in rows:  # held to the best one measured here, not to its own lower one
+        best[r["model"]] = max(best[r["model"]], r["bandwidth_gbs"])
     for r in rows:
-        (builds if r["row"] == "build" else answers)[(r["budget"], r["method"])].append(r)
+        if r["row"] == "build":
+            builds[(r["budget"], r["method"])].append(r)
+        else:
+            answers[(r["split"], r["budget"], r["method"])].append(r)
     out = []
-    for (length, method), rs in sorted(answers.items()):
-        built = builds.get((length, "shared" if method == "shared_passages" else method), [])
+    for (split, length, method), rs in sorted(answers.items()):
+        built = builds.get((length, PASSAGES.get(method, method)), [])
         story = [r["correct"] for r in rs if not r["kind"].startswith("fact")]
         facts = [r["correct"] for r in rs if r["kind"].startswith("fact")]
         steps = [r["step_seconds"] for r in rs if r["step_seconds"]]
         later = [r["ttft_seconds"] for r in rs if r["document_seconds"] == 0]  # the entry was built before
-        ratios = [r["step_over_limit"] for r in rs if r["step_over_limit"]]
+        ratios = [r["step_over_limit"] * best[r["model"]] / r["bandwidth_gbs"] for r in rs if r["step_over_limit"]]
         out.append(
             {
+                "split": split,
                 "length": length,
                 "method": method,
                 "excerpts": len({r["excerpt"] for r in rs}),
@@ -281,30 +342,48 @@ def plot(summary: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+PAIRS = [(m, "full") for m in METHODS if m != "full"]
+PAIRS += [("full_reused", "full_passages"), ("full_reused", "query_aware")]
+
+
 def report(args: argparse.Namespace) -> None:
     rows = load_rows(args.rows)
     answers = [r for r in rows if r["row"] == "answer"]
     summary = summarize(rows)
-    comparisons = [c for m in METHODS if m != "full" for c in paired(answers, m, "full") if c["kind"] == "all"]
+    comparisons = {
+        split: [c for m, ref in PAIRS for c in paired(of, m, ref) if c["kind"] == "all"]
+        for split, of in (
+            ("heldout", [r for r in answers if r["split"] == "heldout"]),
+            ("tuning", [r for r in answers if r["split"] == "tuning"]),
+            ("both", answers),
+        )
+    }
     (RESULTS / "kept_forms.json").write_text(
-        json.dumps({"summary": summary, "against_full": comparisons}, indent=1), encoding="utf-8"
+        json.dumps({"summary": summary, "paired": comparisons}, indent=1), encoding="utf-8"
     )
     lengths = sorted({r["budget"] for r in rows})
+    bandwidth = max((r["bandwidth_gbs"] for r in rows), default=0.0)
+    held, tuning = [s for s in summary if s["split"] == "heldout"], [s for s in summary if s["split"] == "tuning"]
     (RESULTS / "kept_forms.md").write_text(
         "# Ways to keep a document within the window\n\nGenerated by `benchmarks/kept_forms.py report` from "
         f"`kept_forms_rows.jsonl` ({len(answers)} answers, with `kept_forms.png`). *Northanger Abbey* excerpts of "
-        f"{', '.join(f'{n:,}' for n in lengths)} tokens with inserted facts, held-out questions whose evidence "
-        f"lies in the excerpt; {rows[0]['model'] if rows else ''} in {rows[0]['dtype'] if rows else ''}, "
-        f"2 threads; read bandwidth {rows[0]['bandwidth_gbs'] if rows else 0:.1f} GB/s. One-time: the entry "
-        "computed once per excerpt (median over excerpts); first token and decoding: medians over questions, "
-        "the entry already built.\n\n" + markdown(summary) + "\n## Paired with `full` (each length apart, "
-        "summed over lengths; difference: method minus full, 90% bootstrap interval)\n\n"
-        + paired_markdown(comparisons),
+        f"{', '.join(f'{n:,}' for n in lengths)} tokens with inserted facts, the questions whose evidence lies in "
+        f"the excerpt; {rows[0]['model'] if rows else ''} in {rows[0]['dtype'] if rows else ''}, 2 threads; read "
+        f"bandwidth {bandwidth:.1f} GB/s. One-time: the entry computed once per excerpt (median over excerpts); "
+        "first token and decoding: medians over questions, the entry already built.\n\n## Held out\n\n"
+        + markdown(held)
+        + "\n## Tuning split (the methods run there)\n\n"
+        + markdown(tuning)
+        + "".join(
+            f"\n## Paired, {name} (each length apart, summed over lengths; difference: method minus reference, "
+            f"90% bootstrap interval)\n\n" + paired_markdown(comparisons[split])
+            for split, name in (("heldout", "held out"), ("tuning", "tuning split"), ("both", "both splits"))
+        ),
         encoding="utf-8",
     )
-    if summary:
-        plot(summary, RESULTS / "kept_forms.png")
-    print(markdown(summary))
+    if held:
+        plot(held, RESULTS / "kept_forms.png")
+    print(markdown(held) + "\n" + paired_markdown(comparisons["both"]))
 
 
 def main() -> None:

@@ -206,11 +206,13 @@ def after_root(engine: HomerModel, text: str, route: Bm25Route | None, question:
 KEPT_PASSAGES = "Passages of the document that may help:\n\n{passages}\n\n(End of the passages.)\n\n{question}"
 
 
-def after_root_passages(engine: HomerModel, text: str, question: str, max_new_tokens: int, tokens: int = 512):
-    """The ablation ``kept``: the engine's kept shared root of ``text``, then the ``tokens`` of the default's
-    own passages (``PassageSelection``) BM25 ranks best for ``question``, in the document's order, and the
-    question (``KEPT_PASSAGES``). Returns the answer's stream."""
-    root = engine.compress(text, mode="shared")
+def after_root_passages(
+    engine: HomerModel, text: str, question: str, max_new_tokens: int, tokens: int = 512, mode: str = "shared"
+):
+    """The ablation ``kept``: the engine's kept shared root of ``text`` (``mode="full"``: its whole kept
+    prefill), then the ``tokens`` of the default's own passages (``PassageSelection``) BM25 ranks best for
+    ``question``, in the document's order, and the question (``KEPT_PASSAGES``). Returns the answer's stream."""
+    root = engine.compress(text, mode=mode)
     passages = "\n\n".join(passage_runs(engine, text, question, tokens))
     return engine.run(root, KEPT_PASSAGES.format(passages=passages, question=question), max_new_tokens=max_new_tokens)
 
@@ -218,9 +220,9 @@ def after_root_passages(engine: HomerModel, text: str, question: str, max_new_to
 _PASSAGES: dict[str, Any] = {}
 
 
-def passage_runs(engine: HomerModel, text: str, question: str, tokens: int) -> list[str]:
-    """The texts of the runs of ``text``'s passages (``PassageSelection()``) BM25 ranks best for ``question``,
-    at most ``tokens`` tokens, in the document's order."""
+def passage_tokens(engine: HomerModel, text: str, question: str, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``text``'s token ids [N] and the indices [M] (ascending) of the tokens of its passages
+    (``PassageSelection()``) BM25 ranks best for ``question``, at most ``tokens`` of them."""
     from homer_integrations.homer.document.prompt import encode_offsets, units_at
 
     selection = PassageSelection()
@@ -228,7 +230,13 @@ def passage_runs(engine: HomerModel, text: str, question: str, tokens: int) -> l
         ids, offsets = encode_offsets(engine.tokenizer, text)
         _PASSAGES[text] = ids, selection.passages(engine.tokenizer, ids, units_at(text, offsets, "statement"))
     ids, passages = _PASSAGES[text]
-    kept = torch.cat(selection.taken(question, None, passages, tokens)).sort().values
+    return ids, torch.cat(selection.taken(question, None, passages, tokens)).sort().values
+
+
+def passage_runs(engine: HomerModel, text: str, question: str, tokens: int) -> list[str]:
+    """The texts of the runs of ``text``'s passages (``PassageSelection()``) BM25 ranks best for ``question``,
+    at most ``tokens`` tokens, in the document's order."""
+    ids, kept = passage_tokens(engine, text, question, tokens)
     runs = torch.tensor_split(kept, (torch.diff(kept) != 1).nonzero().flatten() + 1)
     return [engine.tokenizer.decode(ids[run].tolist()).strip() for run in runs]
 
