@@ -185,8 +185,9 @@ SUITES: dict[str, Suite] = {
                 Step(WHOLE_DOCUMENT, ("run", "--book", "northangerabbey", "--methods", "shared")),
                 Step(
                     WHOLE_DOCUMENT,
-                    ("run", "--book", "prideprejudice", "--methods", "default", "bm25", "oracle", "--limit", "7"),
+                    ("run", "--book", "prideprejudice", "--methods", "default", "--read-tokens", "512"),
                 ),
+                Step(WHOLE_DOCUMENT, ("run", "--book", "prideprejudice", "--methods", "bm25", "oracle")),
                 Step(WHOLE_DOCUMENT, ("run", "--book", "northangerabbey", "--methods", "map_reduce", "--limit", "3")),
                 _report(WHOLE_DOCUMENT),
             ),
