@@ -175,16 +175,14 @@ def answer_row(
     a kept form): the answer and its costs."""
     mode = mode_of(engine, method)
     started = time.perf_counter()
-    if method == "full_reused":
-        document_cache = reused(engine, document, item.question, passage_tokens)
-        stream = engine.run(document_cache, REUSED.format(question=item.question), max_new_tokens=max_new_tokens)
+    if method in PASSAGES:
+        if method == "full_reused":
+            kept = reused(engine, document, item.question, passage_tokens)
+            stream = engine.run(kept, REUSED.format(question=item.question), max_new_tokens=max_new_tokens)
+        else:
+            stream = after_root_passages(engine, document, item.question, max_new_tokens, passage_tokens, mode)
         pieces = [next(stream, "")]
-        ttft = time.perf_counter() - started  # the copy of the cache included
-        answer = "".join([*pieces, *stream])
-    elif method in PASSAGES:
-        stream = after_root_passages(engine, document, item.question, max_new_tokens, passage_tokens, mode)
-        pieces = [next(stream, "")]
-        ttft = time.perf_counter() - started  # the root's lookup included
+        ttft = time.perf_counter() - started  # the kept form's lookup (and full_reused's copy) included
         answer = "".join([*pieces, *stream])
     else:
         stream = engine.run(document, item.question, mode=mode, max_new_tokens=max_new_tokens)

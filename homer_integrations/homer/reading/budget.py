@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -62,21 +63,26 @@ class ReadBudget:
         return min(max(least, min(affordable, int(window * self.share))), document_tokens)
 
 
-def linear_seconds(x: torch.Tensor, w: torch.Tensor, repeats: int = 3) -> float:
-    """Best wall time of ``linear(x, w)`` over ``repeats`` runs after a warm-up (oneDNN builds its kernel on
-    first use), waiting for a CUDA device to finish each run."""
-    cuda = x.device.type == "cuda"
-    torch.nn.functional.linear(x, w)
+def best_seconds(run: Callable[[], object], cuda: bool = False, repeats: int = 3) -> float:
+    """Best wall time of ``run()`` over ``repeats`` calls after a warm-up call (kernels are built on first
+    use), waiting for a CUDA device to finish each call where ``cuda``."""
+    run()
     best = float("inf")
     for _ in range(repeats):
         if cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
-        torch.nn.functional.linear(x, w)
+        run()
         if cuda:
             torch.cuda.synchronize()
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def linear_seconds(x: torch.Tensor, w: torch.Tensor, repeats: int = 3) -> float:
+    """Best wall time of ``linear(x, w)`` over ``repeats`` runs after a warm-up (oneDNN builds its kernel on
+    first use)."""
+    return best_seconds(lambda: torch.nn.functional.linear(x, w), x.device.type == "cuda", repeats)
 
 
 _RATES: weakref.WeakKeyDictionary[DecoderStack, float] = weakref.WeakKeyDictionary()
@@ -99,21 +105,16 @@ def measure_rate(stack: DecoderStack, tokens: int = 512, repeats: int = 2) -> fl
     (937 tokens/s estimated, 430 measured): attention, norms and the smaller products cost the rest."""
     from transformers import DynamicCache
 
-    layer = stack.num_layers // 2
+    index = stack.num_layers // 2
     generator = torch.Generator().manual_seed(0)
     hidden = torch.randn(1, tokens, stack.backbone.config.hidden_size, generator=generator).to(stack.dtype)
     hidden = hidden.to(stack.device)
     rope = stack.rotary(hidden, torch.arange(tokens))
-    cuda = stack.device.type == "cuda"
-    best = float("inf")
+
+    def layer() -> None:
+        out, _ = stack.attention(index, hidden, rope, DynamicCache())
+        stack.mlp(index, out)
+
     with torch.inference_mode():
-        for run in range(repeats + 1):  # the first run warms the kernels up and is not counted
-            if cuda:
-                torch.cuda.synchronize()
-            started = time.perf_counter()
-            out, _ = stack.attention(layer, hidden, rope, DynamicCache())
-            stack.mlp(layer, out)
-            if cuda:
-                torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - started) if run else best
+        best = best_seconds(layer, stack.device.type == "cuda", repeats)
     return tokens / (best * stack.num_layers)
