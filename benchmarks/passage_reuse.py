@@ -26,7 +26,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from upper_read import rerotated
 
 from homer_integrations.homer.kv.chunk import Chunk
 from homer_integrations.homer.kv.dynamic import cache_from_tensors, layer_tensors
@@ -83,6 +82,7 @@ def blended_read(
     blocks = kept // BLOCK
     old = P + kept - blocks * BLOCK
     delta = P + torch.arange(K) - old
+    turns = stack.turns(delta)
     stored_k, stored_v = [], []  # per layer [1, Hkv, P + K, d]: prefix then the kept rows, turned
     for layer in range(stack.num_layers):
         ks, vs = [], []
@@ -92,7 +92,7 @@ def blended_read(
             ks.append(bk[layer][:, :, rows])
             vs.append(bv[layer][:, :, rows])
         first_k, first_v = store.block(nodes, prefix, document, int(blocks[0]))
-        k = rerotated(nodes, torch.cat(ks, dim=2), layer, delta)
+        k = nodes.stack.turned_keys(torch.cat(ks, dim=2), layer, turns)
         stored_k.append(torch.cat([first_k[layer][:, :, :P], k], dim=2))
         stored_v.append(torch.cat([first_v[layer][:, :, :P], torch.cat(vs, dim=2)], dim=2))
     ids = torch.cat([prefix, document[kept], suffix])

@@ -39,19 +39,6 @@ def positions_in_leaves(plan: ChunkPlan, kept: torch.Tensor) -> torch.Tensor:
     return plan.prefix_len + kept - starts[leaf]
 
 
-def rerotated(nodes: Nodes, keys: torch.Tensor, layer_idx: int, delta: torch.Tensor) -> torch.Tensor:
-    """Keys [1, Hkv, K, d] rotated at their old positions, turned by ``delta`` [K] more positions (RoPE
-    composes: R(p + q) = R(q) R(p)); computed in float32. The tables' attention factor (YaRN) divides out,
-    so it is applied once, as the keys already carry it."""
-    stack = nodes.stack
-    probe = torch.zeros(1, 1, 1, dtype=torch.float32, device=stack.device)
-    kind = stack.family.rope_kind(layer_idx)
-    cos, sin = stack.family.rotary(probe, delta.to(stack.device)[None])[kind]
-    factor = stack.family.rotary(probe, torch.zeros(1, 1, dtype=torch.long, device=stack.device))[kind][0][0, 0, 0]
-    turned = stack.family.rotate(keys.float(), (cos.float() / factor, sin.float() / factor))
-    return turned.to(keys.dtype)
-
-
 @torch.inference_mode()
 def upper_read(
     nodes: Nodes, tier: LeafTier, kept: torch.Tensor, suffix_ids: torch.Tensor, plan: ChunkPlan, started: float
@@ -63,9 +50,10 @@ def upper_read(
     nodes.begin()
     P, K, S = tier.plan.prefix_len, kept.numel(), suffix_ids.numel()
     delta = P + torch.arange(K) - positions_in_leaves(tier.plan, kept)
+    turns = nodes.stack.turns(delta)
     rows = tier.document_rows(kept)
     keys = [
-        torch.cat([pk, rerotated(nodes, k, layer, delta)], dim=2)
+        torch.cat([pk, nodes.stack.turned_keys(k, layer, turns)], dim=2)
         for layer, (pk, k) in enumerate(zip(tier.prefix_keys, rows.keys, strict=True))
     ]
     values = [torch.cat([pv, v], dim=2) for pv, v in zip(tier.prefix_values, rows.values, strict=True)]

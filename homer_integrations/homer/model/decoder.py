@@ -89,6 +89,23 @@ class DecoderStack:
         """Tokens a query of this layer sees, itself included (sliding window), or None for all."""
         return self.family.window(layer_idx)
 
+    def turns(self, delta: torch.Tensor) -> RopeTables:
+        """cos, sin [1, K, d] (float32) per RoPE table that turn keys ``delta`` [K] positions further (RoPE
+        composes: R(p + q) = R(q) R(p)). A table's attention factor (YaRN) divides out: keys carry it already."""
+        probe = torch.zeros(1, 1, 1, dtype=torch.float32, device=self.device)
+        tables = self.family.rotary(probe, delta.to(self.device)[None])
+        still = self.family.rotary(probe, torch.zeros(1, 1, dtype=torch.long, device=self.device))
+        return {
+            kind: (cos.float() / still[kind][0][0, 0, 0], sin.float() / still[kind][0][0, 0, 0])
+            for kind, (cos, sin) in tables.items()
+        }
+
+    def turned_keys(self, keys: torch.Tensor, layer_idx: int, turns: RopeTables) -> torch.Tensor:
+        """Layer ``layer_idx``'s cached keys [1, Hkv, K, d], rotated at their old positions, turned by ``turns``
+        (``turns(delta)``, one for every layer); computed in float32, returned in the keys' dtype."""
+        turned = self.family.rotate(keys.float(), turns[self.family.rope_kind(layer_idx)])
+        return turned.to(keys.dtype)
+
     def attention(
         self,
         layer_idx: int,
