@@ -5,7 +5,9 @@ served it, in the shapes frameworks report it (``usage``, ``metadata``, ``as_dic
 Cache accounting follows the prompt-caching convention (Anthropic, OpenAI, LangChain's
 ``input_token_details``): the compressed span (template head + document + fixed suffix) is
 *cache creation* on the call that compressed it and *cache read* on every call that reused
-it; ``input_tokens`` is the whole prompt: that span plus the tokens fed after the cache.
+it; ``input_tokens`` is the whole prompt: that span plus the tokens fed after the cache. The rows a
+``full`` answer copies from its prefill before the question (its passages, ``homer.reading.echo``) are
+read from the cache: cache reads, and part of the prompt.
 """
 
 from __future__ import annotations
@@ -19,15 +21,16 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from homer_integrations.cache import CacheSource
-from homer_integrations.engine.modes import kept_form
+from homer_integrations.engine.modes import KeptForm, kept_form
 from homer_integrations.engine.tiers import DocumentTiers
 from homer_integrations.homer.config import Mode, resolve_mode
 from homer_integrations.homer.decoding.generation import DecodeState, FinishReason, GenerationOptions, decode
 from homer_integrations.homer.decoding.sources import FROM_DEPTH, CitedSpan, cite
-from homer_integrations.homer.document.prompt import encode
+from homer_integrations.homer.document.prompt import PromptText, concat, encode, markup, plain
 from homer_integrations.homer.kv.compressed import CompressedDocument, CompressionStats
 from homer_integrations.homer.kv.headwise import headwise_ready
 from homer_integrations.homer.kv.kept import kept_decoding
+from homer_integrations.homer.reading.echo import ECHO_LINE, Echo
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,9 @@ class AnswerInfo:
     total_seconds: float = 0.0
     mode: Mode | None = None
     document_seconds: float = 0.0
+    echoed_tokens: int = 0
+    """Rows of the cache copied once more after it, the question's passages (``Recipe.echo``): read from
+    the cache, so counted as cache reads."""
     sources: list[CitedSpan] = field(default_factory=list)
     """The spans of the document the answer was read from (``homer.decoding.sources.cite``), once the stream
     is exhausted; empty for plain prompts, for a ``CompressedDocument`` passed without its text, and for
@@ -80,10 +86,10 @@ class AnswerInfo:
         cached = self.compression.prompt_tokens if self.compression is not None else 0
         created = cached if self.cache_source == "computed" else 0
         return TokenUsage(
-            input_tokens=cached + self.input_tokens,
+            input_tokens=cached + self.echoed_tokens + self.input_tokens,
             output_tokens=self.output_tokens,
             cache_creation=created,
-            cache_read=cached - created,
+            cache_read=cached - created + self.echoed_tokens,
         )
 
     def usage(self) -> dict[str, Any]:
@@ -110,6 +116,7 @@ class AnswerInfo:
             "cache_source": self.cache_source,
             "document_tokens": self.document_tokens,
             "cache_tokens": self.cache_tokens,
+            "echoed_tokens": self.echoed_tokens,
             "compress_seconds": round(self.compress_seconds, 4),
             "document_seconds": round(self.document_seconds, 4),
             "finish_reason": self.finish_reason,
@@ -149,7 +156,8 @@ class AnswerStream(Iterator[str]):
         self._state = state
         self._started = started
         self.attended = attended
-        """[K]: the attention each cache token received while the question and answer were fed, or None."""
+        """[K] (+ [M] echoed rows, ``Echo.fold``): the attention each cache token received while the question and
+        answer were fed, or None."""
         self.on_finish: Callable[[AnswerStream], None] | None = None
         """Called once the stream is exhausted (``answer_span`` cites the sources there)."""
 
@@ -200,26 +208,42 @@ class Answerer:
     ) -> AnswerStream:
         """Compress (or fetch) prefix + document + suffix in ``mode`` (default: ``query_aware``
         with a ``question``, else ``shared``; ``engine.modes``) and
-        stream the answer to ``continuation``; ``info`` says which mode served and what the cached entry cost."""
+        stream the answer to ``continuation`` (after the question's passages echoed from a ``full`` prefill,
+        ``_echo``); ``info`` says which mode served and what the cached entry cost."""
         started = time.perf_counter()
         form = kept_form(resolve_mode(mode, question=question), self.tiers.prompting, document, question)
         doc, source, built = form.compress(self.tiers, prefix, document, suffix, question)
+        echo = self._echo(form, doc, document, continuation)
+        if echo is not None:
+            continuation = concat(plain(ECHO_LINE), markup(continuation))  # a str is formatted: all markup
         stream = self.continue_from(
-            doc, continuation, options, cache_source=source, compress_seconds=time.perf_counter() - started
+            doc, continuation, options, cache_source=source, compress_seconds=time.perf_counter() - started, echo=echo
         )
         stream.info.mode = form.mode
         stream.info.document_seconds = built
         if stream.attended is not None:
-            stream.on_finish = lambda done: self._cite(done, doc, document)
+            stream.on_finish = lambda done: self._cite(done, doc, document, echo)
         return stream
 
-    def _cite(self, stream: AnswerStream, doc: CompressedDocument, document: str) -> None:
+    def _echo(self, form: KeptForm, doc: CompressedDocument, document: str, continuation: str) -> Echo | None:
+        """The rows of ``doc`` holding the passages that ``continuation``'s words (markup aside) pick, to copy
+        after it (``Recipe.echo``; a form that ``echoes``, a document given as text), or None."""
+        echo = self.tiers.recipe.echo
+        if echo is None or not form.echoes or type(document) is not str:
+            return None
+        passages = self.tiers.passages(document, echo.selection)
+        asked = continuation.content() if isinstance(continuation, PromptText) else continuation
+        tokens = None if passages is None else echo.document_tokens(asked, passages)
+        return None if tokens is None else Echo.of(self.tiers.stack, doc, tokens)
+
+    def _cite(self, stream: AnswerStream, doc: CompressedDocument, document: str, echo: Echo | None = None) -> None:
         """``stream.info.sources``: the spans of ``document`` its answer attended to most, beyond what a read
-        without the question attends to (``_baseline``)."""
+        without the question attends to (``_baseline``); attention to echoed rows counts for the rows they copy."""
         offsets = self.tiers.prompting.documents.ids(document)[1]
         if offsets is not None and stream.attended is not None:
+            attended = stream.attended if echo is None else echo.fold(stream.attended)
             baseline = self._baseline(doc)
-            stream.info.sources = cite(stream.attended, doc.origin, offsets, document, baseline=baseline)
+            stream.info.sources = cite(attended, doc.origin, offsets, document, baseline=baseline)
 
     def _baseline(self, doc: CompressedDocument) -> torch.Tensor:
         """[K]: the attention ``doc``'s kept tokens receive, in the layers sources count, when the engine's
@@ -259,8 +283,10 @@ class Answerer:
         *,
         cache_source: CacheSource | None = None,
         compress_seconds: float = 0.0,
+        echo: Echo | None = None,
     ) -> AnswerStream:
-        """Feed ``continuation`` after a compressed document and stream the answer."""
+        """Feed ``continuation`` after a compressed document (and ``echo``'s rows, written after it first) and
+        stream the answer."""
         started = time.perf_counter() - compress_seconds
         options = options or GenerationOptions()
         ids = encode(self.tokenizer, continuation, formatted=True)
@@ -273,21 +299,26 @@ class Answerer:
             input_tokens=ids.numel(),
             compression=document.stats,
             compress_seconds=compress_seconds,
+            echoed_tokens=0 if echo is None else echo.tokens,
         )
         state = DecodeState()
         kept = headwise_ready(self.model) and kept_decoding(self.model.config)
         dense = kept and document.head_lengths is None
-        attended = torch.zeros(document.num_tokens, device=document.keys[0].device) if dense else None
+        device = document.keys[0].device
+        attended = torch.zeros(document.num_tokens + info.echoed_tokens, device=device) if dense else None
+        cache = document.to_cache(
+            tail=info.echoed_tokens + ids.numel() + options.max_new_tokens + 1 if kept else None,
+            attended=attended,
+            attended_from=self._attended_from(),
+        )
+        if echo is not None:
+            echo.write(cache)
         pieces = decode(
             self.model,
             self.tokenizer,
-            document.to_cache(
-                tail=ids.numel() + options.max_new_tokens + 1 if kept else None,
-                attended=attended,
-                attended_from=self._attended_from(),
-            ),
+            cache,
             ids,
-            document.last_position + 1,
+            document.last_position + 1 + info.echoed_tokens,
             options,
             state,
             first_logits=document.next_token_logits if ids.numel() == 0 else None,

@@ -172,7 +172,7 @@ class EntryBuilder:
             lexical = self.question_scoring.lexical
             statements = self._statements(encoded) if lexical and prunes else None
             extra = None if statements is None else lexical.tokens(question, statements, budget)
-            passages = functools.partial(self._passages, encoded)
+            passages = functools.partial(self.passages, encoded)
             return Reread(encoded, extra, question, self.prompting.context_window, passages, self._read_rate)
 
         def compressor(reserved: int) -> HomerCompressor:
@@ -193,7 +193,7 @@ class EntryBuilder:
         """The document's BM25 statements (None where offsets do not line up), kept for its next questions."""
         return self.indexes.get(("statements", encoded.text), lambda: _of_statements(encoded, Statements.of))
 
-    def _passages(self, encoded: EncodedDocument, selection: PassageSelection) -> Passages | None:
+    def passages(self, encoded: EncodedDocument, selection: PassageSelection) -> Passages | None:
         """The document's passages as ``selection`` groups them, kept for its next questions."""
         key = ("passages", encoded.text, selection)
         return self.indexes.get(key, lambda: _of_statements(encoded, selection.passages))

@@ -1,7 +1,8 @@
 """Ways to keep a document: one unit per mode, what it keys, prepares once and reads for every question.
 
 - ``SharedRoot`` (``shared``): one compressed root with a question-independent suffix, cached.
-- ``WholePrefill`` (``full``): the whole prompt prefilled and kept uncompressed, cached.
+- ``WholePrefill`` (``full``): the whole prompt prefilled and kept uncompressed, cached; each question's
+  passages echoed from it before the question (``homer.reading.echo``).
 - ``PerQuestion`` (``query_aware``): the document's leaf tier, cached; each question's own root is replayed
   from it (or, past the window, its BM25 passages re-read) with the question in the suffix.
 
@@ -36,6 +37,8 @@ class KeptForm:
     mode: ClassVar[Mode]
     asks: ClassVar[bool] = False
     """Whether a question is compressed with the document (laid out in its suffix), not only read after it."""
+    echoes: ClassVar[bool] = False
+    """Whether a question's passages are copied from the entry once more before it (``Recipe.echo``)."""
 
     def key(self, tiers: DocumentTiers, prefix: str, document: str, suffix: str) -> str:
         raise NotImplementedError
@@ -70,6 +73,7 @@ class WholePrefill(KeptForm):
     """``full``: the whole prompt prefilled once and kept uncompressed (it must fit the model's window)."""
 
     mode = "full"
+    echoes = True
 
     def key(self, tiers: DocumentTiers, prefix: str, document: str, suffix: str) -> str:
         return tiers.keys.full(prefix, document, suffix)

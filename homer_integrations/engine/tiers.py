@@ -36,6 +36,7 @@ from homer_integrations.homer.leaves.leaf_reuse import LeafIndex, LeafReuse
 from homer_integrations.homer.leaves.leaf_tier import LeafTier
 from homer_integrations.homer.model.decoder import DecoderStack
 from homer_integrations.homer.model.fingerprint import tokenizer_fingerprint, weights_fingerprint
+from homer_integrations.homer.reading.passages import Passages, PassageSelection
 from homer_integrations.homer.reading.strategies import Recipe, SharedRoot, WindowRoot
 from homer_integrations.homer.scoring.calibration import Calibration, CalibrationStore
 from homer_integrations.homer.scoring.chain import REPEAT_PROMPT, Scoring
@@ -226,6 +227,14 @@ class DocumentTiers:
         """Where a content-split tier's build keeps each leaf as a store entry of its own (stored once, whatever
         documents hold it); None with even splits, whose leaves rarely recur, or without a store."""
         return None if self.leaf_index is None else self.document_cache.leaf_stash(self.cache_spec)
+
+    def passages(self, document: str, selection: PassageSelection) -> Passages | None:
+        """``document``'s passages as ``selection`` groups them (None where the tokenizer's offsets give no
+        statements), kept for its next questions, as a replay's are."""
+        ids, offsets = self.prompting.documents.ids(document)
+        none = ids[:0]
+        encoded = EncodedDocument(document, none, ids, none, self.prompting.tokenizer, offsets)
+        return self.builder().passages(encoded, selection)
 
     def reads_tier(self, document_tokens: int) -> bool:
         """Whether a question about a document of ``document_tokens`` reads its leaf tier (``Replay.reads_tier``:

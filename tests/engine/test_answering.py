@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
+import torch
+from transformers import DynamicCache
 
 from homer_integrations import HomerModel
+from homer_integrations.engine.answering import TokenUsage
 from homer_integrations.homer.decoding.sources import MOST_SOURCES
+from homer_integrations.homer.document.prompt import concat, encode, encode_offsets, plain, units_at
+from homer_integrations.homer.model.decoder import DecoderStack
+from homer_integrations.homer.reading.echo import ECHO_LINE, Echo, PassageEcho
+from homer_integrations.homer.reading.strategies import Recipe
 from tests.test_document_cache import make_engine
 
 
@@ -39,3 +47,54 @@ def test_a_plain_prompt_and_a_compressed_document_without_its_text_cite_nothing(
     stream = engine.run(doc, "Who came?", max_new_tokens=2)
     stream.text()
     assert stream.info.sources == []
+
+
+def test_a_full_answer_reads_its_passages_echoed_after_the_prefill(tokenizer, calibration, novel: str) -> None:
+    """The package's answer is the model's own greedy answer over the prefill's K/V, the echoed rows after it and
+    the pointer line before the question; the echoed rows count as cache reads."""
+    echo = PassageEcho(min_document_tokens=0)
+    recipe = Recipe(calibration_segments=2, echo=echo)
+    engine = make_engine(tokenizer, calibration, recipe=recipe)
+    text, question = novel[30_000:35_000], "What did Mr. Collins say to Elizabeth?"
+    stream = engine.run(text, question, mode="full", max_new_tokens=5)
+    answer = stream.text()
+    info = stream.info
+    assert info.echoed_tokens > 16 and info.metadata()["echoed_tokens"] == info.echoed_tokens
+    prompt = info.compression.prompt_tokens
+    read = info.echoed_tokens
+    assert info.token_usage() == TokenUsage(prompt + read + info.input_tokens, 5, prompt, read), "echoed: cache reads"
+    assert info.sources and all(0 <= s.start < s.end <= len(text) for s in info.sources)
+
+    doc = engine.compress(text, mode="full")
+    ids, offsets = encode_offsets(tokenizer, text)
+    passages = echo.selection.passages(tokenizer, ids, units_at(text, offsets, "statement"))
+    taken = echo.document_tokens(question, passages)
+    rows = Echo.of(DecoderStack(engine.model), doc, taken)
+    cache = DynamicCache()
+    for layer, (k, v) in enumerate(zip(doc.keys, doc.values, strict=True)):
+        cache.update(torch.cat([k, rows.keys[layer]], dim=2), torch.cat([v, rows.values[layer]], dim=2), layer)
+    fed = encode(tokenizer, concat(plain(ECHO_LINE), engine.prompting.layout(question, "full").continuation))
+    assert fed.numel() == info.input_tokens, "the pointer line, then the question"
+    position, greedy = doc.last_position + 1 + rows.tokens, []
+    with torch.no_grad():
+        for _ in range(5):
+            out = engine.model(
+                fed[None], position_ids=torch.arange(position, position + fed.numel())[None], cache=cache
+            )
+            position += fed.numel()
+            fed = out.logits[0, -1].argmax()[None]
+            greedy.append(int(fed))
+    assert answer == tokenizer.decode(greedy), "the model's own answer over the prefill and the echoed rows"
+
+    engine.tiers.recipe = replace(recipe, echo=None)
+    alone = engine.run(text, question, mode="full", max_new_tokens=5)
+    alone.text()
+    assert alone.info.echoed_tokens == 0 and alone.info.input_tokens < info.input_tokens
+    assert alone.info.token_usage().cache_read == prompt, "the question alone after the prefill"
+
+
+def test_a_short_document_or_another_mode_echoes_nothing(engine: HomerModel, novel: str) -> None:
+    for mode in ("full", "query_aware", "shared"):
+        stream = engine.run(novel[30_000:33_000], "What did Mr. Collins say?", mode=mode, max_new_tokens=2)
+        stream.text()
+        assert stream.info.echoed_tokens == 0, mode

@@ -63,6 +63,10 @@ class PromptText(str):
     def __getnewargs__(self) -> tuple[tuple[Segment, ...]]:  # type: ignore[override]
         return (self.segments,)
 
+    def content(self) -> str:
+        """The text that is not markup (the messages' words), joined."""
+        return "".join(text for text, is_markup in self.segments if not is_markup)
+
     def head(self, n: int) -> PromptText:
         """The first ``n`` characters, keeping the markup."""
         kept: list[Segment] = []

@@ -23,6 +23,7 @@ from homer_integrations.homer.document.encoded import EncodedDocument
 from homer_integrations.homer.layers.nodes import CompressionResult, CompressorSettings, ProgressFn
 from homer_integrations.homer.leaves.leaf_tier import LeafTier
 from homer_integrations.homer.reading.budget import ReadBudget
+from homer_integrations.homer.reading.echo import PassageEcho
 from homer_integrations.homer.reading.passages import Passages, PassageSelection
 from homer_integrations.homer.scoring.calibration import SEGMENTS
 from homer_integrations.homer.scoring.chain import Scoring
@@ -445,6 +446,9 @@ class Recipe:
             the paper's last-token shared scorer). Part of the root's cache key.
         question_scoring: what query-aware compressions prune by (None: ``Scoring.for_questions()`` when
             ``scoring`` is None, else ``scoring.with_question()``).
+        echo: ``full`` only: the question's passages whose K/V the prefill holds, copied once more right
+            before it (``echo.PassageEcho``; None: the question alone follows the prefill). In no cache key:
+            the prefill is the same either way.
         reask_question: ``query_aware`` only: the question is asked again after the cache, so the answer
             starts from the exact question (default True; paper: False, the answer starts from the root's
             last logits). A switch of the prompt layout (``Prompting``) for every replay alike, so it sits
@@ -458,6 +462,7 @@ class Recipe:
     replay: Replay = field(default_factory=AutoReplay)
     scoring: Scoring | None = None
     question_scoring: Scoring | None = None
+    echo: PassageEcho | None = field(default_factory=PassageEcho)
     reask_question: bool = True
     calibration_segments: int = SEGMENTS
 
@@ -468,6 +473,8 @@ class Recipe:
             )
         if not isinstance(self.replay, Replay):
             raise TypeError(f"Recipe.replay must be a Replay ({', '.join(REPLAYS)}), not {self.replay!r}")
+        if self.echo is not None and not isinstance(self.echo, PassageEcho):
+            raise TypeError(f"Recipe.echo must be a homer.reading.echo.PassageEcho or None, not {self.echo!r}")
         for name in ("scoring", "question_scoring"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, Scoring):

@@ -57,16 +57,26 @@ def test_grouped_query_attention_is_computed_without_repeating_heads() -> None:
     assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.85
 
 
-def test_a_long_read_goes_to_the_fused_kernel_with_the_grouped_products_result(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A read of ``FUSED_ROWS`` rows or more (a question's passages after a kept root) through PyTorch's fused
-    attention answers as the grouped product does over the same K/V, with a tail longer than the read."""
+@pytest.mark.parametrize("kernel", ["split", "sdpa"])
+def test_a_long_read_goes_to_the_fused_kernel_with_the_grouped_products_result(
+    monkeypatch: pytest.MonkeyPatch, kernel: str
+) -> None:
+    """A read of ``FUSED_ROWS`` rows or more (a question, its passages after a kept root) through PyTorch's fused
+    attention (on a CPU the flash kernel over the stored K/V and the tail apart, ``_split``; elsewhere the
+    fused function over both) answers as the grouped product does over the same K/V, with a tail longer than
+    the read."""
     from homer_integrations.homer.kv import kept
 
     model, keys, values = prefilled("qwen2", num_attention_heads=4, num_key_value_heads=2)
     register_headwise_attention(model)
     calls = []
-    fused = kept.F.scaled_dot_product_attention
-    monkeypatch.setattr(kept.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    if kernel == "split":
+        flash = kept._FLASH_CPU
+        monkeypatch.setattr(kept, "_FLASH_CPU", lambda *a, **k: calls.append(1) or flash(*a, **k))
+    else:
+        monkeypatch.setattr(kept, "_FLASH_CPU", None)
+        fused = kept.F.scaled_dot_product_attention
+        monkeypatch.setattr(kept.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or fused(*a, **k))
 
     def two_reads(cache) -> torch.Tensor:  # 24 rows and 3 steps, then 20 more rows after them (a tail of 47)
         first = continue_after(model, cache, 40, 24)
@@ -148,6 +158,31 @@ def test_a_fused_read_sums_the_attention_of_its_last_rows(monkeypatch: pytest.Mo
     attended = torch.zeros(40)
     with torch.no_grad():
         model(input_ids=follow, position_ids=positions, cache=kept_cache(keys, values, 8, attended))
+    torch.testing.assert_close(attended, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [3, 10])
+def test_rows_written_before_a_read_are_summed_with_the_stored_ones(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    """``attended`` longer than the stored tokens (an ``Echo`` written into the tail first) sums what the read
+    pays those tail rows too, by the grouped product (3 rows) and by the split fused read (10 rows)."""
+    from homer_integrations.homer.kv import kept
+
+    monkeypatch.setattr(kept, "FUSED_ROWS", 4)
+    model, keys, values = prefilled("qwen2", num_attention_heads=4, num_key_value_heads=2)
+    follow, positions = torch.arange(5, 5 + rows)[None], torch.arange(40, 40 + rows)[None]
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        eager = model(
+            input_ids=follow, position_ids=positions, cache=cache_from_tensors(keys, values), output_attentions=True
+        ).attentions
+    expected = sum(a[0, :, :, :40].sum(dim=(0, 1)) for a in eager)
+    register_headwise_attention(model)
+    attended = torch.zeros(40)
+    cache = kept_cache([k[:, :, :34] for k in keys], [v[:, :, :34] for v in values], 8, attended)
+    for layer, k, v in zip(cache.layers, keys, values, strict=True):
+        layer.update(k[:, :, 34:], v[:, :, 34:])  # the last 6 tokens as rows after the stored 34
+    with torch.no_grad():
+        model(input_ids=follow, position_ids=positions, cache=cache)
     torch.testing.assert_close(attended, expected, atol=1e-4, rtol=1e-4)
 
 
