@@ -10,17 +10,19 @@ breaks), and of those, spread over the book, as many as hold ``--questions`` hel
 questions of the whole-book set and inserted facts) whose evidence lies inside, 1,000 characters clear of
 either end. Each question is asked of the excerpt that holds its evidence. Methods, the demo model:
 
-- ``full``: the whole prompt prefilled once and kept (``mode="full"``: the default within the window);
+- ``full``: the whole prompt prefilled once and kept (``mode="full"``: the default within the window), each
+  question read after the K/V of its 512 tokens of BM25 passages copied from the prefill, keys turned by
+  RoPE to the positions after it, and a line pointing at them (``homer.reading.echo``);
+- ``full_plain``: the same prefill, the question alone after it (``Recipe(echo=None)``; ``full`` before the
+  echo: its rows were measured as ``full``);
 - ``query_aware``: the per-question path (``mode="query_aware"``): the leaf tier kept, pruning replayed
   with each question and the kept tokens re-read;
 - ``shared``: the question-agnostic root (``mode="shared"``, the model's default root size);
 - ``root8k`` / ``root16k``: a ``WindowRoot`` of 8,192 / 16,384 tokens (only where the excerpt is longer);
 - ``shared_passages``: the ``shared`` root, then the 512 tokens of the default's passages BM25 ranks best
   for the question, read after it with the question (``whole_book.after_root_passages``);
-  ``full_passages``: the same after the ``full`` prefill (the question's passages again, next to it);
-  ``full_reused``: the same passages without reading them again: their K/V copied from the ``full`` prefill
-  (computed there with everything before them), turned by RoPE to the positions after it (``reused``), then
-  a line that points at them and the question (``REUSED``).
+  ``full_passages``: the same after the ``full`` prefill (the question's passages read again, next to it:
+  what ``full``'s echo copies instead).
 
 Per excerpt and method a ``build`` row (one-time seconds, kept tokens, bytes in memory and on disk); per
 question and method an ``answer`` row: right or not, the first token's seconds (the entry already built:
@@ -42,28 +44,26 @@ import time
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 from homer_integrations import HomerModel
-from homer_integrations.homer.kv.compressed import CompressedDocument
-from homer_integrations.homer.model.decoder import DecoderStack
+from homer_integrations.homer.reading.echo import PassageEcho
 from homer_integrations.homer.reading.strategies import AutoRoot, WindowRoot
 
 sys.path.insert(0, str(Path(__file__).parent))
 from kept_decode import read_bandwidth
-from upper_read import rerotated
-from whole_book import Item, after_root_passages, book_with_facts, paired, paired_markdown, passage_tokens, peak_rss_mb
+from whole_book import Item, after_root_passages, book_with_facts, paired, paired_markdown, peak_rss_mb
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 ROWS = RESULTS / "kept_forms_rows.jsonl"
 BOOK = "northangerabbey"
-METHODS = ("full", "query_aware", "shared", "root8k", "root16k", "shared_passages", "full_passages", "full_reused")
-PASSAGES = {"shared_passages": "shared", "full_passages": "full", "full_reused": "full"}
+METHODS = ("full", "full_plain", "query_aware", "shared", "root8k", "root16k", "shared_passages", "full_passages")
+PASSAGES = {"shared_passages": "shared", "full_passages": "full"}
 """The methods that read the question's passages after a kept form, and that form."""
-REUSED = "(The passages of the document just before this line may help.)\n\n{question}"
+BUILT_AS = {**PASSAGES, "full_plain": "full"}
+"""The methods that answer from another method's entry, and that method."""
 ROOTS = {"root8k": 8192, "root16k": 16384}
 MARGIN = 1000  # characters between an evidence offset and an excerpt's end
 
@@ -114,10 +114,11 @@ def done_keys(rows: Path) -> set[tuple]:
 
 
 def mode_of(engine: HomerModel, method: str) -> str:
-    """The engine's mode for ``method``, its shared root builder set to the method's."""
+    """The engine's mode for ``method``, its shared root builder and echo set to the method's."""
     root = WindowRoot(ROOTS[method]) if method in ROOTS else AutoRoot()
-    engine.tiers.recipe = replace(engine.tiers.recipe, shared_root=root)
-    method = PASSAGES.get(method, method)
+    echo = None if method == "full_plain" else PassageEcho()
+    engine.tiers.recipe = replace(engine.tiers.recipe, shared_root=root, echo=echo)
+    method = BUILT_AS.get(method, method)
     return method if method in ("full", "query_aware") else "shared"
 
 
@@ -139,35 +140,6 @@ def build_row(engine: HomerModel, document: str, method: str) -> dict:
     }
 
 
-def reused(engine: HomerModel, document: str, question: str, tokens: int = 512) -> CompressedDocument:
-    """``document``'s kept ``full`` prefill with the K/V of the ``tokens`` of its passages BM25 ranks best for
-    ``question`` appended once more, each key turned by RoPE from its position in the document to its place
-    after the prefill (``upper_read.rerotated``), the values as they are: the question's evidence next to
-    it, with nothing read again. A copy of the prefill's K/V [1, Hkv, K + M, d] per layer."""
-    full = engine.compress(document, mode="full")
-    _, kept = passage_tokens(engine, document, question, tokens)
-    row = torch.full((int(full.origin.max()) + 1,), -1, dtype=torch.long)
-    row[full.origin[full.origin >= 0]] = torch.nonzero(full.origin >= 0).flatten()
-    at = row[kept[kept < row.numel()]]
-    at = at[at >= 0]
-    start = full.last_position + 1
-    moved = torch.arange(start, start + at.numel())
-    delta = moved - full.position_ids[at]
-    nodes = SimpleNamespace(stack=DecoderStack(engine.model))
-    keys = tuple(torch.cat([k, rerotated(nodes, k[:, :, at], i, delta)], dim=2) for i, k in enumerate(full.keys))
-    values = tuple(torch.cat([v, v[:, :, at]], dim=2) for v in full.values)
-    return replace(
-        full,
-        key=f"{full.key}+reused",
-        keys=keys,
-        values=values,
-        position_ids=torch.cat([full.position_ids, moved]),
-        origin=torch.cat([full.origin, full.origin[at]]),
-        last_position=start + at.numel() - 1,
-        next_token_logits=None,
-    )
-
-
 def answer_row(
     engine: HomerModel, document: str, item: Item, method: str, max_new_tokens: int, passage_tokens: int = 512
 ) -> dict:
@@ -176,13 +148,9 @@ def answer_row(
     mode = mode_of(engine, method)
     started = time.perf_counter()
     if method in PASSAGES:
-        if method == "full_reused":
-            kept = reused(engine, document, item.question, passage_tokens)
-            stream = engine.run(kept, REUSED.format(question=item.question), max_new_tokens=max_new_tokens)
-        else:
-            stream = after_root_passages(engine, document, item.question, max_new_tokens, passage_tokens, mode)
+        stream = after_root_passages(engine, document, item.question, max_new_tokens, passage_tokens, mode)
         pieces = [next(stream, "")]
-        ttft = time.perf_counter() - started  # the kept form's lookup (and full_reused's copy) included
+        ttft = time.perf_counter() - started  # the kept form's lookup included
         answer = "".join([*pieces, *stream])
     else:
         stream = engine.run(document, item.question, mode=mode, max_new_tokens=max_new_tokens)
@@ -201,7 +169,7 @@ def answer_row(
         "seconds": round(time.perf_counter() - started, 2),
         "output_tokens": info.output_tokens,
         "step_seconds": round(decoded / (info.output_tokens - 1), 4) if info.output_tokens > 1 else None,
-        "read_tokens": info.cache_tokens + info.input_tokens,
+        "read_tokens": info.cache_tokens + info.echoed_tokens + info.input_tokens,
         "document_seconds": round(info.document_seconds, 1),
         "peak_rss_mb": round(peak_rss_mb()),
     }
@@ -232,9 +200,9 @@ def run(args: argparse.Namespace) -> None:
             where = {"budget": length, "excerpt": excerpt}
             print(f"{length:,} tokens: excerpt {excerpt}, {len(held)} questions", file=sys.stderr)
             for method in methods:
-                if method not in PASSAGES and ("build", args.model, length, method, excerpt) not in done:
+                if method not in BUILT_AS and ("build", args.model, length, method, excerpt) not in done:
                     write({"row": "build", **where, "method": method, **build_row(engine, document, method)})
-            for form in {PASSAGES[m] for m in methods if m in PASSAGES}:  # built above or before: looked up
+            for form in {BUILT_AS[m] for m in methods if m in BUILT_AS}:  # built above or before: looked up
                 mode_of(engine, form)
                 engine.compress(document, mode=form)
             for item in held:
@@ -272,7 +240,7 @@ def summarize(rows: list[dict]) -> list[dict]:
             answers[(r["split"], r["budget"], r["method"])].append(r)
     out = []
     for (split, length, method), rs in sorted(answers.items()):
-        built = builds.get((length, PASSAGES.get(method, method)), [])
+        built = builds.get((length, BUILT_AS.get(method, method)), [])
         story = [r["correct"] for r in rs if not r["kind"].startswith("fact")]
         facts = [r["correct"] for r in rs if r["kind"].startswith("fact")]
         steps = [r["step_seconds"] for r in rs if r["step_seconds"]]
@@ -341,7 +309,6 @@ def plot(summary: list[dict], path: Path) -> None:
 
 
 PAIRS = [(m, "full") for m in METHODS if m != "full"]
-PAIRS += [("full_reused", "full_passages"), ("full_reused", "query_aware")]
 
 
 def report(args: argparse.Namespace) -> None:

@@ -6,8 +6,6 @@ import itertools
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 import kept_forms
 import whole_book
@@ -58,15 +56,7 @@ def test_a_build_row_counts_the_entry_and_an_answer_row_its_later_question(token
     full = kept_forms.build_row(engine, document, "full")
     after = kept_forms.answer_row(engine, document, item, "full_passages", 4, passage_tokens=200)
     assert after["read_tokens"] > full["kept_tokens"] + 16, "the question's passages are read after the whole prefill"
-    prefill = engine.compress(document, mode="full")
-    ids, kept = whole_book.passage_tokens(engine, document, item.question, 200)
-    assert prefill.stats.document_tokens == ids.numel(), "the passages index the prefill's own document tokens"
-    again = kept_forms.reused(engine, document, item.question, 200)
-    extra = again.num_tokens - prefill.num_tokens
-    assert extra == kept.numel() and again.last_position == prefill.last_position + extra
-    assert torch.equal(again.origin[-extra:], kept), "the copies stand for the passages' own tokens"
-    rows = torch.stack([torch.nonzero(prefill.origin == t)[0, 0] for t in kept])
-    assert torch.equal(again.values[0][:, :, -extra:], prefill.values[0][:, :, rows]), "values copied as they are"
-    assert not torch.equal(again.keys[0][:, :, -extra:], prefill.keys[0][:, :, rows]), "keys turned to new places"
-    reused = kept_forms.answer_row(engine, document, item, "full_reused", 4, passage_tokens=200)
-    assert reused["read_tokens"] >= prefill.num_tokens + extra and reused["output_tokens"] >= 1
+    plain = kept_forms.answer_row(engine, document, item, "full_plain", 4)
+    assert engine.tiers.recipe.echo is None and plain["document_seconds"] == 0.0, "the full entry, without the echo"
+    kept_forms.mode_of(engine, "full")
+    assert engine.tiers.recipe.echo is not None, "full echoes the question's passages again"
