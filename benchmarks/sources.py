@@ -34,9 +34,11 @@ from homer_integrations.question_sets import question_set, whole_question_set
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
 ROWS = RESULTS / "sources_rows.jsonl"
-METHOD = "upper_half_baseline"
+METHOD = "upper_half_baseline_echo"
 """How the package cites (``homer.decoding.sources``): the upper half of the layers, less a question-less
-read's attention. Rows without a method were cited by every layer's attention, with no baseline
+read's attention; within the window the ``full`` answer reads its passages echoed after the prefill
+(``homer.reading.echo``), and what they draw counts for the rows they copy. Rows ``upper_half_baseline``
+were cited before the echo; rows without a method by every layer's attention, with no baseline
 (``all_layers``, the first version)."""
 EVIDENCE_SLACK = 200
 """Characters after an evidence offset where the evidence still lies (a lookup's offset starts its sentence)."""
