@@ -268,7 +268,7 @@ class Answerer:
         if doc.key:
             self._baselines[doc.key] = (doc.origin, attended)
             while len(self._baselines) > BASELINES_KEPT:
-                self._baselines.pop(next(iter(self._baselines)))
+                self._baselines.pop(next(iter(self._baselines)), None)  # another thread may have taken it
         return attended
 
     def _attended_from(self) -> int:

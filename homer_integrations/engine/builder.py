@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -200,21 +201,24 @@ class EntryBuilder:
 
 
 class RecentIndexes:
-    """The last ``size`` indexes of documents (statements, passages), by a key that holds the text."""
+    """The last ``size`` indexes of documents (statements, passages), by a key that holds the text; safe for
+    the threads answering at once (every question of a ``full`` or past-the-window answer asks here)."""
 
     def __init__(self, size: int = 8) -> None:
         self.size = size
         self._kept: OrderedDict[tuple, object] = OrderedDict()
+        self._lock = threading.Lock()
 
     def get(self, key: tuple, build: Callable[[], T]) -> T:
-        """The index under ``key``, built by ``build()`` the first time."""
-        if key in self._kept:
-            self._kept.move_to_end(key)
-        else:
-            self._kept[key] = build()
+        """The index under ``key``, built by ``build()`` the first time (once, whatever threads ask)."""
+        with self._lock:
+            if key in self._kept:
+                self._kept.move_to_end(key)
+                return self._kept[key]  # type: ignore[return-value]
+            built = self._kept[key] = build()
             while len(self._kept) > self.size:
                 self._kept.popitem(last=False)
-        return self._kept[key]  # type: ignore[return-value]
+            return built
 
 
 def _of_statements(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 from dataclasses import replace
 
 import pytest
@@ -98,3 +99,22 @@ def test_a_short_document_or_another_mode_echoes_nothing(engine: HomerModel, nov
         stream = engine.run(novel[30_000:33_000], "What did Mr. Collins say?", mode=mode, max_new_tokens=2)
         stream.text()
         assert stream.info.echoed_tokens == 0, mode
+
+
+def test_threads_asking_about_one_document_get_the_answers_each_gets_alone(tokenizer, calibration, novel: str) -> None:
+    engine = make_engine(
+        tokenizer, calibration, recipe=Recipe(calibration_segments=2, echo=PassageEcho(min_document_tokens=0))
+    )
+    text = novel[30_000:35_000]
+    questions = ["What did Mr. Collins say to Elizabeth?", "Who came to the house?", "Where did Jane go?"]
+    alone = {q: engine.answer(text, q, mode="full", max_new_tokens=4) for q in questions}
+    answers: list[tuple[str, str]] = []
+    threads = [
+        threading.Thread(target=lambda q=q: answers.append((q, engine.answer(text, q, mode="full", max_new_tokens=4))))
+        for q in questions * 2
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(answers) == 6 and all(answer == alone[q] for q, answer in answers)
