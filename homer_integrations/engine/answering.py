@@ -150,16 +150,23 @@ class AnswerStream(Iterator[str]):
         state: DecodeState,
         started: float,
         attended: torch.Tensor | None = None,
+        deferred: list[Callable[[], None]] | None = None,
     ) -> None:
         self._pieces = pieces
         self.info = info
         self._state = state
         self._started = started
-        self.attended = attended
-        """[K] (+ [M] echoed rows, ``Echo.fold``): the attention each cache token received while the question and
-        answer were fed, or None."""
+        self._attended, self._deferred = attended, deferred or []
         self.on_finish: Callable[[AnswerStream], None] | None = None
         """Called once the stream is exhausted (``answer_span`` cites the sources there)."""
+
+    @property
+    def attended(self) -> torch.Tensor | None:
+        """[K] (+ [M] echoed rows, ``Echo.fold``): the attention each cache token received while the question and
+        answer were fed, or None; the sums a fused read left for later (``kept.kept_cache``) are added first."""
+        while self._deferred:
+            self._deferred.pop(0)()
+        return self._attended
 
     def __next__(self) -> str:
         try:
@@ -306,10 +313,12 @@ class Answerer:
         dense = kept and document.head_lengths is None
         device = document.keys[0].device
         attended = torch.zeros(document.num_tokens + info.echoed_tokens, device=device) if dense else None
+        deferred: list[Callable[[], None]] = []  # the question's sums over a long cache: after its first token
         cache = document.to_cache(
             tail=info.echoed_tokens + ids.numel() + options.max_new_tokens + 1 if kept else None,
             attended=attended,
             attended_from=self._attended_from(),
+            deferred=deferred,
         )
         if echo is not None:
             echo.write(cache)
@@ -323,7 +332,7 @@ class Answerer:
             state,
             first_logits=document.next_token_logits if ids.numel() == 0 else None,
         )
-        return AnswerStream(pieces, info, state, started, attended)
+        return AnswerStream(pieces, info, state, started, attended, deferred)
 
     def generate(self, prompt: str, **generation: Any) -> AnswerStream:
         """Plain generation for a prompt that needs no compression (already chat-formatted text)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -101,19 +102,21 @@ class CompressedDocument:
         tail: int | None = None,
         attended: torch.Tensor | None = None,
         attended_from: int = 0,
+        deferred: list[Callable[[], None]] | None = None,
     ) -> DynamicCache:
         """A fresh ``DynamicCache`` over the stored tensors (moved to ``device`` if given, a copy then);
         decoding grows it without touching them. ``tail``: the rows a question and its answer will add; a dense
         cache is then made of ``kept.KeptLayer`` s (no per-token copy of the stored K/V; the model must decode
         through the registered attention, ``kept.kept_decoding``), which add the attention each stored token
-        receives in layers ``attended_from`` and up into ``attended`` [num_tokens] if given."""
+        receives in layers ``attended_from`` and up into ``attended`` [num_tokens] if given (the sums a fused read
+        needs a product of its own for left in ``deferred`` if given: ``kept.kept_cache``)."""
         keys, values = self.keys, self.values
         if device is not None and keys[0].device != device:
             keys, values = [k.to(device) for k in keys], [v.to(device) for v in values]
         if self.head_lengths is not None:
             return headwise_cache(keys, values, self.head_lengths)
         if tail is not None:
-            return kept_cache(keys, values, tail, attended, attended_from)
+            return kept_cache(keys, values, tail, attended, attended_from, deferred)
         return cache_from_tensors(keys, values)
 
     def to_tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

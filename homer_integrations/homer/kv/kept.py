@@ -19,6 +19,7 @@ fused kernel over the concatenated K/V with its grouped-query option and 42 ms f
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,9 @@ class KeptKV:
     attended: torch.Tensor | None = None
     """[A] float32, or None: where attention adds what every query row paid each of the first A tokens, the
     stored ones and the tail's first rows (an ``Echo`` written there before the question; ``sources``)."""
+    deferred: list[Callable[[], None]] | None = None
+    """Where a fused read leaves the sums it needs a product of its own for, to run once the answer's first
+    token is out (None: at once)."""
 
     def whole(self) -> torch.Tensor:
         """Stored and tail concatenated [1, Hkv, K + t, d] (a copy: for the attention paths that need one)."""
@@ -70,11 +74,16 @@ class KeptLayer(DynamicLayer):
     then the tail's) receives."""
 
     def __init__(
-        self, keys: torch.Tensor, values: torch.Tensor, capacity: int, attended: torch.Tensor | None = None
+        self,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        capacity: int,
+        attended: torch.Tensor | None = None,
+        deferred: list[Callable[[], None]] | None = None,
     ) -> None:
         super().__init__()
         self.stored_keys, self.stored_values = keys, values
-        self.attended = attended
+        self.attended, self.deferred = attended, deferred
         self.device, self.is_initialized = keys.device, True
         shape = (keys.shape[0], keys.shape[1], max(1, capacity), keys.shape[-1])
         self._tail_keys, self._tail_values = keys.new_empty(shape), values.new_empty(shape)
@@ -91,7 +100,8 @@ class KeptLayer(DynamicLayer):
         self._tail_values[..., self.length : end, :] = value_states
         self.length = end
         self.keys, self.values = self._tail_keys[..., :end, :], self._tail_values[..., :end, :]
-        return KeptKV(self.stored_keys, self.keys, self.attended), KeptKV(self.stored_values, self.values)
+        keys = KeptKV(self.stored_keys, self.keys, self.attended, self.deferred)
+        return keys, KeptKV(self.stored_values, self.values)
 
     def get_seq_length(self) -> int:
         """Stored tokens plus the tail: what transformers sizes its (unused here) mask by."""
@@ -112,14 +122,16 @@ def kept_cache(
     capacity: int,
     attended: torch.Tensor | None = None,
     attended_from: int = 0,
+    deferred: list[Callable[[], None]] | None = None,
 ) -> DynamicCache:
     """A cache of ``KeptLayer`` s over ``keys[i]``/``values[i]`` [1, Hkv, K, d], each tail sized for ``capacity``
     rows (the question and the answer's tokens); ``attended`` [A] float32 (zeros), if given, sums the
     attention every query row (of a read of more than ``ATTENDED_ROWS``, its last ``ATTENDED_ROWS``) and head of
-    layers ``attended_from`` and up pays each of the first A tokens (K stored, then rows written first)."""
+    layers ``attended_from`` and up pays each of the first A tokens (K stored, then rows written first); a fused
+    read's sums are appended to ``deferred`` if given (the caller runs them before reading ``attended``)."""
     cache = DynamicCache()
     for i, (k, v) in enumerate(zip(keys, values, strict=True)):
-        cache.layers.append(KeptLayer(k, v, capacity, attended if i >= attended_from else None))
+        cache.layers.append(KeptLayer(k, v, capacity, attended if i >= attended_from else None, deferred))
     return cache
 
 
@@ -150,7 +162,9 @@ def kept_attention(
         return _grouped(query, key, value, scale, key.attended).transpose(1, 2).contiguous(), None
     if split:
         out, lse = _split(query, key, value, scale)
-        if summed:
+        if summed and key.deferred is not None:  # its own product over the cache: not before the first token
+            key.deferred.append(functools.partial(_add_weights, query, key, scale, lse, key.attended))
+        elif summed:
             _add_weights(query, key, scale, lse, key.attended)
         return out.transpose(1, 2).contiguous(), None
     if summed:  # the sums only: the fused kernel gives no weights

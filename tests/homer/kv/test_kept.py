@@ -186,6 +186,29 @@ def test_rows_written_before_a_read_are_summed_with_the_stored_ones(monkeypatch:
     torch.testing.assert_close(attended, expected, atol=1e-4, rtol=1e-4)
 
 
+def test_a_fused_reads_sums_wait_in_deferred_until_they_are_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sums a split read needs a product of its own for are left in ``deferred`` (the answer's first token
+    is not kept waiting); run, they are the eager weights' sums."""
+    from homer_integrations.homer.kv import kept
+
+    monkeypatch.setattr(kept, "FUSED_ROWS", 4)
+    model, keys, values = prefilled("qwen2", num_attention_heads=4, num_key_value_heads=2)
+    follow, positions = torch.arange(5, 15)[None], torch.arange(40, 50)[None]
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        eager = model(
+            input_ids=follow, position_ids=positions, cache=cache_from_tensors(keys, values), output_attentions=True
+        ).attentions
+    register_headwise_attention(model)
+    attended, deferred = torch.zeros(40), []
+    with torch.no_grad():
+        model(input_ids=follow, position_ids=positions, cache=kept_cache(keys, values, 8, attended, 0, deferred))
+    assert len(deferred) == len(keys) and float(attended.sum()) == 0.0
+    for work in deferred:
+        work()
+    torch.testing.assert_close(attended, sum(a[0, :, :, :40].sum(dim=(0, 1)) for a in eager), atol=1e-4, rtol=1e-4)
+
+
 def test_only_the_layers_from_attended_from_add_their_attention() -> None:
     model, keys, values = prefilled("qwen2", num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4)
     register_headwise_attention(model)
