@@ -120,19 +120,25 @@ def test_which_models_decode_over_kept_layers() -> None:
     assert not kept_decoding(gemma)
 
 
-def test_the_attention_each_stored_token_receives_is_summed_as_the_models_own_weights() -> None:
-    """``attended`` against the eager attention's weights (``output_attentions``) over the same cache, summed
-    over layers, heads and the rows fed: the sources' evidence is the model's own attention."""
-    model, keys, values = prefilled("qwen2", num_attention_heads=4, num_key_value_heads=2)
-    follow = torch.arange(5, 11)[None]
-    positions = torch.arange(40, 46)[None]
+def eager_weights(model, keys, values, rows: int) -> tuple:
+    """(the ``rows`` tokens fed after the 40 cached, their positions, every layer's eager attention weights
+    [1, H, rows, 40 + rows]) over ``keys``/``values``; the model is registered for kept caches after."""
+    follow, positions = torch.arange(5, 5 + rows)[None], torch.arange(40, 40 + rows)[None]
     model.set_attn_implementation("eager")
     with torch.no_grad():
         eager = model(
             input_ids=follow, position_ids=positions, cache=cache_from_tensors(keys, values), output_attentions=True
         ).attentions
-    expected = sum(a[0, :, :, :40].sum(dim=(0, 1)) for a in eager)
     register_headwise_attention(model)
+    return follow, positions, eager
+
+
+def test_the_attention_each_stored_token_receives_is_summed_as_the_models_own_weights() -> None:
+    """``attended`` against the eager attention's weights (``output_attentions``) over the same cache, summed
+    over layers, heads and the rows fed: the sources' evidence is the model's own attention."""
+    model, keys, values = prefilled("qwen2", num_attention_heads=4, num_key_value_heads=2)
+    follow, positions, eager = eager_weights(model, keys, values, 6)
+    expected = sum(a[0, :, :, :40].sum(dim=(0, 1)) for a in eager)
     attended = torch.zeros(40)
     with torch.no_grad():
         model(input_ids=follow, position_ids=positions, cache=kept_cache(keys, values, 8, attended))
@@ -147,14 +153,8 @@ def test_a_fused_read_sums_the_attention_of_its_last_rows(monkeypatch: pytest.Mo
     monkeypatch.setattr(kept, "FUSED_ROWS", 4)
     monkeypatch.setattr(kept, "ATTENDED_ROWS", 3)
     model, keys, values = prefilled("qwen2", num_attention_heads=4, num_key_value_heads=2)
-    follow, positions = torch.arange(5, 15)[None], torch.arange(40, 50)[None]
-    model.set_attn_implementation("eager")
-    with torch.no_grad():
-        eager = model(
-            input_ids=follow, position_ids=positions, cache=cache_from_tensors(keys, values), output_attentions=True
-        ).attentions
+    follow, positions, eager = eager_weights(model, keys, values, 10)
     expected = sum(a[0, :, -3:, :40].sum(dim=(0, 1)) for a in eager)
-    register_headwise_attention(model)
     attended = torch.zeros(40)
     with torch.no_grad():
         model(input_ids=follow, position_ids=positions, cache=kept_cache(keys, values, 8, attended))
@@ -169,14 +169,8 @@ def test_rows_written_before_a_read_are_summed_with_the_stored_ones(monkeypatch:
 
     monkeypatch.setattr(kept, "FUSED_ROWS", 4)
     model, keys, values = prefilled("qwen2", num_attention_heads=4, num_key_value_heads=2)
-    follow, positions = torch.arange(5, 5 + rows)[None], torch.arange(40, 40 + rows)[None]
-    model.set_attn_implementation("eager")
-    with torch.no_grad():
-        eager = model(
-            input_ids=follow, position_ids=positions, cache=cache_from_tensors(keys, values), output_attentions=True
-        ).attentions
+    follow, positions, eager = eager_weights(model, keys, values, rows)
     expected = sum(a[0, :, :, :40].sum(dim=(0, 1)) for a in eager)
-    register_headwise_attention(model)
     attended = torch.zeros(40)
     cache = kept_cache([k[:, :, :34] for k in keys], [v[:, :, :34] for v in values], 8, attended)
     for layer, k, v in zip(cache.layers, keys, values, strict=True):
@@ -193,13 +187,7 @@ def test_a_fused_reads_sums_wait_in_deferred_until_they_are_run(monkeypatch: pyt
 
     monkeypatch.setattr(kept, "FUSED_ROWS", 4)
     model, keys, values = prefilled("qwen2", num_attention_heads=4, num_key_value_heads=2)
-    follow, positions = torch.arange(5, 15)[None], torch.arange(40, 50)[None]
-    model.set_attn_implementation("eager")
-    with torch.no_grad():
-        eager = model(
-            input_ids=follow, position_ids=positions, cache=cache_from_tensors(keys, values), output_attentions=True
-        ).attentions
-    register_headwise_attention(model)
+    follow, positions, eager = eager_weights(model, keys, values, 10)
     attended, deferred = torch.zeros(40), []
     with torch.no_grad():
         model(input_ids=follow, position_ids=positions, cache=kept_cache(keys, values, 8, attended, 0, deferred))
