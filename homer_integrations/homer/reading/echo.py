@@ -4,10 +4,10 @@ it, without reading them again.
 A ``full`` prefill holds every document token's K/V, each computed with everything before it. Far back in
 a long cache the question's evidence is read less well than right before it. In the kept-forms suite
 (``benchmarks/kept_forms.py``: *Northanger Abbey* excerpts of 4k-32k tokens, Qwen2.5-Coder-1.5B in
-bfloat16, 96 questions over both splits) the prefill alone answered 68 and the prefill with the K/V of the
-question's 512 tokens of BM25 passages copied after it 77 (+0.09 [+0.03, +0.16]): as many as a plain
-re-read of those passages after the prefill (77), at a quarter of its first-token time, since no layer
-runs for them. Each copied key is turned by RoPE from its place in the document to its place after the
+bfloat16, 96 questions over both splits) the prefill alone answered 67 and the prefill with the K/V of the
+question's 512 tokens of BM25 passages copied after it 77 (+0.10 [+0.03, +0.18]): as many as a plain
+re-read of those passages after the prefill (77), at 0.19-0.24 of its first-token time held out, since no
+layer runs for them. Each copied key is turned by RoPE from its place in the document to its place after the
 prefill (``DecoderStack.turned_keys``); values carry no position. A line after them points at them
 (``ECHO_LINE``), then the question follows.
 """
